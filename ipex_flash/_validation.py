@@ -1,0 +1,69 @@
+"""Argument checks shared by the real and the fake (meta) implementations of every op, so
+bad input fails the same way eagerly, under torch.compile and on every device."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_DEVICE_TYPES = ("cpu", "xpu")
+MAX_HEAD_DIM = 256
+
+
+def check_attention_inputs(
+    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]
+) -> None:
+    """Checks q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); raises naming the bad argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{fn}: {name} must be 4-D (batch, heads, seq_len, head_dim), "
+                f"got shape {tuple(t.shape)}"
+            )
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{fn}: {name} has dtype {t.dtype}; expected torch.float32, "
+                "torch.float16 or torch.bfloat16"
+            )
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{fn}: {name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
+        if t.device != q.device:
+            raise ValueError(
+                f"{fn}: {name} is on {t.device} but q is on {q.device}; "
+                "all inputs must be on one device"
+            )
+    if q.device.type not in SUPPORTED_DEVICE_TYPES:
+        raise ValueError(f"{fn}: q is on {q.device}; expected a cpu or xpu tensor")
+    (batch, heads_q, _, head_dim) = q.shape
+    (_, heads_kv, len_k, _) = k.shape
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != batch:
+            raise ValueError(f"{fn}: {name}.shape[0] (batch) is {t.shape[0]}, q's is {batch}")
+        if t.shape[3] != head_dim:
+            raise ValueError(
+                f"{fn}: {name}.shape[3] (head_dim) is {t.shape[3]}, q's is {head_dim}"
+            )
+    if v.shape[1:3] != k.shape[1:3]:
+        raise ValueError(
+            f"{fn}: v must have k's heads and seq_len, got v {tuple(v.shape)} and "
+            f"k {tuple(k.shape)}"
+        )
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(
+            f"{fn}: q's head count ({heads_q}) must be a multiple of k's and v's ({heads_kv})"
+        )
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: head_dim (q.shape[3]) must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if len_k == 0:
+        raise ValueError(f"{fn}: k and v must have at least one key (seq_len k.shape[2] >= 1)")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{fn}: scale must be a finite number or None, got {scale}")
+
+
+def softmax_scale(scale: Optional[float], head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)

@@ -1,0 +1,50 @@
+"""User-facing attention in PyTorch's SDPA layout."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Exact attention, softmax(q @ k^T * scale) @ v, computed by FlashAttention kernels.
+
+    Computes what ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
+    is_causal=causal, scale=scale, enable_gqa=True)`` computes, without materialising the
+    (Nq, Nk) score matrix.
+
+    Args:
+        q: (B, Hq, Nq, D) queries.
+        k: (B, Hkv, Nk, D) keys; Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA).
+        v: (B, Hkv, Nk, D) values.
+        causal: mask keys after the query's position, aligned to the top-left corner as in
+            SDPA: query row i sees keys 0..i, also when Nq != Nk::
+
+                Nq=3, Nk=5     keys ->
+                  row 0        1 0 0 0 0
+                  row 1        1 1 0 0 0
+                  row 2        1 1 1 0 0
+
+        scale: multiplier of q @ k^T; default 1 / sqrt(D).
+        return_lse: also return the log-sum-exp of each row's scaled scores.
+
+    All three tensors share one dtype (float32, float16 or bfloat16) and one device (cpu:
+    the SYCL CPU device; xpu: the tensor's stream queue). Any strides are accepted; a last
+    dimension that is not contiguous costs a copy. D may be 1 to 256. Softmax and
+    accumulation run in float32.
+
+    Returns:
+        out: (B, Hq, Nq, D) in q's dtype and layout; with return_lse also
+        lse: (B, Hq, Nq) float32, natural log.
+    """
+    out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale)
+    return (out, lse) if return_lse else out

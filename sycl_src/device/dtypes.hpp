@@ -1,0 +1,45 @@
+// Storage types of the inputs and outputs, and their conversions to and from float32, the
+// type every kernel computes in.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+
+namespace ipex_flash {
+
+// bfloat16 by its bit pattern. With intel-sycl-rt 2026.1.2, a kernel that converts through
+// sycl::ext::oneapi::bfloat16 crashes the runtime when the persistent kernel cache is on,
+// so the conversions are done here by hand (they are exact in this direction, and
+// round-to-nearest-even in the other, as torch's own).
+struct bfloat16_bits {
+  uint16_t bits;
+};
+
+inline float to_float(float x) { return x; }
+inline float to_float(sycl::half x) { return static_cast<float>(x); }
+inline float to_float(bfloat16_bits x) {
+  return sycl::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16);
+}
+
+template <typename T>
+inline T from_float(float x);
+
+template <>
+inline float from_float<float>(float x) {
+  return x;
+}
+template <>
+inline sycl::half from_float<sycl::half>(float x) {
+  return static_cast<sycl::half>(x);
+}
+template <>
+inline bfloat16_bits from_float<bfloat16_bits>(float x) {
+  uint32_t u = sycl::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep it a (quiet) NaN, never round to inf
+    return bfloat16_bits{static_cast<uint16_t>((u >> 16) | 0x0040u)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return bfloat16_bits{static_cast<uint16_t>(u >> 16)};
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,51 @@
+// Online softmax state of one query row (Milakov & Gimelshein 2018), in the exp2 domain:
+// scores arrive already multiplied by scale * log2(e), so exp(x * scale) == exp2(score).
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <limits>
+
+namespace ipex_flash {
+
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+struct OnlineSoftmaxRow {
+  float row_max = NEG_INF;  // running max of the scores seen so far
+  float row_sum = 0.f;        // running sum of exp2(score - row_max)
+
+  // Folds a chunk of scores into the running state and turns them into unnormalised
+  // probabilities exp2(score - new_max). Returns the factor by which everything accumulated
+  // against the old max must be rescaled.
+  template <int N>
+  inline float update(float (&scores)[N]) {
+    float chunk_max = scores[0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) chunk_max = sycl::fmax(chunk_max, scores[j]);
+    const float new_max = sycl::fmax(row_max, chunk_max);
+    // A row that so far has seen only masked keys keeps max -inf; subtracting -inf from
+    // -inf would give NaN, so exponentiate against 0 instead (every term is then 0).
+    const float safe_max = new_max == NEG_INF ? 0.f : new_max;
+    const float rescale = sycl::exp2(row_max - safe_max);
+    float chunk_sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      scores[j] = sycl::exp2(scores[j] - safe_max);
+      chunk_sum += scores[j];
+    }
+    row_sum = row_sum * rescale + chunk_sum;
+    row_max = new_max;
+    return rescale;
+  }
+
+  // 1 / row_sum, or 0 for a row that saw no key (its output is then 0, as in flash-attn).
+  inline float inverse_sum() const { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
+
+  // Natural-log log-sum-exp of the unscaled row, -inf for a row that saw no key.
+  inline float log_sum_exp() const {
+    if (!(row_sum > 0.f)) return NEG_INF;
+    return (row_max + sycl::log2(row_sum)) * 0.69314718055994530942f;  // log2 -> ln
+  }
+};
+
+}  // namespace ipex_flash

@@ -1,0 +1,72 @@
+// The private extension module ipex_flash._C. The Python package validates arguments and
+// allocates outputs; this module launches kernels on the right queue.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "host/device_queue.hpp"
+#include "host/flash_fwd_launch.hpp"
+#include "host/kernel_cache.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace ipex_flash {
+namespace {
+
+py::dict device_info(std::uintptr_t queue_handle) {
+  const sycl::device device = queue_from_handle(queue_handle).get_device();
+  py::dict info;
+  info["name"] = device.get_info<sycl::info::device::name>();
+  info["platform"] = device.get_platform().get_info<sycl::info::platform::name>();
+  info["driver_version"] = device.get_info<sycl::info::device::driver_version>();
+  info["is_cpu"] = device.is_cpu();
+  info["is_gpu"] = device.is_gpu();
+  info["compute_units"] = device.get_info<sycl::info::device::max_compute_units>();
+  info["local_mem_size"] = device.get_info<sycl::info::device::local_mem_size>();
+  info["max_work_group_size"] = device.get_info<sycl::info::device::max_work_group_size>();
+  info["sub_group_sizes"] = device.get_info<sycl::info::device::sub_group_sizes>();
+  return info;
+}
+
+}  // namespace
+}  // namespace ipex_flash
+
+PYBIND11_MODULE(_C, m) {
+  using namespace ipex_flash;
+  m.doc() = "ipex_flash host module: SYCL kernel build cache and launchers";
+
+  py::class_<TensorView>(m, "TensorView")
+      .def(py::init<std::uintptr_t, std::string, std::vector<int64_t>, std::vector<int64_t>>(),
+           "data"_a, "dtype"_a, "sizes"_a, "strides"_a)
+      .def_readonly("dtype", &TensorView::dtype)
+      .def_readonly("sizes", &TensorView::sizes)
+      .def_readonly("strides", &TensorView::strides);
+
+  py::class_<MaskParams>(m, "MaskParams")
+      .def(py::init([](int64_t diag_offset, int32_t window_left, int32_t window_right) {
+             return MaskParams{diag_offset, window_left, window_right};
+           }),
+           "diag_offset"_a, "window_left"_a, "window_right"_a)
+      .def_readonly("diag_offset", &MaskParams::diag_offset)
+      .def_readonly("window_left", &MaskParams::window_left)
+      .def_readonly("window_right", &MaskParams::window_right);
+
+  py::class_<FwdVariant>(m, "FwdVariant")
+      .def_readonly("dtype", &FwdVariant::dtype)
+      .def_readonly("head_dim", &FwdVariant::head_dim)
+      .def_readonly("block_m", &FwdVariant::block_m)
+      .def_readonly("block_n", &FwdVariant::block_n)
+      .def_property_readonly("kernel_name", &FwdVariant::kernel_name);
+
+  // The launchers release the GIL: a kernel may run for seconds, and other Python threads
+  // (and concurrent calls, which the kernel cache serialises safely) should not stall.
+  m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "scale"_a, "mask"_a,
+        "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("device_info", &device_info, "queue"_a = 0);
+  m.def("kernel_cache_stats", [] {
+    const KernelCacheStats stats = kernel_cache_stats();
+    return py::dict("builds"_a = stats.builds, "hits"_a = stats.hits);
+  });
+}

@@ -1,0 +1,25 @@
+// Which SYCL queue a call runs on: the process-wide CPU-device queue for CPU tensors, or
+// the queue of a torch XPU stream, handed over as the integer torch exposes.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ipex_flash {
+
+// The SYCL CPU device's queue, created on first use (thread-safe).
+sycl::queue& cpu_queue();
+
+// queue_handle == 0: cpu_queue(); otherwise a sycl::queue* owned by torch
+// (torch.xpu.current_stream().sycl_queue).
+sycl::queue& queue_from_handle(std::uintptr_t queue_handle);
+
+// Whether work on this queue must be waited for before returning to Python: CPU tensors are
+// read by torch as soon as the op returns, XPU work is ordered by the stream instead.
+bool needs_host_sync(std::uintptr_t queue_handle);
+
+std::string device_description(const sycl::device& device);
+
+}  // namespace ipex_flash

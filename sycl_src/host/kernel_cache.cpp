@@ -1,0 +1,109 @@
+#include "host/kernel_cache.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+
+#include "host/device_queue.hpp"
+#include "host/device_sources.hpp"
+
+namespace ipex_flash {
+namespace {
+
+namespace syclex = sycl::ext::oneapi::experimental;
+
+struct CacheKey {
+  sycl::context context;
+  sycl::device device;
+  std::string kernel_name;
+  bool operator==(const CacheKey& o) const {
+    return context == o.context && device == o.device && kernel_name == o.kernel_name;
+  }
+};
+
+struct CacheKeyHash {
+  size_t operator()(const CacheKey& key) const {
+    size_t h = std::hash<sycl::context>{}(key.context);
+    h = h * 31 + std::hash<sycl::device>{}(key.device);
+    return h * 31 + std::hash<std::string>{}(key.kernel_name);
+  }
+};
+
+struct KernelCache {
+  std::mutex mutex;
+  std::unordered_map<CacheKey, sycl::kernel, CacheKeyHash> kernels;
+  KernelCacheStats stats{0, 0};
+};
+
+KernelCache& cache() {
+  // Never destroyed, like the queue: its kernels must not outlive the SYCL runtime.
+  static KernelCache* instance = new KernelCache();
+  return *instance;
+}
+
+// A build that took this long compiled (rather than loaded from the persistent cache); worth
+// one line on stderr so a user knows why the first call was slow.
+constexpr double kReportBuildSeconds = 1.0;
+
+sycl::kernel build_kernel(sycl::queue& queue, const std::string& header,
+                          const std::string& kernel_name) {
+  std::string log;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    syclex::include_files includes;
+    for (const auto& [name, text] : device_sources()) includes.add(name, text);
+    const std::string source = "#include \"" + header + "\"\n";
+    auto source_bundle = syclex::create_kernel_bundle_from_source(
+        queue.get_context(), syclex::source_language::sycl, source,
+        syclex::properties{includes});
+    auto bundle = syclex::build(
+        source_bundle, std::vector<sycl::device>{queue.get_device()},
+        syclex::properties{syclex::registered_names{kernel_name}, syclex::save_log{&log}});
+    sycl::kernel kernel = bundle.ext_oneapi_get_kernel(kernel_name);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seconds > kReportBuildSeconds && std::getenv("IPEX_FLASH_QUIET") == nullptr) {
+      std::fprintf(stderr,
+                   "ipex_flash: compiled %s for %s in %.1f s (first use; kept in the "
+                   "persistent kernel cache for later runs)\n",
+                   kernel_name.c_str(), device_description(queue.get_device()).c_str(),
+                   seconds);
+    }
+    return kernel;
+  } catch (const sycl::exception& e) {
+    throw std::runtime_error("ipex_flash: building SYCL kernel " + kernel_name + " for " +
+                             device_description(queue.get_device()) + " failed: " + e.what() +
+                             (log.empty() ? std::string() : "\nbuild log:\n" + log));
+  }
+}
+
+}  // namespace
+
+sycl::kernel get_kernel(sycl::queue& queue, const std::string& header,
+                        const std::string& kernel_name) {
+  KernelCache& c = cache();
+  CacheKey key{queue.get_context(), queue.get_device(), kernel_name};
+  // Held across the build: concurrent first calls of one variant build it once.
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.kernels.find(key);
+  if (it != c.kernels.end()) {
+    ++c.stats.hits;
+    return it->second;
+  }
+  sycl::kernel kernel = build_kernel(queue, header, kernel_name);
+  ++c.stats.builds;
+  c.kernels.emplace(std::move(key), kernel);
+  return kernel;
+}
+
+KernelCacheStats kernel_cache_stats() {
+  KernelCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.stats;
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,26 @@
+// Kernels compiled at run time from the embedded device sources (sycl_ext_oneapi_kernel_compiler),
+// once per (context, device, kernel) in a process. Across processes the SYCL persistent cache
+// (SYCL_CACHE_PERSISTENT / SYCL_CACHE_DIR, set by the Python package) keeps the binaries.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ipex_flash {
+
+// The kernel `kernel_name` (a template instantiation such as
+// "ipex_flash::flash_fwd_kernel<float, 64, 64, 64>") from the device header `header`, built
+// for the queue's device. Thread-safe. Throws std::runtime_error carrying the compiler's
+// message and build log when the build fails.
+sycl::kernel get_kernel(sycl::queue& queue, const std::string& header,
+                        const std::string& kernel_name);
+
+struct KernelCacheStats {
+  int64_t builds;  // kernels built in this process (each may have come from the disk cache)
+  int64_t hits;    // requests served from the in-process cache
+};
+KernelCacheStats kernel_cache_stats();
+
+}  // namespace ipex_flash
