@@ -8,7 +8,8 @@ from typing import Optional
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-SUPPORTED_DEVICE_TYPES = ("cpu", "xpu")
+# meta: shape-only tensors, which the fake implementations serve.
+SUPPORTED_DEVICE_TYPES = ("cpu", "xpu", "meta")
 MAX_HEAD_DIM = 256
 
 

@@ -6,6 +6,7 @@ from typing import Optional, Union
 import torch
 
 from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
+from ipex_flash._validation import check_attention_inputs
 
 
 def attention(
@@ -46,5 +47,7 @@ def attention(
         out: (B, Hq, Nq, D) in q's dtype and layout; with return_lse also
         lse: (B, Hq, Nq) float32, natural log.
     """
+    # Checked here too, so a non-tensor argument gets our message rather than the dispatcher's.
+    check_attention_inputs("ipex_flash.attention", q, k, v, scale)
     out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale)
     return (out, lse) if return_lse else out

@@ -64,6 +64,12 @@ PYBIND11_MODULE(_C, m) {
         "queue"_a, py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "build_kernel",
+      [](const std::string& header, const std::string& kernel_name, std::uintptr_t queue) {
+        get_kernel(queue_from_handle(queue), header, kernel_name);
+      },
+      "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);
   m.def("kernel_cache_stats", [] {
     const KernelCacheStats stats = kernel_cache_stats();

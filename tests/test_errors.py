@@ -1,0 +1,78 @@
+"""Bad input raises a Python exception naming the argument, from the op and from the
+wrapper, eagerly and with meta tensors; SYCL build failures become RuntimeErrors."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash._runtime import C
+
+
+def good(**shapes):
+    base = dict(q=(2, 4, 10, 32), k=(2, 2, 12, 32), v=(2, 2, 12, 32))
+    base.update(shapes)
+    return [torch.randn(base[n]) for n in ("q", "k", "v")]
+
+
+BAD_SHAPES = [
+    (dict(q=(4, 10, 32)), r"q must be 4-D"),
+    (dict(k=(2, 2, 12, 32, 1)), r"k must be 4-D"),
+    (dict(k=(3, 2, 12, 32)), r"k.shape\[0\] \(batch\) is 3"),
+    (dict(v=(3, 2, 12, 32)), r"v.shape\[0\] \(batch\) is 3"),
+    (dict(k=(2, 2, 12, 16)), r"k.shape\[3\] \(head_dim\) is 16"),
+    (dict(v=(2, 2, 12, 16)), r"v.shape\[3\] \(head_dim\) is 16"),
+    (dict(v=(2, 2, 13, 32)), r"v must have k's heads and seq_len"),
+    (dict(k=(2, 3, 12, 32), v=(2, 3, 12, 32)), r"head count \(4\) must be a multiple of k's and v's \(3\)"),
+    (dict(q=(2, 4, 10, 300), k=(2, 2, 12, 300), v=(2, 2, 12, 300)), r"head_dim .* must be in \[1, 256\], got 300"),
+    (dict(k=(2, 2, 0, 32), v=(2, 2, 0, 32)), r"at least one key"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("shapes,message", BAD_SHAPES)
+def test_bad_shapes(shapes, message, device):
+    q, k, v = (t.to(device) for t in good(**shapes))
+    with pytest.raises(ValueError, match=message):
+        torch.ops.ipex_flash.attention(q, k, v)
+
+
+def test_mixed_dtypes():
+    q, k, v = good()
+    with pytest.raises(TypeError, match=r"k.dtype \(torch.float16\) must equal q.dtype"):
+        ipex_flash.attention(q, k.half(), v)
+    with pytest.raises(TypeError, match=r"v.dtype \(torch.bfloat16\) must equal q.dtype"):
+        ipex_flash.attention(q, k, v.bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.float8_e4m3fn])
+def test_unsupported_dtype(dtype):
+    q, k, v = (t.to(dtype) for t in good())
+    with pytest.raises(TypeError, match=rf"q has dtype {dtype}; expected torch.float32"):
+        ipex_flash.attention(q, k, v)
+
+
+def test_mixed_devices():
+    q, k, v = good()
+    with pytest.raises(ValueError, match=r"k is on meta but q is on cpu"):
+        torch.ops.ipex_flash.attention(q, k.to("meta"), v)
+
+
+def test_not_a_tensor():
+    q, k, v = good()
+    with pytest.raises(TypeError, match=r"v must be a torch.Tensor, got list"):
+        ipex_flash.attention(q, k, v.tolist())
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+def test_non_finite_scale(scale):
+    with pytest.raises(ValueError, match=r"scale must be a finite number"):
+        ipex_flash.attention(*good(), scale=scale)
+
+
+def test_kernel_build_failure_is_a_runtime_error_with_the_log():
+    """A variant the device code rejects (head dim not a multiple of the unroll) fails in the
+    kernel compiler; the error must come back as an exception carrying its message."""
+    with pytest.raises(RuntimeError, match=r"(?s)building SYCL kernel .*flash_fwd_kernel<float, 20, 64, 64>.*tile shape"):
+        C.build_kernel("flash_fwd.hpp", "ipex_flash::flash_fwd_kernel<float, 20, 64, 64>")
+    # The process survives and the op still works afterwards.
+    q, k, v = good()
+    assert torch.isfinite(ipex_flash.attention(q, k, v)).all()
