@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up ./.venv and runs the test suite (extra pytest arguments are passed through).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+# Run from tests/ so the source tree's ipex_flash/ (which has no compiled module) does not
+# shadow the installed package.
+cd tests && ../.venv/bin/python -m pytest -c ../pyproject.toml --rootdir .. . "$@"
