@@ -15,19 +15,21 @@
 
 #include "mask.hpp"
 #include "online_softmax.hpp"
+#include "block_schedule.hpp"
 #include "params.hpp"
 #include "tile_io.hpp"
+#include "tile_math.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-constexpr int KEY_CHUNK = 16;  // scores per work-item held in registers at once
-constexpr int D_UNROLL = 8;    // independent accumulators in the P.V loop (FMA latency)
+constexpr int FWD_KEY_CHUNK = 16;  // scores per work-item held in registers at once
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_kernel(FwdParams p) {
+  constexpr int KEY_CHUNK = FWD_KEY_CHUNK;
   static_assert(BLOCK_N % KEY_CHUNK == 0 && HEAD_DIM % D_UNROLL == 0, "tile shape");
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;    // (d, q) * scale*log2e
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> acc_slm;  // (d, q) unnormalised O
@@ -41,17 +43,14 @@ void flash_fwd_kernel(FwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int64_t wg = static_cast<int64_t>(item.get_group(0));
-  // Highest Q blocks first: under a causal mask they are the longest, so the launch ends on
-  // short work-groups instead of waiting for one long one.
-  const int q_block = p.num_q_blocks - 1 - static_cast<int>(wg % p.num_q_blocks);
-  const int64_t batch_head = wg / p.num_q_blocks;
-  const int b = static_cast<int>(batch_head / p.heads_q);
-  const int h = static_cast<int>(batch_head % p.heads_q);
-  const int h_kv = h / p.heads_per_kv;
+  // Highest Q blocks first: under a causal mask they are the longest.
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.num_q_blocks,
+                                       p.dims.heads_q, /*reverse_blocks=*/true);
+  const int b = coord.batch, h = coord.head, q_block = coord.block;
+  const int h_kv = h / p.dims.heads_per_kv;
 
   const int64_t q_begin = static_cast<int64_t>(q_block) * BLOCK_M;
-  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.len_q);
+  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
   const int64_t row = q_begin + lid;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
@@ -59,22 +58,22 @@ void flash_fwd_kernel(FwdParams p) {
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head;
 
   load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
-                                          static_cast<int>(q_end - q_begin), p.head_dim,
+                                          static_cast<int>(q_end - q_begin), p.dims.head_dim,
                                           p.scale_log2, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
 
-  const BlockMask mask{p.mask, p.len_k};
+  const BlockMask mask{p.mask, p.dims.len_k};
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);  // blocks past it are never visited
   OnlineSoftmaxRow softmax;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const int kv_rows = static_cast<int>(std::min<int64_t>(BLOCK_N, p.len_k - kv_begin));
+    const int kv_rows = static_cast<int>(std::min<int64_t>(BLOCK_N, p.dims.len_k - kv_begin));
     sycl::group_barrier(group);  // everyone is done with the previous K/V block
     load_tile<BLOCK_N, HEAD_DIM>(k_tile, k + kv_begin * p.k_stride.row, p.k_stride.row,
-                                 kv_rows, p.head_dim, lid, BLOCK_M);
+                                 kv_rows, p.dims.head_dim, lid, BLOCK_M);
     load_tile<BLOCK_N, HEAD_DIM>(v_tile, v + kv_begin * p.v_stride.row, p.v_stride.row,
-                                 kv_rows, p.head_dim, lid, BLOCK_M);
+                                 kv_rows, p.dims.head_dim, lid, BLOCK_M);
     sycl::group_barrier(group);
     // Only blocks that straddle a mask boundary (or the end of the keys) test elements.
     const bool fully_visible =
@@ -82,40 +81,20 @@ void flash_fwd_kernel(FwdParams p) {
 
     for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += KEY_CHUNK) {
       float scores[KEY_CHUNK];  // (c) for this work-item's row
-#pragma unroll
-      for (int j = 0; j < KEY_CHUNK; ++j) scores[j] = 0.f;
-      for (int d = 0; d < HEAD_DIM; ++d) {
-        const float q_d = q_t[d][lid];
-#pragma unroll
-        for (int j = 0; j < KEY_CHUNK; ++j) scores[j] += q_d * k_tile[c0 + j][d];
-      }
-      if (!fully_visible) {
-#pragma unroll
-        for (int j = 0; j < KEY_CHUNK; ++j)
-          if (!mask.visible(row, kv_begin + c0 + j)) scores[j] = NEG_INF;
-      }
+      dot_rows(scores, q_t, lid, k_tile, c0);
+      if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
       const float rescale = softmax.update(scores);  // scores now hold probabilities
 
-      for (int d0 = 0; d0 < HEAD_DIM; d0 += D_UNROLL) {
-        float acc[D_UNROLL];  // (d) independent FMA chains
-#pragma unroll
-        for (int u = 0; u < D_UNROLL; ++u) acc[u] = acc_t[d0 + u][lid] * rescale;
-#pragma unroll
-        for (int j = 0; j < KEY_CHUNK; ++j)
-#pragma unroll
-          for (int u = 0; u < D_UNROLL; ++u) acc[u] += scores[j] * v_tile[c0 + j][d0 + u];
-#pragma unroll
-        for (int u = 0; u < D_UNROLL; ++u) acc_t[d0 + u][lid] = acc[u];
-      }
+      accumulate_rows(acc_t, lid, scores, v_tile, c0, rescale);
     }
   }
 
-  if (row < p.len_q) {
+  if (row < p.dims.len_q) {
     const float inv_sum = softmax.inverse_sum();
     T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
              row * p.out_stride.row;
-    for (int d = 0; d < p.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
-    p.lse[(static_cast<int64_t>(b) * p.heads_q + h) * p.len_q + row] = softmax.log_sum_exp();
+    for (int d = 0; d < p.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
+    p.lse[(static_cast<int64_t>(b) * p.dims.heads_q + h) * p.dims.len_q + row] = softmax.log_sum_exp();
   }
 }
 

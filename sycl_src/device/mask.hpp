@@ -2,6 +2,8 @@
 // which of those straddle a boundary (and so need the per-element test), and that test.
 #pragma once
 
+#include <limits>
+
 #include "params.hpp"
 
 namespace ipex_flash {
@@ -10,8 +12,8 @@ struct BlockMask {
   MaskParams mask;
   int32_t len_k;
 
-  // Keys [begin, end) that any row in [row_begin, row_end) can see; blocks outside are
-  // never visited. Returns an empty range (begin >= end) when no row sees any key.
+  // Keys [first_key, end_key) that any row in [row_begin, row_end) can see; blocks outside
+  // are never visited. The range is empty (first >= end) when no row sees any key.
   inline int64_t first_key(int64_t row_begin) const {
     if (mask.window_left < 0) return 0;
     int64_t c = row_begin + mask.diag_offset - mask.window_left;
@@ -21,6 +23,19 @@ struct BlockMask {
     if (mask.window_right < 0) return len_k;
     int64_t c = row_end - 1 + mask.diag_offset + mask.window_right + 1;
     return c < len_k ? (c < 0 ? 0 : c) : len_k;
+  }
+
+  // Rows [first_row, end_row) that can see any key in [key_begin, key_end): the backward's
+  // dK/dV kernel visits only those query blocks.
+  inline int64_t first_row(int64_t key_begin) const {
+    if (mask.window_right < 0) return 0;
+    int64_t r = key_begin - mask.diag_offset - mask.window_right;
+    return r < 0 ? 0 : r;
+  }
+  inline int64_t end_row(int64_t key_end, int64_t len_q) const {
+    if (mask.window_left < 0) return len_q;
+    int64_t r = key_end - 1 - mask.diag_offset + mask.window_left + 1;
+    return r < len_q ? (r < 0 ? 0 : r) : len_q;
   }
 
   // True when every (row, key) of the block is visible, so the element test can be skipped.
@@ -39,6 +54,21 @@ struct BlockMask {
     if (mask.window_right >= 0 && key > row + mask.diag_offset + mask.window_right) return false;
     if (mask.window_left >= 0 && key < row + mask.diag_offset - mask.window_left) return false;
     return true;
+  }
+
+  // Sets to -inf the scores of a register chunk that the mask hides: scores[j] of (row, key0 + j)
+  // for a work-item owning a query row, or of (row0 + j, key) for one owning a key.
+  template <int N>
+  inline void apply_to_keys(float (&scores)[N], int64_t row, int64_t key0) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (!visible(row, key0 + j)) scores[j] = -std::numeric_limits<float>::infinity();
+  }
+  template <int N>
+  inline void apply_to_rows(float (&scores)[N], int64_t row0, int64_t key) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (!visible(row0 + j, key)) scores[j] = -std::numeric_limits<float>::infinity();
   }
 };
 

@@ -24,6 +24,16 @@ struct BhndStrides {
   int64_t row;
 };
 
+// Problem sizes shared by every attention kernel.
+struct AttentionDims {
+  int32_t batch;         // B
+  int32_t heads_q;       // Hq
+  int32_t heads_per_kv;  // Hq / Hkv: query heads sharing one K/V head (GQA, MQA)
+  int32_t len_q;         // Nq
+  int32_t len_k;         // Nk
+  int32_t head_dim;      // D, at most the kernel's compiled HEAD_DIM
+};
+
 struct FwdParams {
   const void* q;         // (B, Hq, Nq, D), input dtype
   const void* k;         // (B, Hkv, Nk, D), input dtype
@@ -34,14 +44,38 @@ struct FwdParams {
   BhndStrides k_stride;
   BhndStrides v_stride;
   BhndStrides out_stride;
-  int32_t batch;         // B
-  int32_t heads_q;       // Hq
-  int32_t heads_per_kv;  // Hq / Hkv: query heads sharing one K/V head (GQA, MQA)
-  int32_t len_q;         // Nq
-  int32_t len_k;         // Nk
-  int32_t head_dim;      // D, at most the kernel's compiled HEAD_DIM
+  AttentionDims dims;
   int32_t num_q_blocks;  // ceil(Nq / BLOCK_M): work-groups per (batch, head)
   float scale_log2;      // softmax scale * log2(e): the kernel works in the exp2 domain
+  MaskParams mask;
+};
+
+// The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per
+// K/V block, summing over the query heads that share it, so no atomics), then dQ (one
+// work-group per Q block).
+struct BwdParams {
+  const void* q;         // (B, Hq, Nq, D), input dtype
+  const void* k;         // (B, Hkv, Nk, D)
+  const void* v;         // (B, Hkv, Nk, D)
+  const void* out;       // (B, Hq, Nq, D): the forward's output
+  const void* dout;      // (B, Hq, Nq, D): gradient of the loss w.r.t. out
+  void* dq;              // (B, Hq, Nq, D), input dtype
+  void* dk;              // (B, Hkv, Nk, D)
+  void* dv;              // (B, Hkv, Nk, D)
+  const float* lse;      // (B, Hq, Nq) contiguous: the forward's log-sum-exp
+  float* delta;          // (B, Hq, Nq) contiguous scratch: rowsum(dO * O)
+  BhndStrides q_stride;
+  BhndStrides k_stride;
+  BhndStrides v_stride;
+  BhndStrides out_stride;
+  BhndStrides dout_stride;
+  BhndStrides dq_stride;
+  BhndStrides dk_stride;
+  BhndStrides dv_stride;
+  AttentionDims dims;
+  int32_t num_blocks;    // work-groups per (batch, head): Q blocks for dQ, K blocks for dK/dV
+  float scale;           // softmax scale (dS -> dQ, dK)
+  float scale_log2;      // scale * log2(e)
   MaskParams mask;
 };
 

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "host/device_queue.hpp"
+#include "host/flash_bwd_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
 
@@ -51,12 +52,12 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("window_left", &MaskParams::window_left)
       .def_readonly("window_right", &MaskParams::window_right);
 
-  py::class_<FwdVariant>(m, "FwdVariant")
-      .def_readonly("dtype", &FwdVariant::dtype)
-      .def_readonly("head_dim", &FwdVariant::head_dim)
-      .def_readonly("block_m", &FwdVariant::block_m)
-      .def_readonly("block_n", &FwdVariant::block_n)
-      .def_property_readonly("kernel_name", &FwdVariant::kernel_name);
+  py::class_<KernelVariant>(m, "KernelVariant")
+      .def_readonly("dtype", &KernelVariant::dtype)
+      .def_readonly("head_dim", &KernelVariant::head_dim)
+      .def_readonly("block_m", &KernelVariant::block_m)
+      .def_readonly("block_n", &KernelVariant::block_n)
+      .def("__repr__", [](const KernelVariant& v) { return v.instantiate("KernelVariant"); });
 
   // The launchers release the GIL: a kernel may run for seconds, and other Python threads
   // (and concurrent calls, which the kernel cache serialises safely) should not stall.
@@ -65,9 +66,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(
+      "flash_bwd",
+      [](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+         const TensorView& dout, const TensorView& lse, const TensorView& dq,
+         const TensorView& dk, const TensorView& dv, const TensorView& delta, float scale,
+         const MaskParams& mask, std::uintptr_t queue) {
+        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, scale, mask, queue);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "delta"_a,
+      "scale"_a, "mask"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("warmup_bwd", &warmup_bwd, "dtype"_a, "head_dim"_a, "queue"_a,
+        py::call_guard<py::gil_scoped_release>());
+  m.def(
       "build_kernel",
       [](const std::string& header, const std::string& kernel_name, std::uintptr_t queue) {
-        get_kernel(queue_from_handle(queue), header, kernel_name);
+        get_kernels(queue_from_handle(queue), header, {kernel_name});
       },
       "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);

@@ -19,9 +19,9 @@ namespace syclex = sycl::ext::oneapi::experimental;
 struct CacheKey {
   sycl::context context;
   sycl::device device;
-  std::string kernel_name;
+  std::string kernel_names;  // header and names, joined
   bool operator==(const CacheKey& o) const {
-    return context == o.context && device == o.device && kernel_name == o.kernel_name;
+    return context == o.context && device == o.device && kernel_names == o.kernel_names;
   }
 };
 
@@ -29,13 +29,13 @@ struct CacheKeyHash {
   size_t operator()(const CacheKey& key) const {
     size_t h = std::hash<sycl::context>{}(key.context);
     h = h * 31 + std::hash<sycl::device>{}(key.device);
-    return h * 31 + std::hash<std::string>{}(key.kernel_name);
+    return h * 31 + std::hash<std::string>{}(key.kernel_names);
   }
 };
 
 struct KernelCache {
   std::mutex mutex;
-  std::unordered_map<CacheKey, sycl::kernel, CacheKeyHash> kernels;
+  std::unordered_map<CacheKey, std::vector<sycl::kernel>, CacheKeyHash> kernels;
   KernelCacheStats stats{0, 0};
 };
 
@@ -49,8 +49,10 @@ KernelCache& cache() {
 // one line on stderr so a user knows why the first call was slow.
 constexpr double kReportBuildSeconds = 1.0;
 
-sycl::kernel build_kernel(sycl::queue& queue, const std::string& header,
-                          const std::string& kernel_name) {
+std::vector<sycl::kernel> build_kernels(sycl::queue& queue, const std::string& header,
+                                        const std::vector<std::string>& kernel_names) {
+  std::string joined_names;
+  for (const std::string& name : kernel_names) joined_names += (joined_names.empty() ? "" : ", ") + name;
   std::string log;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -62,20 +64,21 @@ sycl::kernel build_kernel(sycl::queue& queue, const std::string& header,
         syclex::properties{includes});
     auto bundle = syclex::build(
         source_bundle, std::vector<sycl::device>{queue.get_device()},
-        syclex::properties{syclex::registered_names{kernel_name}, syclex::save_log{&log}});
-    sycl::kernel kernel = bundle.ext_oneapi_get_kernel(kernel_name);
+        syclex::properties{syclex::registered_names{kernel_names}, syclex::save_log{&log}});
+    std::vector<sycl::kernel> kernels;
+    for (const std::string& name : kernel_names) kernels.push_back(bundle.ext_oneapi_get_kernel(name));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (seconds > kReportBuildSeconds && std::getenv("IPEX_FLASH_QUIET") == nullptr) {
       std::fprintf(stderr,
                    "ipex_flash: compiled %s for %s in %.1f s (first use; kept in the "
                    "persistent kernel cache for later runs)\n",
-                   kernel_name.c_str(), device_description(queue.get_device()).c_str(),
+                   joined_names.c_str(), device_description(queue.get_device()).c_str(),
                    seconds);
     }
-    return kernel;
+    return kernels;
   } catch (const sycl::exception& e) {
-    throw std::runtime_error("ipex_flash: building SYCL kernel " + kernel_name + " for " +
+    throw std::runtime_error("ipex_flash: building SYCL kernel " + joined_names + " for " +
                              device_description(queue.get_device()) + " failed: " + e.what() +
                              (log.empty() ? std::string() : "\nbuild log:\n" + log));
   }
@@ -83,10 +86,12 @@ sycl::kernel build_kernel(sycl::queue& queue, const std::string& header,
 
 }  // namespace
 
-sycl::kernel get_kernel(sycl::queue& queue, const std::string& header,
-                        const std::string& kernel_name) {
+std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& header,
+                                      const std::vector<std::string>& kernel_names) {
   KernelCache& c = cache();
-  CacheKey key{queue.get_context(), queue.get_device(), kernel_name};
+  std::string joined = header;
+  for (const std::string& name : kernel_names) joined += "|" + name;
+  CacheKey key{queue.get_context(), queue.get_device(), joined};
   // Held across the build: concurrent first calls of one variant build it once.
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.kernels.find(key);
@@ -94,10 +99,10 @@ sycl::kernel get_kernel(sycl::queue& queue, const std::string& header,
     ++c.stats.hits;
     return it->second;
   }
-  sycl::kernel kernel = build_kernel(queue, header, kernel_name);
+  std::vector<sycl::kernel> kernels = build_kernels(queue, header, kernel_names);
   ++c.stats.builds;
-  c.kernels.emplace(std::move(key), kernel);
-  return kernel;
+  c.kernels.emplace(std::move(key), kernels);
+  return kernels;
 }
 
 KernelCacheStats kernel_cache_stats() {

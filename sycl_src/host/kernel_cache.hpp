@@ -7,15 +7,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ipex_flash {
 
-// The kernel `kernel_name` (a template instantiation such as
+// The kernels `kernel_names` (template instantiations such as
 // "ipex_flash::flash_fwd_kernel<float, 64, 64, 64>") from the device header `header`, built
-// for the queue's device. Thread-safe. Throws std::runtime_error carrying the compiler's
-// message and build log when the build fails.
-sycl::kernel get_kernel(sycl::queue& queue, const std::string& header,
-                        const std::string& kernel_name);
+// together (one compiler run) for the queue's device. Thread-safe. Throws std::runtime_error
+// carrying the compiler's message and build log when the build fails.
+std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& header,
+                                      const std::vector<std::string>& kernel_names);
 
 struct KernelCacheStats {
   int64_t builds;  // kernels built in this process (each may have come from the disk cache)

@@ -1,0 +1,43 @@
+// The two inner loops every attention kernel is made of, for the "one work-item per row"
+// layout: the work-item's own vector lives in a transposed SLM tile (d, lane) so that lanes
+// read consecutive addresses, and the other operand's rows are broadcast to all lanes.
+//   dot_rows:       out[j] = sum_d own_t[d][lane] * rows[row0 + j][d]        (Q.K^T, dO.V^T)
+//   accumulate_rows: acc_t[d][lane] = acc_t[d][lane] * rescale
+//                                     + sum_j weight[j] * rows[row0 + j][d]  (P.V, dS.K)
+#pragma once
+
+namespace ipex_flash {
+
+constexpr int D_UNROLL = 8;  // independent accumulators per lane: hides FMA latency
+
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
+inline void dot_rows(float (&out)[CHUNK], const float (&own_t)[HEAD_DIM][LANES], int lane,
+                     const float (&rows)[ROWS][HEAD_DIM], int row0) {
+#pragma unroll
+  for (int j = 0; j < CHUNK; ++j) out[j] = 0.f;
+  for (int d = 0; d < HEAD_DIM; ++d) {
+    const float own_d = own_t[d][lane];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j) out[j] += own_d * rows[row0 + j][d];
+  }
+}
+
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
+inline void accumulate_rows(float (&acc_t)[HEAD_DIM][LANES], int lane,
+                            const float (&weight)[CHUNK], const float (&rows)[ROWS][HEAD_DIM],
+                            int row0, float rescale) {
+  static_assert(HEAD_DIM % D_UNROLL == 0, "tile shape: HEAD_DIM must be a multiple of 8");
+  for (int d0 = 0; d0 < HEAD_DIM; d0 += D_UNROLL) {
+    float acc[D_UNROLL];  // (d)
+#pragma unroll
+    for (int u = 0; u < D_UNROLL; ++u) acc[u] = acc_t[d0 + u][lane] * rescale;
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j)
+#pragma unroll
+      for (int u = 0; u < D_UNROLL; ++u) acc[u] += weight[j] * rows[row0 + j][d0 + u];
+#pragma unroll
+    for (int u = 0; u < D_UNROLL; ++u) acc_t[d0 + u][lane] = acc[u];
+  }
+}
+
+}  // namespace ipex_flash

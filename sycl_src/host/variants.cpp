@@ -1,0 +1,49 @@
+#include "host/variants.hpp"
+
+#include <stdexcept>
+
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kMinBlock = 16;  // one sub-group of rows / two register chunks of keys
+
+int padded_head_dim(int head_dim) {
+  const int step = head_dim <= 128 ? 16 : 32;
+  return (head_dim + step - 1) / step * step;
+}
+
+}  // namespace
+
+std::string KernelVariant::instantiate(const std::string& kernel) const {
+  return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +
+         std::to_string(block_m) + ", " + std::to_string(block_n) + ">";
+}
+
+KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,
+                             const SlmBytes& slm_bytes) {
+  if (head_dim < 1 || head_dim > kMaxHeadDim)
+    throw std::invalid_argument("ipex_flash: head dim must be in [1, 256], got " +
+                                std::to_string(head_dim));
+  device_type_name(dtype);  // validates the dtype
+  KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
+  const size_t slm_limit = device.get_info<sycl::info::device::local_mem_size>();
+  const size_t wg_limit = device.get_info<sycl::info::device::max_work_group_size>();
+  while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)
+    variant.block_m /= 2;
+  while (variant.block_n > kMinBlock && static_cast<size_t>(variant.block_n) > wg_limit)
+    variant.block_n /= 2;
+  // Shrink the K/V tile first: that costs only more barriers, while a smaller Q tile means
+  // re-reading K and V more often.
+  while (slm_bytes(variant.head_dim, variant.block_m, variant.block_n) > slm_limit) {
+    if (variant.block_n > kMinBlock) variant.block_n /= 2;
+    else if (variant.block_m > kMinBlock) variant.block_m /= 2;
+    else throw std::runtime_error("ipex_flash: device local memory too small for head dim " +
+                                  std::to_string(head_dim));
+  }
+  return variant;
+}
+
+}  // namespace ipex_flash

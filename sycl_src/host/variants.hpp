@@ -1,0 +1,32 @@
+// Kernel variants: what is fixed when a kernel is compiled (dtype, padded head dim, tile
+// sizes), chosen per problem from the device's properties.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace ipex_flash {
+
+struct KernelVariant {
+  std::string dtype;  // "float32", "float16", "bfloat16"
+  int head_dim;       // padded head dim the kernel is compiled for (>= the problem's D)
+  int block_m;        // query rows per tile
+  int block_n;        // keys per tile
+
+  // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N>" for a kernel template with that signature.
+  std::string instantiate(const std::string& kernel) const;
+};
+
+// Bytes of local memory a kernel needs for (head_dim, block_m, block_n).
+using SlmBytes = std::function<size_t(int head_dim, int block_m, int block_n)>;
+
+// The variant serving `head_dim`: head dim rounded up to a compiled size (multiples of 16 up
+// to 128, of 32 beyond), 64x64 tiles shrunk until they fit the device's local memory and
+// work-group limits. Throws std::invalid_argument for head dims outside [1, 256].
+KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,
+                             const SlmBytes& slm_bytes);
+
+}  // namespace ipex_flash
