@@ -68,3 +68,35 @@ def check_attention_inputs(
 
 def softmax_scale(scale: Optional[float], head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def check_dropout_p(fn: str, dropout_p: float) -> None:
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def check_dropout(fn: str, dropout_p: float, dropout_seed: Optional[torch.Tensor]) -> None:
+    check_dropout_p(fn, dropout_p)
+    if dropout_p > 0.0:
+        if (not isinstance(dropout_seed, torch.Tensor) or dropout_seed.shape != (2,)
+                or dropout_seed.dtype != torch.int64):
+            raise ValueError(
+                f"{fn}: dropout_p > 0 needs dropout_seed, an int64 tensor of shape (2,) "
+                "(seed, offset)")
+
+
+def check_backward_inputs(fn: str, grad_out: torch.Tensor, out: torch.Tensor,
+                          lse: torch.Tensor, q: torch.Tensor) -> None:
+    if not isinstance(grad_out, torch.Tensor):
+        raise TypeError(f"{fn}: grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
+    if grad_out.shape != q.shape or out.shape != q.shape:
+        raise ValueError(
+            f"{fn}: grad_out must have the output's shape {tuple(q.shape)}, got "
+            f"{tuple(grad_out.shape)}")
+    if grad_out.dtype != q.dtype or out.dtype != q.dtype:
+        raise TypeError(
+            f"{fn}: grad_out must have the output's dtype {q.dtype}, got {grad_out.dtype}")
+    if grad_out.device != q.device:
+        raise ValueError(f"{fn}: grad_out is on {grad_out.device} but q is on {q.device}")
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
+        raise ValueError(f"{fn}: lse must be float32 of shape {tuple(q.shape[:3])}")

@@ -6,7 +6,7 @@ from typing import Optional, Union
 import torch
 
 from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
-from ipex_flash._validation import check_attention_inputs
+from ipex_flash._validation import check_attention_inputs, check_dropout_p
 
 
 def attention(
@@ -16,6 +16,8 @@ def attention(
     causal: bool = False,
     scale: Optional[float] = None,
     return_lse: bool = False,
+    dropout_p: float = 0.0,
+    deterministic: bool = False,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention, softmax(q @ k^T * scale) @ v, computed by FlashAttention kernels.
 
@@ -36,7 +38,16 @@ def attention(
                   row 2        1 1 1 0 0
 
         scale: multiplier of q @ k^T; default 1 / sqrt(D).
-        return_lse: also return the log-sum-exp of each row's scaled scores.
+        return_lse: also return the log-sum-exp of each row's scaled scores (not
+            differentiable: its gradient is ignored).
+        dropout_p: as in SDPA, each attention probability is zeroed with probability
+            dropout_p and the kept ones scaled by 1 / (1 - dropout_p). The mask comes from a
+            Philox generator keyed by a seed drawn from torch's default generator, so
+            torch.manual_seed makes it reproducible; the backward regenerates it.
+        deterministic: request bitwise-reproducible gradients. The backward kernels are
+            always deterministic (no atomics), so this costs nothing.
+
+    Differentiable in q, k and v; gradients come back in their dtype and layout.
 
     All three tensors share one dtype (float32, float16 or bfloat16) and one device (cpu:
     the SYCL CPU device; xpu: the tensor's stream queue). Any strides are accepted; a last
@@ -49,5 +60,8 @@ def attention(
     """
     # Checked here too, so a non-tensor argument gets our message rather than the dispatcher's.
     check_attention_inputs("ipex_flash.attention", q, k, v, scale)
-    out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale)
+    check_dropout_p("ipex_flash.attention", dropout_p)
+    seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale, dropout_p, seed,
+                                                      deterministic)
     return (out, lse) if return_lse else out

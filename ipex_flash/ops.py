@@ -1,12 +1,17 @@
-"""The ipex_flash operators, registered with torch.library.
+"""The ipex_flash operators, registered with torch.library. Layout (B, H, N, D), as in
+torch.nn.functional.scaled_dot_product_attention.
 
-    ipex_flash::attention_forward(q, k, v, causal, scale) -> (out, lse)
-        The forward kernel. CPU tensors run on the SYCL CPU device, XPU tensors on their
-        stream's SYCL queue; a fake implementation serves torch.compile and meta tensors.
-    ipex_flash::attention(q, k, v, causal, scale) -> out
-        SDPA's signature; composite over attention_forward, so torch.compile sees through it.
+    ipex_flash::attention(q, k, v, causal, scale, dropout_p, deterministic) -> out
+        SDPA's signature. Composite: it draws the dropout seed and calls attention_forward,
+        so autograd, fake tensors and torch.compile all come from the ops below.
+    ipex_flash::attention_forward(q, k, v, causal, scale, dropout_p, dropout_seed) -> (out, lse)
+        The forward kernel; differentiable in q, k, v through attention_backward.
+    ipex_flash::attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)
+        The backward kernels.
+    ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
+        The keep-mask the kernels apply for a seed, for tests (small shapes).
 
-Layout: (B, H, N, D) as in torch.nn.functional.scaled_dot_product_attention.
+CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue.
 """
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from typing import Optional
 import torch
 
 from ipex_flash._runtime import C
-from ipex_flash._validation import check_attention_inputs, softmax_scale
+from ipex_flash._validation import (
+    check_attention_inputs, check_backward_inputs, check_dropout, softmax_scale)
 
 Tensor = torch.Tensor
+_FN = "ipex_flash.attention"
 
 # Masks are diagonal bands (see MaskParams in sycl_src/device/params.hpp); SDPA's causal mask
 # is top-left aligned: row i sees keys 0..i.
@@ -43,6 +50,25 @@ def _with_contiguous_last_dim(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+def _mask(causal: bool) -> "C.MaskParams":
+    return C.MaskParams(**(_CAUSAL_TOP_LEFT if causal else _NO_MASK))
+
+
+def _dropout(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
+    if dropout_p == 0.0:
+        return C.DropoutParams(0.0, 0, 0)
+    seed, offset = (int(x) % 2**64 for x in dropout_seed.tolist())
+    return C.DropoutParams(dropout_p, seed, offset)
+
+
+def draw_dropout_seed(device: torch.device) -> Tensor:
+    """(seed, offset) as a CPU int64 tensor, drawn from torch's default generator for the
+    device, so torch.manual_seed makes dropout reproducible."""
+    generator_device = device if device.type != "meta" else torch.device("cpu")
+    words = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=generator_device)
+    return words.cpu()
+
+
 def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
     """out in q's layout (a (B, N, H, D) tensor transposed to (B, H, N, D) gets the same
     strides back), lse (B, Hq, Nq) float32."""
@@ -54,30 +80,104 @@ def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 @torch.library.custom_op("ipex_flash::attention_forward", mutates_args=(),
                          device_types=("cpu", "xpu"))
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                      scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
-    check_attention_inputs("ipex_flash.attention", q, k, v, scale)
+                      scale: Optional[float] = None, dropout_p: float = 0.0,
+                      dropout_seed: Optional[Tensor] = None,
+                      deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    # deterministic only matters to the backward; it is an argument here so that autograd
+    # can hand it on.
+    check_attention_inputs(_FN, q, k, v, scale)
+    check_dropout(_FN, dropout_p, dropout_seed)
     q, k, v = (_with_contiguous_last_dim(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
-    mask = C.MaskParams(**(_CAUSAL_TOP_LEFT if causal else _NO_MASK))
     C.flash_fwd(_view(q), _view(k), _view(v), _view(out), _view(lse),
-                softmax_scale(scale, q.shape[-1]), mask, _queue_handle(q.device))
+                softmax_scale(scale, q.shape[-1]), _mask(causal),
+                _dropout(dropout_p, dropout_seed), _queue_handle(q.device))
     return out, lse
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, causal=False, scale=None):
-    check_attention_inputs("ipex_flash.attention", q, k, v, scale)
+def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dropout_seed=None,
+                            deterministic=False):
+    check_attention_inputs(_FN, q, k, v, scale)
+    check_dropout(_FN, dropout_p, dropout_seed)
     return _forward_outputs(_with_contiguous_last_dim(q))
 
 
+def _gradients_like(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv in the dtype and layout of q, k, v (after the last-dim fix-up)."""
+    return tuple(torch.empty_like(_with_contiguous_last_dim(t)) for t in (q, k, v))
+
+
+@torch.library.custom_op("ipex_flash::attention_backward", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       lse: Tensor, causal: bool = False, scale: Optional[float] = None,
+                       dropout_p: float = 0.0, dropout_seed: Optional[Tensor] = None,
+                       deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    # deterministic: every kernel already sums in a fixed order (dK/dV per K block, dQ in its
+    # own pass, no atomics), so both settings give bitwise-reproducible gradients.
+    check_attention_inputs(_FN, q, k, v, scale)
+    check_dropout(_FN, dropout_p, dropout_seed)
+    check_backward_inputs(_FN, grad_out, out, lse, q)
+    q, k, v, out, grad_out = (_with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
+    dq, dk, dv = _gradients_like(q, k, v)
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    C.flash_bwd(_view(q), _view(k), _view(v), _view(out), _view(grad_out),
+                _view(lse.contiguous()), _view(dq), _view(dk), _view(dv), _view(delta),
+                softmax_scale(scale, q.shape[-1]), _mask(causal),
+                _dropout(dropout_p, dropout_seed), _queue_handle(q.device))
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(grad_out, q, k, v, out, lse, causal=False, scale=None,
+                             dropout_p=0.0, dropout_seed=None, deterministic=False):
+    check_attention_inputs(_FN, q, k, v, scale)
+    check_dropout(_FN, dropout_p, dropout_seed)
+    check_backward_inputs(_FN, grad_out, out, lse, q)
+    return _gradients_like(q, k, v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, dropout_p, dropout_seed, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, dropout_seed)
+    ctx.causal, ctx.scale, ctx.dropout_p, ctx.deterministic = causal, scale, dropout_p, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    # The LSE is an auxiliary output (marked non-differentiable): its gradient is ignored.
+    q, k, v, out, lse, dropout_seed = ctx.saved_tensors
+    dq, dk, dv = torch.ops.ipex_flash.attention_backward(
+        grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.dropout_p, dropout_seed,
+        ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("ipex_flash::dropout_mask", mutates_args=(), device_types=("cpu",))
+def dropout_mask(dropout_seed: Tensor, shape: list[int], dropout_p: float) -> Tensor:
+    """keep (B, H, Nq, Nk) uint8: 1 where attention_forward with this seed keeps P."""
+    check_dropout("ipex_flash.dropout_mask", dropout_p, dropout_seed)
+    keep = torch.empty(shape, dtype=torch.uint8)
+    C.dropout_mask(_view(keep), _dropout(dropout_p, dropout_seed), 0)
+    return keep
+
+
 _lib = torch.library.Library("ipex_flash", "FRAGMENT")
-_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+            "float dropout_p=0.0, bool deterministic=False) -> Tensor")
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-               scale: Optional[float] = None) -> Tensor:
-    return torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale)[0]
+               scale: Optional[float] = None, dropout_p: float = 0.0,
+               deterministic: bool = False) -> Tensor:
+    seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    return torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale, dropout_p, seed,
+                                                  deterministic)[0]
 
 
-# Composite: autograd, fake tensors and torch.compile all come from attention_forward.
 _lib.impl("attention", _attention, "CompositeImplicitAutograd")

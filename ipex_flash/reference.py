@@ -16,7 +16,7 @@ def attention_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) in float64 on the CPU for q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), with
     SDPA's semantics (top-left causal mask, GQA by repeating each K/V head)."""
-    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))  # differentiable
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)

@@ -13,6 +13,7 @@
 #include <sycl/sycl.hpp>
 
 #include "block_schedule.hpp"
+#include "dropout.hpp"
 #include "mask.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
@@ -82,7 +83,8 @@ void flash_bwd_dq_kernel(BwdParams p) {
   const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
   const int q_rows = static_cast<int>(q_end - q_begin);
   const int64_t row = q_begin + lid;
-  const int64_t row_stats = (static_cast<int64_t>(b) * p.dims.heads_q + h) * p.dims.len_q;
+  const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
+  const int64_t row_stats = batch_head * p.dims.len_q;  // this head's LSE and delta
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
   const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
@@ -120,6 +122,12 @@ void flash_bwd_dq_kernel(BwdParams p) {
       for (int j = 0; j < BWD_CHUNK; ++j) prob[j] = sycl::exp2(prob[j] - lse_log2);
       float dscore[BWD_CHUNK];  // (c) dP, then dS
       dot_rows(dscore, do_t, lid, v_tile, c0);
+      if (p.dropout.enabled) {  // dP of the undropped P: dO.V^T through the same mask
+        float factor[BWD_CHUNK];
+        dropout_factors_for_keys(p.dropout, batch_head, row, kv_begin + c0, factor);
+#pragma unroll
+        for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] *= factor[j];
+      }
 #pragma unroll
       for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] = prob[j] * (dscore[j] - delta);
       accumulate_rows(dq_t, lid, dscore, k_tile, c0, 1.f);
@@ -184,7 +192,8 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
     const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
     const T* dout =
         static_cast<const T*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
-    const int64_t row_stats = (static_cast<int64_t>(b) * p.dims.heads_q + h) * p.dims.len_q;
+    const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
+    const int64_t row_stats = batch_head * p.dims.len_q;
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
       const int q_rows = static_cast<int>(q_end - q_begin);
@@ -207,11 +216,20 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
         if (!fully_visible) mask.apply_to_rows(prob, q_begin + r0, key);
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) prob[i] = sycl::exp2(prob[i] - lse_log2[r0 + i]);
-        accumulate_rows(dv_t, lid, prob, do_tile, r0, 1.f);  // dV += P^T dO
+        float factor[BWD_CHUNK];  // (r) dropout: 1/(1-p) kept, 0 dropped
+#pragma unroll
+        for (int i = 0; i < BWD_CHUNK; ++i) factor[i] = 1.f;
+        if (p.dropout.enabled)
+          dropout_factors_for_rows(p.dropout, batch_head, q_begin + r0, key, factor);
+        float dropped[BWD_CHUNK];  // (r) the forward's P after dropout
+#pragma unroll
+        for (int i = 0; i < BWD_CHUNK; ++i) dropped[i] = prob[i] * factor[i];
+        accumulate_rows(dv_t, lid, dropped, do_tile, r0, 1.f);  // dV += P_dropped^T dO
         float dscore[BWD_CHUNK];  // (r) dP, then dS
         dot_rows(dscore, v_t, lid, do_tile, r0);
 #pragma unroll
-        for (int i = 0; i < BWD_CHUNK; ++i) dscore[i] = prob[i] * (dscore[i] - delta[r0 + i]);
+        for (int i = 0; i < BWD_CHUNK; ++i)
+          dscore[i] = prob[i] * (dscore[i] * factor[i] - delta[r0 + i]);
         accumulate_rows(dk_t, lid, dscore, q_tile, r0, 1.f);  // dK += dS^T Q
       }
     }

@@ -16,6 +16,7 @@
 #include "mask.hpp"
 #include "online_softmax.hpp"
 #include "block_schedule.hpp"
+#include "dropout.hpp"
 #include "params.hpp"
 #include "tile_io.hpp"
 #include "tile_math.hpp"
@@ -48,6 +49,7 @@ void flash_fwd_kernel(FwdParams p) {
                                        p.dims.heads_q, /*reverse_blocks=*/true);
   const int b = coord.batch, h = coord.head, q_block = coord.block;
   const int h_kv = h / p.dims.heads_per_kv;
+  const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
 
   const int64_t q_begin = static_cast<int64_t>(q_block) * BLOCK_M;
   const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
@@ -84,7 +86,12 @@ void flash_fwd_kernel(FwdParams p) {
       dot_rows(scores, q_t, lid, k_tile, c0);
       if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
       const float rescale = softmax.update(scores);  // scores now hold probabilities
-
+      if (p.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
+        float factor[KEY_CHUNK];
+        dropout_factors_for_keys(p.dropout, batch_head, row, kv_begin + c0, factor);
+#pragma unroll
+        for (int j = 0; j < KEY_CHUNK; ++j) scores[j] *= factor[j];
+      }
       accumulate_rows(acc_t, lid, scores, v_tile, c0, rescale);
     }
   }
@@ -94,7 +101,7 @@ void flash_fwd_kernel(FwdParams p) {
     T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
              row * p.out_stride.row;
     for (int d = 0; d < p.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
-    p.lse[(static_cast<int64_t>(b) * p.dims.heads_q + h) * p.dims.len_q + row] = softmax.log_sum_exp();
+    p.lse[batch_head * p.dims.len_q + row] = softmax.log_sum_exp();
   }
 }
 

@@ -24,6 +24,15 @@ struct BhndStrides {
   int64_t row;
 };
 
+// Dropout of attention probabilities (see dropout.hpp). Disabled when enabled == 0.
+struct DropoutParams {
+  uint64_t seed;       // Philox key, drawn from torch's generator for the device
+  uint64_t offset;     // mixed into the counter, drawn from the same generator
+  uint32_t threshold;  // a probability is dropped when its random word < threshold = p * 2^32
+  float keep_scale;    // 1 / (1 - p): kept probabilities are scaled by it
+  int32_t enabled;     // p > 0
+};
+
 // Problem sizes shared by every attention kernel.
 struct AttentionDims {
   int32_t batch;         // B
@@ -48,6 +57,7 @@ struct FwdParams {
   int32_t num_q_blocks;  // ceil(Nq / BLOCK_M): work-groups per (batch, head)
   float scale_log2;      // softmax scale * log2(e): the kernel works in the exp2 domain
   MaskParams mask;
+  DropoutParams dropout;
 };
 
 // The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per
@@ -77,6 +87,14 @@ struct BwdParams {
   float scale;           // softmax scale (dS -> dQ, dK)
   float scale_log2;      // scale * log2(e)
   MaskParams mask;
+  DropoutParams dropout;  // the forward's, so the same elements are dropped
+};
+
+// The keep mask of a dropout configuration, materialised for tests (small shapes only).
+struct DropoutMaskParams {
+  uint8_t* keep;         // (B, Hq, Nq, Nk) contiguous: 1 kept, 0 dropped
+  AttentionDims dims;
+  DropoutParams dropout;
 };
 
 }  // namespace ipex_flash

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "host/device_queue.hpp"
+#include "host/dropout_launch.hpp"
 #include "host/flash_bwd_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
@@ -59,10 +60,19 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("block_n", &KernelVariant::block_n)
       .def("__repr__", [](const KernelVariant& v) { return v.instantiate("KernelVariant"); });
 
+  py::class_<DropoutParams>(m, "DropoutParams")
+      .def(py::init(&make_dropout), "p"_a, "seed"_a, "offset"_a)
+      .def_readonly("seed", &DropoutParams::seed)
+      .def_readonly("offset", &DropoutParams::offset)
+      .def_readonly("threshold", &DropoutParams::threshold)
+      .def_readonly("keep_scale", &DropoutParams::keep_scale);
+
   // The launchers release the GIL: a kernel may run for seconds, and other Python threads
   // (and concurrent calls, which the kernel cache serialises safely) should not stall.
   m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "scale"_a, "mask"_a,
-        "queue"_a, py::call_guard<py::gil_scoped_release>());
+        "dropout"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
+        py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(
@@ -70,11 +80,12 @@ PYBIND11_MODULE(_C, m) {
       [](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const TensorView& dout, const TensorView& lse, const TensorView& dq,
          const TensorView& dk, const TensorView& dv, const TensorView& delta, float scale,
-         const MaskParams& mask, std::uintptr_t queue) {
-        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, scale, mask, queue);
+         const MaskParams& mask, const DropoutParams& dropout, std::uintptr_t queue) {
+        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, scale, mask, dropout,
+                  queue);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "delta"_a,
-      "scale"_a, "mask"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+      "scale"_a, "mask"_a, "dropout"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
   m.def("warmup_bwd", &warmup_bwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(

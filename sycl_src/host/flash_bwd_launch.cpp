@@ -44,7 +44,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 void flash_bwd(const BwdTensors& t, float scale, const MaskParams& mask,
-               std::uintptr_t queue_handle) {
+               const DropoutParams& dropout, std::uintptr_t queue_handle) {
   BwdParams params{};
   params.dims = attention_dims(t.q, t.k);
   const AttentionDims& dims = params.dims;
@@ -71,6 +71,7 @@ void flash_bwd(const BwdTensors& t, float scale, const MaskParams& mask,
   params.scale = scale;
   params.scale_log2 = static_cast<float>(scale * kLog2e);
   params.mask = mask;
+  params.dropout = dropout;
   const int64_t heads_kv = dims.heads_q / dims.heads_per_kv;
   if (dims.batch == 0 || heads_kv == 0 || dims.len_k == 0) return;
 

@@ -16,8 +16,9 @@ struct BwdTensors {
 };
 
 // dq, dk, dv of attention(q, k, v) given dout, from the forward's out and lse.
+// dropout must be the forward's (same seed and offset).
 void flash_bwd(const BwdTensors& tensors, float scale, const MaskParams& mask,
-               std::uintptr_t queue_handle);
+               const DropoutParams& dropout, std::uintptr_t queue_handle);
 
 // Builds (or loads from the disk cache) the backward kernels for (dtype, head_dim).
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);

@@ -27,7 +27,8 @@ sycl::kernel fwd_kernel(sycl::queue& queue, const KernelVariant& variant) {
 
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const TensorView& lse, float scale,
-               const MaskParams& mask, std::uintptr_t queue_handle) {
+               const MaskParams& mask, const DropoutParams& dropout,
+               std::uintptr_t queue_handle) {
   FwdParams params{};
   params.dims = attention_dims(q, k);
   if (params.dims.batch == 0 || params.dims.heads_q == 0 || params.dims.len_q == 0) return;
@@ -46,6 +47,7 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   params.num_q_blocks = (params.dims.len_q + variant.block_m - 1) / variant.block_m;
   params.scale_log2 = static_cast<float>(scale * kLog2e);
   params.mask = mask;
+  params.dropout = dropout;
 
   sycl::kernel kernel = fwd_kernel(queue, variant);
   const int64_t batch_heads = static_cast<int64_t>(params.dims.batch) * params.dims.heads_q;

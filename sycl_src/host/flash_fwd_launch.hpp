@@ -12,10 +12,11 @@ namespace ipex_flash {
 
 // out = softmax(q k^T * scale, masked) v, and lse = per-row log-sum-exp, on the queue named by
 // queue_handle (0 = the SYCL CPU device). Shapes: q, out (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
-// lse (B, Hq, Nq) contiguous float32.
+// lse (B, Hq, Nq) contiguous float32. Dropout, if enabled, applies to the probabilities.
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const TensorView& lse, float scale,
-               const MaskParams& mask, std::uintptr_t queue_handle);
+               const MaskParams& mask, const DropoutParams& dropout,
+               std::uintptr_t queue_handle);
 
 // Builds (or loads from the disk cache) the forward variant for (dtype, head_dim).
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);

@@ -1,0 +1,69 @@
+// Dropout on attention probabilities from a counter-based generator (Philox 4x32-10,
+// Salmon et al. 2011): the keep decision for (batch*head, row, key) is a pure function of
+// the seed, the offset and those indices, so the backward pass regenerates exactly the
+// forward's mask without storing it. One Philox call yields four 32-bit values, used for four
+// consecutive keys of one row.
+#pragma once
+
+#include <cstdint>
+
+#include "params.hpp"
+
+namespace ipex_flash {
+
+inline void philox4x32_10(uint32_t (&counter)[4], uint32_t key0, uint32_t key1) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t product0 = static_cast<uint64_t>(kMul0) * counter[0];
+    const uint64_t product1 = static_cast<uint64_t>(kMul1) * counter[2];
+    const uint32_t hi0 = static_cast<uint32_t>(product0 >> 32), lo0 = static_cast<uint32_t>(product0);
+    const uint32_t hi1 = static_cast<uint32_t>(product1 >> 32), lo1 = static_cast<uint32_t>(product1);
+    counter[0] = hi1 ^ counter[1] ^ key0;
+    counter[1] = lo1;
+    counter[2] = hi0 ^ counter[3] ^ key1;
+    counter[3] = lo0;
+    key0 += kWeyl0;
+    key1 += kWeyl1;
+  }
+}
+
+// The four random words for keys [key4 * 4, key4 * 4 + 4) of `row` in `batch_head`.
+inline void dropout_words(const DropoutParams& dropout, int64_t batch_head, int64_t row,
+                          int64_t key4, uint32_t (&words)[4]) {
+  words[0] = static_cast<uint32_t>(key4);
+  words[1] = static_cast<uint32_t>(row);
+  words[2] = static_cast<uint32_t>(batch_head);
+  words[3] = static_cast<uint32_t>(dropout.offset) ^ static_cast<uint32_t>(key4 >> 32);
+  philox4x32_10(words, static_cast<uint32_t>(dropout.seed),
+                static_cast<uint32_t>(dropout.seed >> 32));
+}
+
+// factor[j] for keys key0 + j of one row (key0 a multiple of 4): 1/(1-p) if kept, else 0.
+template <int N>
+inline void dropout_factors_for_keys(const DropoutParams& dropout, int64_t batch_head,
+                                     int64_t row, int64_t key0, float (&factor)[N]) {
+  static_assert(N % 4 == 0, "one Philox call serves four keys");
+#pragma unroll
+  for (int j4 = 0; j4 < N; j4 += 4) {
+    uint32_t words[4];
+    dropout_words(dropout, batch_head, row, (key0 + j4) / 4, words);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) factor[j4 + u] = words[u] >= dropout.threshold ? dropout.keep_scale : 0.f;
+  }
+}
+
+// factor[i] for rows row0 + i and one key.
+template <int N>
+inline void dropout_factors_for_rows(const DropoutParams& dropout, int64_t batch_head,
+                                     int64_t row0, int64_t key, float (&factor)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    uint32_t words[4];
+    dropout_words(dropout, batch_head, row0 + i, key / 4, words);
+    factor[i] = words[key % 4] >= dropout.threshold ? dropout.keep_scale : 0.f;
+  }
+}
+
+}  // namespace ipex_flash

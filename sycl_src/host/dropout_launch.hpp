@@ -1,0 +1,18 @@
+// Dropout configuration from Python's arguments, and the keep-mask launcher for tests.
+#pragma once
+
+#include <cstdint>
+
+#include "device/params.hpp"
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+
+// p in [0, 1); seed and offset drawn by the caller from torch's generator.
+DropoutParams make_dropout(double p, uint64_t seed, uint64_t offset);
+
+// keep (B, Hq, Nq, Nk) uint8, contiguous: 1 where the kernels keep the probability.
+void dropout_mask(const TensorView& keep, const DropoutParams& dropout,
+                  std::uintptr_t queue_handle);
+
+}  // namespace ipex_flash
