@@ -1,0 +1,98 @@
+"""Dropout: the kernels apply exactly the mask that dropout_mask reports, forward and
+backward; the kept fraction is 1 - p; seeds make it reproducible."""
+import math
+
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash import ops
+from ipex_flash.reference import attention_reference
+
+from conftest import DTYPES, OUTPUT_TOLERANCE, random_qkv
+
+
+def reference_with_mask(q, k, v, keep, p, causal):
+    """float64 attention with a given keep-mask applied to the probabilities."""
+    q, k, v = (t.double() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool).tril(),
+                                    float("-inf"))
+    probs = torch.softmax(scores, dim=-1) * keep.double() / (1 - p)
+    return probs @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_and_backward_apply_the_reported_mask(dtype, causal):
+    p = 0.3
+    q, k, v = random_qkv(2, 4, 2, 45, 70, 64, dtype)
+    seed = ops.draw_dropout_seed(q.device)
+    keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 4, 45, 70], p)
+    a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
+    out, _ = torch.ops.ipex_flash.attention_forward(a, b, c, causal, None, p, seed)
+    grad_out = torch.randn(out.shape, dtype=dtype)
+    out.backward(grad_out)
+    a64, b64, c64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref = reference_with_mask(a64, b64, c64, keep, p, causal)
+    ref.backward(grad_out.double())
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+    # Gradients are sums over many rows or keys and can reach ~10: the tolerance is relative
+    # to each gradient's largest element.
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad), (c.grad, c64.grad)):
+        error = (got.double() - want).abs().max().item()
+        assert error <= rtol * max(1.0, want.abs().max().item()), (error, want.abs().max().item())
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_kept_fraction(p):
+    seed = ops.draw_dropout_seed(torch.device("cpu"))
+    keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 3, 100, 130], p)
+    n = keep.numel()
+    kept = keep.double().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(kept - (1 - p)) < 5 * sigma, (kept, 1 - p, sigma)
+    # Not a striped pattern: neighbouring keys and rows are independent.
+    both = (keep[..., 1:] & keep[..., :-1]).double().mean().item()
+    assert abs(both - (1 - p) ** 2) < 0.02
+
+
+def test_same_seed_same_output_different_seed_different_output():
+    q, k, v = random_qkv(1, 2, 2, 50, 50, 32, torch.float32)
+    torch.manual_seed(1234)
+    first = ipex_flash.attention(q, k, v, dropout_p=0.2)
+    torch.manual_seed(1234)
+    again = ipex_flash.attention(q, k, v, dropout_p=0.2)
+    different = ipex_flash.attention(q, k, v, dropout_p=0.2)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, different)
+    no_dropout = ipex_flash.attention(q, k, v)
+    assert torch.equal(no_dropout, ipex_flash.attention(q, k, v, dropout_p=0.0))
+    assert not torch.equal(first, no_dropout)
+
+
+def test_expected_output_is_unbiased():
+    """Averaged over many seeds, dropout's output tends to the output without it."""
+    q, k, v = random_qkv(1, 1, 1, 8, 16, 16, torch.float32)
+    mean = sum(torch.ops.ipex_flash.attention(q, k, v, dropout_p=0.5) for _ in range(2000)) / 2000
+    want, _ = attention_reference(q, k, v)
+    assert (mean.double() - want).abs().max().item() < 0.1
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
+def test_bad_dropout_p(p):
+    q, k, v = random_qkv(1, 1, 1, 4, 4, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        ipex_flash.attention(q, k, v, dropout_p=p)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        torch.ops.ipex_flash.attention(q, k, v, dropout_p=p)
+
+
+def test_missing_seed():
+    q, k, v = random_qkv(1, 1, 1, 4, 4, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"dropout_p > 0 needs dropout_seed"):
+        torch.ops.ipex_flash.attention_forward(q, k, v, False, None, 0.5, None)
