@@ -1,11 +1,12 @@
-"""Forward attention throughput: ipex_flash against torch SDPA and the naive math form, all
-measured in the same run (these machines are shared and noisy, so only same-run ratios mean
-anything).
+"""Attention throughput: ipex_flash against torch SDPA and the naive math form, all measured
+in the same run (these machines are shared and noisy, so only same-run ratios mean anything).
 
-    python scripts/benchmark.py                 # the full grid, N 512..8192
-    python scripts/benchmark.py --quick         # N 512..2048, D 64
-Prints a table and writes benchmarks/forward.json (plus a copy of the table as .md).
-FLOPs counted as 4 * B * H * Nq * Nk * D (two matmuls), halved when causal.
+    python scripts/benchmark.py                          # forward, the full grid, N 512..8192
+    python scripts/benchmark.py --passes backward fwd+bwd --seq-lens 1024 2048
+    python scripts/benchmark.py --quick                  # N 512..2048, D 64
+Prints a table and writes benchmarks/results.json.
+FLOPs: forward 4 * B * H * Nq * Nk * D (two matmuls), halved when causal; backward 2.5x the
+forward (five matmuls), forward+backward 3.5x.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +37,22 @@ def naive_attention(q, k, v, causal):
     return torch.softmax(scores, dim=-1) @ v
 
 
+FLOP_FACTOR = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
+
+
+def make_pass(attention, kind, q, k, v, causal):
+    """A no-argument callable timing one pass of `attention` (forward, backward only, or
+    forward and backward)."""
+    if kind == "forward":
+        return lambda: attention(q, k, v, causal)
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    grad_out = torch.randn_like(q)
+    if kind == "fwd+bwd":
+        return lambda: torch.autograd.grad(attention(q, k, v, causal), (q, k, v), grad_out)
+    out = attention(q, k, v, causal)
+    return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+
+
 def best_seconds(fn, repeats, budget_s):
     fn()  # warm-up: first-use kernel build, allocator, caches
     best = float("inf")
@@ -43,7 +61,7 @@ def best_seconds(fn, repeats, budget_s):
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
-        if time.perf_counter() - start > budget_s and i >= 0:
+        if time.perf_counter() - start > budget_s:
             break
     return best
 
@@ -55,42 +73,50 @@ def run(args):
         "naive": naive_attention,
     }
     rows = []
-    header = (f"{'dtype':>8} {'D':>4} {'N':>5} {'causal':>6} | " +
+    header = (f"{'pass':>8} {'dtype':>8} {'D':>4} {'N':>5} {'causal':>6} | " +
               " | ".join(f"{name + ' GFLOP/s':>18}" for name in implementations) +
               f" | {'ipex/sdpa':>9}")
     print(header)
     print("-" * len(header))
-    for dtype_name in args.dtypes:
-        for head_dim in args.head_dims:
-            for seq_len in args.seq_lens:
-                for causal in (False, True):
-                    torch.manual_seed(0)
-                    shape = (args.batch, args.heads, seq_len, head_dim)
-                    q, k, v = (torch.randn(shape, dtype=DTYPES[dtype_name]) for _ in range(3))
-                    flops = 4 * args.batch * args.heads * seq_len * seq_len * head_dim
-                    flops *= 0.5 if causal else 1.0
-                    row = dict(dtype=dtype_name, head_dim=head_dim, seq_len=seq_len,
-                               causal=causal, batch=args.batch, heads=args.heads)
-                    for name, fn in implementations.items():
-                        if name == "naive" and seq_len > args.naive_max_len:
-                            row[name + "_gflops"] = None
-                            continue
-                        s = best_seconds(lambda: fn(q, k, v, causal), args.repeats, args.budget)
-                        row[name + "_ms"] = s * 1e3
-                        row[name + "_gflops"] = flops / s / 1e9
-                    row["ratio_to_sdpa"] = row["ipex_flash_gflops"] / row["sdpa_gflops"]
-                    rows.append(row)
-                    cells = " | ".join(
-                        f"{row[n + '_gflops']:18.1f}" if row[n + "_gflops"] else f"{'-':>18}"
-                        for n in implementations)
-                    print(f"{dtype_name:>8} {head_dim:>4} {seq_len:>5} {str(causal):>6} | "
-                          f"{cells} | {row['ratio_to_sdpa']:9.2f}", flush=True)
+    for kind in args.passes:
+        for dtype_name in args.dtypes:
+            for head_dim in args.head_dims:
+                for seq_len in args.seq_lens:
+                    for causal in (False, True):
+                        rows.append(measure(args, implementations, kind, dtype_name, head_dim,
+                                            seq_len, causal))
     return rows
+
+
+def measure(args, implementations, kind, dtype_name, head_dim, seq_len, causal):
+    torch.manual_seed(0)
+    shape = (args.batch, args.heads, seq_len, head_dim)
+    q, k, v = (torch.randn(shape, dtype=DTYPES[dtype_name]) for _ in range(3))
+    flops = 4 * args.batch * args.heads * seq_len * seq_len * head_dim * FLOP_FACTOR[kind]
+    flops *= 0.5 if causal else 1.0
+    row = dict(kind=kind, dtype=dtype_name, head_dim=head_dim, seq_len=seq_len, causal=causal,
+               batch=args.batch, heads=args.heads)
+    naive_limit = args.naive_max_len if kind == "forward" else args.naive_max_len // 2
+    for name, attention in implementations.items():
+        if name == "naive" and seq_len > naive_limit:
+            row[name + "_gflops"] = None  # the (N, N) scores would not be worth the memory
+            continue
+        seconds = best_seconds(make_pass(attention, kind, q, k, v, causal), args.repeats,
+                               args.budget)
+        row[name + "_ms"] = seconds * 1e3
+        row[name + "_gflops"] = flops / seconds / 1e9
+    row["ratio_to_sdpa"] = row["ipex_flash_gflops"] / row["sdpa_gflops"]
+    cells = " | ".join(f"{row[n + '_gflops']:18.1f}" if row[n + "_gflops"] else f"{'-':>18}"
+                       for n in implementations)
+    print(f"{kind:>8} {dtype_name:>8} {head_dim:>4} {seq_len:>5} {str(causal):>6} | {cells} | "
+          f"{row['ratio_to_sdpa']:9.2f}", flush=True)
+    return row
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passes", nargs="+", default=["forward"], choices=list(FLOP_FACTOR))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=DTYPES)
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
@@ -100,7 +126,7 @@ def main():
     parser.add_argument("--budget", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--naive-max-len", type=int, default=8192)
     parser.add_argument("--quick", action="store_true", help="N 512..2048, D 64 only")
-    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "forward.json")
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results.json")
     args = parser.parse_args()
     if args.quick:
         args.seq_lens, args.head_dims = [512, 1024, 2048], [64]
@@ -110,7 +136,8 @@ def main():
         machine=dict(cpu=platform.processor() or platform.machine(), device=device["name"],
                      compute_units=device["compute_units"], torch=torch.__version__,
                      torch_threads=torch.get_num_threads()),
-        flop_formula="4*B*H*N*N*D, x0.5 causal",
+        command="python scripts/benchmark.py " + " ".join(sys.argv[1:]),
+        flop_formula="4*B*H*N*N*D x (1 forward, 2.5 backward, 3.5 fwd+bwd), x0.5 causal",
         rows=rows,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
