@@ -53,11 +53,13 @@ def demo(args) -> None:
 
 
 def warmup(args) -> None:
+    builders = {"forward": C.warmup_fwd, "backward": C.warmup_bwd}
     for dtype in args.dtypes:
         for head_dim in args.head_dims:
-            start = time.perf_counter()
-            variant = C.warmup_fwd(dtype, head_dim, 0)
-            print(f"{variant.kernel_name}: ready in {time.perf_counter() - start:.2f} s")
+            for direction in args.directions:
+                start = time.perf_counter()
+                variant = builders[direction](dtype, head_dim, 0)
+                print(f"{direction} {variant}: ready in {time.perf_counter() - start:.2f} s")
 
 
 def info(_args) -> None:
@@ -82,6 +84,8 @@ def main() -> None:
     p = commands.add_parser("warmup", help="build kernel variants into the persistent cache")
     p.add_argument("--dtypes", nargs="+", choices=sorted(_DTYPES), default=sorted(_DTYPES))
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--directions", nargs="+", choices=["forward", "backward"],
+                   default=["forward", "backward"])
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)

@@ -104,13 +104,8 @@ void flash_bwd_dq_kernel(BwdParams p) {
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const int kv_rows = static_cast<int>(std::min<int64_t>(BLOCK_N, p.dims.len_k - kv_begin));
-    sycl::group_barrier(group);
-    load_tile<BLOCK_N, HEAD_DIM>(k_tile, k + kv_begin * p.k_stride.row, p.k_stride.row,
-                                 kv_rows, p.dims.head_dim, lid, BLOCK_M);
-    load_tile<BLOCK_N, HEAD_DIM>(v_tile, v + kv_begin * p.v_stride.row, p.v_stride.row,
-                                 kv_rows, p.dims.head_dim, lid, BLOCK_M);
-    sycl::group_barrier(group);
+    load_kv_block(group, k_tile, v_tile, k, p.k_stride.row, v, p.v_stride.row, kv_begin,
+                  p.dims.len_k, p.dims.head_dim, lid, BLOCK_M);
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 

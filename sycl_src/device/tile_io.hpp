@@ -4,6 +4,7 @@
 
 #include <sycl/sycl.hpp>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "dtypes.hpp"
@@ -30,6 +31,23 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
     const int r = i / COLS, c = i % COLS;
     dst[c][r] = (r < rows && c < cols) ? scale * to_float(src[r * row_stride + c]) : 0.f;
   }
+}
+
+// One step of streaming K and V through SLM: rows [kv_begin, kv_begin + ROWS) of both, between
+// two barriers (no work-item may still be reading the previous block, and all must see the
+// new one). Rows past len_k are zero.
+template <int ROWS, int COLS, typename T>
+inline void load_kv_block(sycl::group<1> group, float (&k_tile)[ROWS][COLS],
+                          float (&v_tile)[ROWS][COLS], const T* k, int64_t k_row_stride,
+                          const T* v, int64_t v_row_stride, int64_t kv_begin, int len_k,
+                          int head_dim, int lid, int group_size) {
+  const int rows = static_cast<int>(std::min<int64_t>(ROWS, len_k - kv_begin));
+  sycl::group_barrier(group);
+  load_tile<ROWS, COLS>(k_tile, k + kv_begin * k_row_stride, k_row_stride, rows, head_dim, lid,
+                        group_size);
+  load_tile<ROWS, COLS>(v_tile, v + kv_begin * v_row_stride, v_row_stride, rows, head_dim, lid,
+                        group_size);
+  sycl::group_barrier(group);
 }
 
 }  // namespace ipex_flash
