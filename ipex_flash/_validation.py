@@ -100,3 +100,66 @@ def check_backward_inputs(fn: str, grad_out: torch.Tensor, out: torch.Tensor,
         raise ValueError(f"{fn}: grad_out is on {grad_out.device} but q is on {q.device}")
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"{fn}: lse must be float32 of shape {tuple(q.shape[:3])}")
+
+
+def check_window(fn: str, window_size) -> tuple[int, int]:
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: window_size must be a pair of ints (left, right), got {window_size!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"{fn}: window_size values must be >= -1 (-1 = unbounded), got {window_size!r}")
+    return left, right
+
+
+def check_softcap(fn: str, softcap: float) -> None:
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"{fn}: softcap must be a finite number >= 0 (0 = off), got {softcap}")
+
+
+def check_alibi(fn: str, alibi_slopes: Optional[torch.Tensor], batch: int, heads_q: int,
+                device: torch.device) -> None:
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"{fn}: alibi_slopes must be a float32 tensor")
+    if tuple(alibi_slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise ValueError(
+            f"{fn}: alibi_slopes must have shape ({heads_q},) or ({batch}, {heads_q}), got "
+            f"{tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"{fn}: alibi_slopes is on {alibi_slopes.device}, q on {device}")
+
+
+def check_cu_seqlens(fn: str, name: str, cu_seqlens: torch.Tensor, total: int,
+                     device: torch.device) -> int:
+    """Checks a (B + 1,) int32 offsets tensor; returns B."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{fn}: {name} must be an int32 tensor")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"{fn}: {name} must have shape (batch + 1,), got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{fn}: {name} is on {cu_seqlens.device}, q on {device}")
+    if cu_seqlens.device.type != "meta":
+        offsets = cu_seqlens.cpu()
+        if offsets[0] != 0 or bool((offsets[1:] < offsets[:-1]).any()) or offsets[-1] > total:
+            raise ValueError(
+                f"{fn}: {name} must start at 0, never decrease and end at most at the "
+                f"packed length {total}, got {offsets.tolist()}")
+    return cu_seqlens.shape[0] - 1
+
+
+def check_flash_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       packed: bool) -> None:
+    """q (B, Nq, Hq, D), k and v (B, Nk, Hkv, D); packed: (total, H, D). Reuses the SDPA
+    checks on the (B, H, N, D) views."""
+    rank = 3 if packed else 4
+    layout = "(total_tokens, heads, head_dim)" if packed else "(batch, seq_len, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            raise ValueError(f"{fn}: {name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
+    if packed:
+        q, k, v = (t.unsqueeze(0) for t in (q, k, v))
+    check_attention_inputs(fn, *(t.transpose(1, 2) for t in (q, k, v)), None)

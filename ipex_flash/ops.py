@@ -26,13 +26,9 @@ from ipex_flash._validation import (
 Tensor = torch.Tensor
 _FN = "ipex_flash.attention"
 
-# Masks are diagonal bands (see MaskParams in sycl_src/device/params.hpp); SDPA's causal mask
-# is top-left aligned: row i sees keys 0..i.
-_NO_MASK = dict(diag_offset=0, window_left=-1, window_right=-1)
-_CAUSAL_TOP_LEFT = dict(diag_offset=0, window_left=-1, window_right=0)
 
 
-def _queue_handle(device: torch.device) -> int:
+def queue_handle(device: torch.device) -> int:
     """0 selects the SYCL CPU device; otherwise the sycl::queue* of the current XPU stream
     (untested here: no machine of ours has an Intel GPU)."""
     if device.type == "cpu":
@@ -40,25 +36,32 @@ def _queue_handle(device: torch.device) -> int:
     return int(torch.xpu.current_stream(device).sycl_queue)
 
 
-def _view(t: Tensor) -> "C.TensorView":
+def view(t: Tensor) -> "C.TensorView":
     return C.TensorView(t.data_ptr(), str(t.dtype).removeprefix("torch."), list(t.shape),
                         list(t.stride()))
 
 
-def _with_contiguous_last_dim(t: Tensor) -> Tensor:
+def with_contiguous_last_dim(t: Tensor) -> Tensor:
     # The kernels read rows as contiguous vectors; other layouts pay one copy.
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _mask(causal: bool) -> "C.MaskParams":
-    return C.MaskParams(**(_CAUSAL_TOP_LEFT if causal else _NO_MASK))
-
-
-def _dropout(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
+def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
     if dropout_p == 0.0:
         return C.DropoutParams(0.0, 0, 0)
     seed, offset = (int(x) % 2**64 for x in dropout_seed.tolist())
     return C.DropoutParams(dropout_p, seed, offset)
+
+
+def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: float,
+                 dropout_seed: Optional[Tensor]) -> "C.AttentionOptions":
+    """SDPA's semantics: the causal mask is top-left aligned (row i sees keys 0..i)."""
+    options = C.AttentionOptions()
+    options.scale = softmax_scale(scale, q.shape[-1])
+    options.mask = C.MaskParams(window_left=-1, window_right=0 if causal else -1,
+                                bottom_right=False)
+    options.dropout = dropout_params(dropout_p, dropout_seed)
+    return options
 
 
 def draw_dropout_seed(device: torch.device) -> Tensor:
@@ -87,11 +90,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     # can hand it on.
     check_attention_inputs(_FN, q, k, v, scale)
     check_dropout(_FN, dropout_p, dropout_seed)
-    q, k, v = (_with_contiguous_last_dim(t) for t in (q, k, v))
+    q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
-    C.flash_fwd(_view(q), _view(k), _view(v), _view(out), _view(lse),
-                softmax_scale(scale, q.shape[-1]), _mask(causal),
-                _dropout(dropout_p, dropout_seed), _queue_handle(q.device))
+    C.flash_fwd(view(q), view(k), view(v), view(out), view(lse),
+                sdpa_options(q, causal, scale, dropout_p, dropout_seed), queue_handle(q.device))
     return out, lse
 
 
@@ -100,12 +102,12 @@ def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dr
                             deterministic=False):
     check_attention_inputs(_FN, q, k, v, scale)
     check_dropout(_FN, dropout_p, dropout_seed)
-    return _forward_outputs(_with_contiguous_last_dim(q))
+    return _forward_outputs(with_contiguous_last_dim(q))
 
 
 def _gradients_like(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv in the dtype and layout of q, k, v (after the last-dim fix-up)."""
-    return tuple(torch.empty_like(_with_contiguous_last_dim(t)) for t in (q, k, v))
+    return tuple(torch.empty_like(with_contiguous_last_dim(t)) for t in (q, k, v))
 
 
 @torch.library.custom_op("ipex_flash::attention_backward", mutates_args=(),
@@ -119,13 +121,12 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     check_attention_inputs(_FN, q, k, v, scale)
     check_dropout(_FN, dropout_p, dropout_seed)
     check_backward_inputs(_FN, grad_out, out, lse, q)
-    q, k, v, out, grad_out = (_with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
+    q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
     dq, dk, dv = _gradients_like(q, k, v)
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    C.flash_bwd(_view(q), _view(k), _view(v), _view(out), _view(grad_out),
-                _view(lse.contiguous()), _view(dq), _view(dk), _view(dv), _view(delta),
-                softmax_scale(scale, q.shape[-1]), _mask(causal),
-                _dropout(dropout_p, dropout_seed), _queue_handle(q.device))
+    C.flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
+                view(lse.contiguous()), view(dq), view(dk), view(dv), view(delta),
+                sdpa_options(q, causal, scale, dropout_p, dropout_seed), queue_handle(q.device))
     return dq, dk, dv
 
 
@@ -163,7 +164,7 @@ def dropout_mask(dropout_seed: Tensor, shape: list[int], dropout_p: float) -> Te
     """keep (B, H, Nq, Nk) uint8: 1 where attention_forward with this seed keeps P."""
     check_dropout("ipex_flash.dropout_mask", dropout_p, dropout_seed)
     keep = torch.empty(shape, dtype=torch.uint8)
-    C.dropout_mask(_view(keep), _dropout(dropout_p, dropout_seed), 0)
+    C.dropout_mask(view(keep), dropout_params(dropout_p, dropout_seed), 0)
     return keep
 
 

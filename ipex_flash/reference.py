@@ -29,3 +29,58 @@ def attention_reference(
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1) @ v
     return out, lse
+
+
+def flash_attn_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    keep: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) in float64 with flash-attn's semantics, written from its documentation, for
+    q (B, Nq, Hq, D), k and v (B, Nk, Hkv, D):
+
+    - query i sees keys j in [i + Nk - Nq - left, i + Nk - Nq + right] (bottom-right
+      aligned; causal means right = 0; -1 means unbounded);
+    - scores s = q.k * scale, then s = softcap * tanh(s / softcap) if softcap > 0, then
+      s -= slope * |i + Nk - Nq - j| with ALiBi;
+    - a row that sees no key gives output 0 and lse -inf;
+    - keep (B, Hq, Nq, Nk), if given, is the dropout mask applied to the probabilities.
+    """
+    q, k, v = (t.to("cpu", torch.float64).transpose(1, 2) for t in (q, k, v))  # (B, H, N, D)
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    n_q, n_k = q.shape[2], k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    rows = torch.arange(n_q, dtype=torch.int64)[:, None]
+    keys = torch.arange(n_k, dtype=torch.int64)[None, :]
+    distance = rows + n_k - n_q - keys  # > 0: key left of the diagonal
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to("cpu", torch.float64)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        scores = scores - slopes * distance.abs().double()
+    left, right = window_size
+    if causal:
+        right = 0
+    visible = torch.ones(n_q, n_k, dtype=torch.bool)
+    if left >= 0:
+        visible &= distance <= left
+    if right >= 0:
+        visible &= -distance <= right
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None].clamp_min(-1e300)).nan_to_num(0.0)
+    probs = torch.where(visible, probs, torch.zeros((), dtype=probs.dtype))
+    if keep is not None:
+        probs = probs * keep.double() / (1 - dropout_p)
+    out = (probs @ v).transpose(1, 2)
+    return out, lse

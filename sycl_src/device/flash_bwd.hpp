@@ -5,18 +5,22 @@
 //                                head, so dK and dV are written once, without atomics
 //   flash_bwd_dq_kernel          one work-group per (batch, query head, Q block); work-item i
 //                                owns query row i
-// Both main kernels recompute P = exp2(S*log2e - LSE*log2e) from the forward's log-sum-exp;
-// dS = P * (dP - delta) with dP = dO.V^T. Every gradient is a plain sum in a fixed order:
-// the results are bitwise reproducible.
+// Both main kernels recompute P = exp2(score - LSE * log2 e) from the forward's log-sum-exp;
+// dS = P * (dP - delta) with dP = dO.V^T (through the dropout mask), times the softcap's
+// derivative. Every gradient is a plain sum in a fixed order: results are bitwise
+// reproducible.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
+#include <limits>
+
 #include "block_schedule.hpp"
 #include "dropout.hpp"
 #include "mask.hpp"
-#include "online_softmax.hpp"
 #include "params.hpp"
+#include "score_mod.hpp"
+#include "seq_info.hpp"
 #include "tile_io.hpp"
 #include "tile_math.hpp"
 
@@ -27,13 +31,12 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // Rows (or keys) per register chunk. Smaller than the forward's: two chunks (P and dP) are
 // live at once.
 constexpr int BWD_CHUNK = 8;
-constexpr float LOG2E = 1.44269504088896340736f;
 
 // The forward's LSE in the exp2 domain; +inf for rows that must contribute nothing (padding
-// rows past Nq, rows that saw no key), so that exp2(score - it) == 0.
-inline float lse_log2_or_inf(const float* lse, int64_t row, int64_t len_q) {
-  if (row >= len_q) return std::numeric_limits<float>::infinity();
-  const float value = lse[row];
+// rows past the sequence, rows that saw no key), so that exp2(score - it) == 0.
+inline float lse_log2_or_inf(const float* lse, int64_t index, bool valid) {
+  if (!valid) return std::numeric_limits<float>::infinity();
+  const float value = lse[index];
   return value == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity()
                                                          : value * LOG2E;
 }
@@ -41,27 +44,29 @@ inline float lse_log2_or_inf(const float* lse, int64_t row, int64_t len_q) {
 template <typename T>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_preprocess_kernel(BwdParams p) {
+  const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int64_t index = static_cast<int64_t>(item.get_global_id(0));  // (b, h, row) flattened
-  const int64_t rows = static_cast<int64_t>(p.dims.batch) * p.dims.heads_q * p.dims.len_q;
-  if (index >= rows) return;
-  const int64_t row = index % p.dims.len_q;
-  const int64_t bh = index / p.dims.len_q;
-  const int64_t b = bh / p.dims.heads_q, h = bh % p.dims.heads_q;
+  if (index >= static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q) return;
+  const int64_t row = index % c.dims.len_q;
+  const int64_t bh = index / c.dims.len_q;
+  const int b = static_cast<int>(bh / c.dims.heads_q), h = static_cast<int>(bh % c.dims.heads_q);
+  const SeqInfo seq = seq_info(c, b);
+  if (row >= seq.len_q) return;
   const T* out = static_cast<const T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
-                 row * p.out_stride.row;
+                 (seq.q_row0 + row) * p.out_stride.row;
   const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch +
-                  h * p.dout_stride.head + row * p.dout_stride.row;
+                  h * p.dout_stride.head + (seq.q_row0 + row) * p.dout_stride.row;
   float sum = 0.f;
-  for (int d = 0; d < p.dims.head_dim; ++d) sum += to_float(out[d]) * to_float(dout[d]);
-  p.delta[index] = sum;
+  for (int d = 0; d < c.dims.head_dim; ++d) sum += to_float(out[d]) * to_float(dout[d]);
+  p.delta[lse_index(c, seq, b, h, row)] = sum;
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_dq_kernel(BwdParams p) {
   static_assert(BLOCK_N % BWD_CHUNK == 0, "tile shape");
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;   // (d, q) * scale*log2e
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;   // (d, q) * q_prescale
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> do_slm;  // (d, q)
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> dq_slm;  // (d, q) accumulator
   static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;   // (kv, d)
@@ -72,75 +77,96 @@ void flash_bwd_dq_kernel(BwdParams p) {
   float(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
   float(&v_tile)[BLOCK_N][HEAD_DIM] = v_slm;
 
+  const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.num_blocks,
-                                       p.dims.heads_q, /*reverse_blocks=*/true);
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
+                                       c.dims.heads_q, /*reverse_blocks=*/true);
   const int b = coord.batch, h = coord.head;
-  const int h_kv = h / p.dims.heads_per_kv;
+  const int h_kv = h / c.dims.heads_per_kv;
+  const SeqInfo seq = seq_info(c, b);
   const int64_t q_begin = static_cast<int64_t>(coord.block) * BLOCK_M;
-  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
+  if (q_begin >= seq.len_q) return;  // the whole work-group leaves together
+  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
   const int q_rows = static_cast<int>(q_end - q_begin);
   const int64_t row = q_begin + lid;
-  const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
-  const int64_t row_stats = batch_head * p.dims.len_q;  // this head's LSE and delta
+  const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
-  const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head;
+  const int64_t q_row0 = seq.q_row0 + q_begin;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
+               q_row0 * p.q_stride.row;
+  const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch +
+                  h * p.dout_stride.head + q_row0 * p.dout_stride.row;
+  const KvRows<T> k{static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head +
+                        seq.k_row0 * p.k_stride.row,
+                    p.k_stride.row, nullptr, 0, 0};
+  const KvRows<T> v{static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head +
+                        seq.k_row0 * p.v_stride.row,
+                    p.v_stride.row, nullptr, 0, 0};
 
-  load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
-                                          q_rows, p.dims.head_dim, p.scale_log2, lid, BLOCK_M);
-  load_tile_transposed<BLOCK_M, HEAD_DIM>(do_t, dout + q_begin * p.dout_stride.row,
-                                          p.dout_stride.row, q_rows, p.dims.head_dim, 1.f, lid,
-                                          BLOCK_M);
+  load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q, p.q_stride.row, q_rows, c.dims.head_dim,
+                                          c.q_prescale, lid, BLOCK_M);
+  load_tile_transposed<BLOCK_M, HEAD_DIM>(do_t, dout, p.dout_stride.row, q_rows,
+                                          c.dims.head_dim, 1.f, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) dq_t[d][lid] = 0.f;
-  const float lse_log2 = lse_log2_or_inf(p.lse + row_stats, row, p.dims.len_q);
-  const float delta = row < p.dims.len_q ? p.delta[row_stats + row] : 0.f;
+  const bool valid_row = row < seq.len_q;
+  const int64_t stats = lse_index(c, seq, b, h, valid_row ? row : 0);
+  const float lse_log2 = lse_log2_or_inf(p.lse, stats, valid_row);
+  const float delta = valid_row ? p.delta[stats] : 0.f;
 
-  const BlockMask mask{p.mask, p.dims.len_k};
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    load_kv_block(group, k_tile, v_tile, k, p.k_stride.row, v, p.v_stride.row, kv_begin,
-                  p.dims.len_k, p.dims.head_dim, lid, BLOCK_M);
+    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
+                  BLOCK_M);
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
     for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += BWD_CHUNK) {
       float prob[BWD_CHUNK];  // (c) P of this row
       dot_rows(prob, q_t, lid, k_tile, c0);
+      float softcap_grad[BWD_CHUNK];  // (c) d score / d raw score
+      if constexpr (FEATURES != 0) {
+        score_mod.apply<FEATURES>(prob, softcap_grad, [&](int j) {
+          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
+        });
+      }
       if (!fully_visible) mask.apply_to_keys(prob, row, kv_begin + c0);
 #pragma unroll
       for (int j = 0; j < BWD_CHUNK; ++j) prob[j] = sycl::exp2(prob[j] - lse_log2);
       float dscore[BWD_CHUNK];  // (c) dP, then dS
       dot_rows(dscore, do_t, lid, v_tile, c0);
-      if (p.dropout.enabled) {  // dP of the undropped P: dO.V^T through the same mask
+      if (c.dropout.enabled) {  // dP of the undropped P: dO.V^T through the same mask
         float factor[BWD_CHUNK];
-        dropout_factors_for_keys(p.dropout, batch_head, row, kv_begin + c0, factor);
+        dropout_factors_for_keys(c.dropout, batch_head, row, kv_begin + c0, factor);
 #pragma unroll
         for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] *= factor[j];
       }
 #pragma unroll
       for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] = prob[j] * (dscore[j] - delta);
+      if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
+#pragma unroll
+        for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] *= softcap_grad[j];
+      }
       accumulate_rows(dq_t, lid, dscore, k_tile, c0, 1.f);
     }
   }
 
-  if (row < p.dims.len_q) {
+  if (valid_row) {
     T* dq = static_cast<T*>(p.dq) + b * p.dq_stride.batch + h * p.dq_stride.head +
-            row * p.dq_stride.row;
-    for (int d = 0; d < p.dims.head_dim; ++d) dq[d] = from_float<T>(dq_t[d][lid] * p.scale);
+            (seq.q_row0 + row) * p.dq_stride.row;
+    for (int d = 0; d < c.dims.head_dim; ++d) dq[d] = from_float<T>(dq_t[d][lid] * c.scale);
   }
 }
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_dkdv_kernel(BwdParams p) {
   static_assert(BLOCK_M % BWD_CHUNK == 0, "tile shape");
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;   // (d, kv) * scale*log2e
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;   // (d, kv) * q_prescale
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> v_slm;   // (d, kv)
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> dk_slm;  // (d, kv) accumulator
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> dv_slm;  // (d, kv) accumulator
@@ -157,49 +183,57 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
   float(&lse_log2)[BLOCK_M] = lse_slm;
   float(&delta)[BLOCK_M] = delta_slm;
 
+  const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int heads_kv = p.dims.heads_q / p.dims.heads_per_kv;
+  const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   // Lowest K blocks first: under a causal mask they are seen by the most query rows.
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.num_blocks,
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        heads_kv, /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
+  const SeqInfo seq = seq_info(c, b);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
-  const int64_t kv_end = std::min<int64_t>(kv_begin + BLOCK_N, p.dims.len_k);
+  if (kv_begin >= seq.len_k) return;  // the whole work-group leaves together
+  const int64_t kv_end = std::min<int64_t>(kv_begin + BLOCK_N, seq.len_k);
   const int64_t key = kv_begin + lid;
 
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head;
-  load_tile_transposed<BLOCK_N, HEAD_DIM>(k_t, k + kv_begin * p.k_stride.row, p.k_stride.row,
-                                          static_cast<int>(kv_end - kv_begin), p.dims.head_dim,
-                                          p.scale_log2, lid, BLOCK_N);
-  load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v + kv_begin * p.v_stride.row, p.v_stride.row,
-                                          static_cast<int>(kv_end - kv_begin), p.dims.head_dim,
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head +
+               (seq.k_row0 + kv_begin) * p.k_stride.row;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head +
+               (seq.k_row0 + kv_begin) * p.v_stride.row;
+  load_tile_transposed<BLOCK_N, HEAD_DIM>(k_t, k, p.k_stride.row,
+                                          static_cast<int>(kv_end - kv_begin), c.dims.head_dim,
+                                          c.q_prescale, lid, BLOCK_N);
+  load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v, p.v_stride.row,
+                                          static_cast<int>(kv_end - kv_begin), c.dims.head_dim,
                                           1.f, lid, BLOCK_N);
   for (int d = 0; d < HEAD_DIM; ++d) dk_t[d][lid] = dv_t[d][lid] = 0.f;
 
-  const BlockMask mask{p.mask, p.dims.len_k};
+  const BlockMask mask = BlockMask::of(c.mask, seq);
   const int64_t q_first = mask.first_row(kv_begin) / BLOCK_M * BLOCK_M;
-  const int64_t q_last = mask.end_row(kv_end, p.dims.len_q);  // rows past it see no key here
+  const int64_t q_last = mask.end_row(kv_end, seq.len_q);  // rows past it see no key here
 
-  for (int h = h_kv * p.dims.heads_per_kv; h < (h_kv + 1) * p.dims.heads_per_kv; ++h) {
-    const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
-    const T* dout =
-        static_cast<const T*>(p.dout) + b * p.dout_stride.batch + h * p.dout_stride.head;
-    const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
-    const int64_t row_stats = batch_head * p.dims.len_q;
+  for (int h = h_kv * c.dims.heads_per_kv; h < (h_kv + 1) * c.dims.heads_per_kv; ++h) {
+    const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
+    const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
+    const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
+                 seq.q_row0 * p.q_stride.row;
+    const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch +
+                    h * p.dout_stride.head + seq.q_row0 * p.dout_stride.row;
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
-      const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
+      const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
       const int q_rows = static_cast<int>(q_end - q_begin);
       sycl::group_barrier(group);
       load_tile<BLOCK_M, HEAD_DIM>(q_tile, q + q_begin * p.q_stride.row, p.q_stride.row, q_rows,
-                                   p.dims.head_dim, lid, BLOCK_N);
+                                   c.dims.head_dim, lid, BLOCK_N);
       load_tile<BLOCK_M, HEAD_DIM>(do_tile, dout + q_begin * p.dout_stride.row,
-                                   p.dout_stride.row, q_rows, p.dims.head_dim, lid, BLOCK_N);
+                                   p.dout_stride.row, q_rows, c.dims.head_dim, lid, BLOCK_N);
       for (int i = lid; i < BLOCK_M; i += BLOCK_N) {
-        lse_log2[i] = lse_log2_or_inf(p.lse + row_stats, q_begin + i, p.dims.len_q);
-        delta[i] = q_begin + i < p.dims.len_q ? p.delta[row_stats + q_begin + i] : 0.f;
+        const bool valid = q_begin + i < seq.len_q;
+        const int64_t stats = lse_index(c, seq, b, h, valid ? q_begin + i : 0);
+        lse_log2[i] = lse_log2_or_inf(p.lse, stats, valid);
+        delta[i] = valid ? p.delta[stats] : 0.f;
       }
       sycl::group_barrier(group);
       const bool fully_visible =
@@ -208,14 +242,20 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
       for (int r0 = 0; r0 < BLOCK_M && q_begin + r0 < q_last; r0 += BWD_CHUNK) {
         float prob[BWD_CHUNK];  // (r) P of this key
         dot_rows(prob, k_t, lid, q_tile, r0);
+        float softcap_grad[BWD_CHUNK];  // (r) d score / d raw score
+        if constexpr (FEATURES != 0) {
+          score_mod.apply<FEATURES>(prob, softcap_grad, [&](int i) {
+            return std::pair<int64_t, int64_t>(q_begin + r0 + i, key);
+          });
+        }
         if (!fully_visible) mask.apply_to_rows(prob, q_begin + r0, key);
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) prob[i] = sycl::exp2(prob[i] - lse_log2[r0 + i]);
         float factor[BWD_CHUNK];  // (r) dropout: 1/(1-p) kept, 0 dropped
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) factor[i] = 1.f;
-        if (p.dropout.enabled)
-          dropout_factors_for_rows(p.dropout, batch_head, q_begin + r0, key, factor);
+        if (c.dropout.enabled)
+          dropout_factors_for_rows(c.dropout, batch_head, q_begin + r0, key, factor);
         float dropped[BWD_CHUNK];  // (r) the forward's P after dropout
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) dropped[i] = prob[i] * factor[i];
@@ -225,18 +265,22 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i)
           dscore[i] = prob[i] * (dscore[i] * factor[i] - delta[r0 + i]);
+        if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
+#pragma unroll
+          for (int i = 0; i < BWD_CHUNK; ++i) dscore[i] *= softcap_grad[i];
+        }
         accumulate_rows(dk_t, lid, dscore, q_tile, r0, 1.f);  // dK += dS^T Q
       }
     }
   }
 
-  if (key < p.dims.len_k) {
+  if (key < seq.len_k) {
     T* dk = static_cast<T*>(p.dk) + b * p.dk_stride.batch + h_kv * p.dk_stride.head +
-            key * p.dk_stride.row;
+            (seq.k_row0 + key) * p.dk_stride.row;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.batch + h_kv * p.dv_stride.head +
-            key * p.dv_stride.row;
-    for (int d = 0; d < p.dims.head_dim; ++d) {
-      dk[d] = from_float<T>(dk_t[d][lid] * p.scale);
+            (seq.k_row0 + key) * p.dv_stride.row;
+    for (int d = 0; d < c.dims.head_dim; ++d) {
+      dk[d] = from_float<T>(dk_t[d][lid] * c.scale);
       dv[d] = from_float<T>(dv_t[d][lid]);
     }
   }

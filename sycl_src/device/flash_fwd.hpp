@@ -1,11 +1,11 @@
 // FlashAttention-2 forward. Dimension legend used in the tile comments:
 //   q  : query rows of this work-group's block (BLOCK_M)
 //   kv : keys of the K/V block currently in SLM (BLOCK_N)
-//   c  : keys of one register chunk (KEY_CHUNK)
+//   c  : keys of one register chunk (FWD_KEY_CHUNK)
 //   d  : head dim, padded to the compiled HEAD_DIM (padding columns are zero)
 //
 // One work-group per (batch, query head, Q block); work-item i owns query row i of the block
-// and keeps a KEY_CHUNK-wide register tile of its scores. Consecutive work-items are SIMD
+// and keeps a FWD_KEY_CHUNK-wide register tile of its scores. Consecutive work-items are SIMD
 // lanes (on the CPU device the compiler vectorises across them, on a GPU they are the
 // sub-group's lanes), so every SLM read is either one row of lanes (transposed tiles) or a
 // broadcast of one value to all lanes (K and V elements, the same for every query row).
@@ -13,11 +13,13 @@
 
 #include <sycl/sycl.hpp>
 
-#include "mask.hpp"
-#include "online_softmax.hpp"
 #include "block_schedule.hpp"
 #include "dropout.hpp"
+#include "mask.hpp"
+#include "online_softmax.hpp"
 #include "params.hpp"
+#include "score_mod.hpp"
+#include "seq_info.hpp"
 #include "tile_io.hpp"
 #include "tile_math.hpp"
 
@@ -27,12 +29,12 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 constexpr int FWD_KEY_CHUNK = 16;  // scores per work-item held in registers at once
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_kernel(FwdParams p) {
   constexpr int KEY_CHUNK = FWD_KEY_CHUNK;
   static_assert(BLOCK_N % KEY_CHUNK == 0 && HEAD_DIM % D_UNROLL == 0, "tile shape");
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;    // (d, q) * scale*log2e
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;    // (d, q) * q_prescale
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> acc_slm;  // (d, q) unnormalised O
   static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;    // (kv, d)
   static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> v_slm;    // (kv, d)
@@ -41,37 +43,50 @@ void flash_fwd_kernel(FwdParams p) {
   float(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
   float(&v_tile)[BLOCK_N][HEAD_DIM] = v_slm;
 
+  const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   // Highest Q blocks first: under a causal mask they are the longest.
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.num_q_blocks,
-                                       p.dims.heads_q, /*reverse_blocks=*/true);
-  const int b = coord.batch, h = coord.head, q_block = coord.block;
-  const int h_kv = h / p.dims.heads_per_kv;
-  const int64_t batch_head = static_cast<int64_t>(b) * p.dims.heads_q + h;
-
-  const int64_t q_begin = static_cast<int64_t>(q_block) * BLOCK_M;
-  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, p.dims.len_q);
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
+                                       c.dims.heads_q, /*reverse_blocks=*/true);
+  const int b = coord.batch, h = coord.head;
+  const int h_kv = h / c.dims.heads_per_kv;
+  const SeqInfo seq = seq_info(c, b);
+  const int64_t q_begin = static_cast<int64_t>(coord.block) * BLOCK_M;
+  if (q_begin >= seq.len_q) return;  // past this sequence's end (variable length): all leave
+  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
   const int64_t row = q_begin + lid;
+  const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
+               seq.q_row0 * p.q_stride.row;
+  const int32_t* pages =
+      c.seq.block_table != nullptr ? c.seq.block_table + b * c.seq.block_table_stride : nullptr;
+  // Paged caches: k_stride.batch is the stride between pages, and there is no batch offset.
+  const int64_t k_batch = pages != nullptr ? 0 : b * p.k_stride.batch;
+  const int64_t v_batch = pages != nullptr ? 0 : b * p.v_stride.batch;
+  const KvRows<T> k{static_cast<const T*>(p.k) + k_batch + h_kv * p.k_stride.head +
+                        seq.k_row0 * p.k_stride.row,
+                    p.k_stride.row, pages, p.k_stride.batch, c.seq.page_size};
+  const KvRows<T> v{static_cast<const T*>(p.v) + v_batch + h_kv * p.v_stride.head +
+                        seq.k_row0 * p.v_stride.row,
+                    p.v_stride.row, pages, p.v_stride.batch, c.seq.page_size};
 
   load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
-                                          static_cast<int>(q_end - q_begin), p.dims.head_dim,
-                                          p.scale_log2, lid, BLOCK_M);
+                                          static_cast<int>(q_end - q_begin), c.dims.head_dim,
+                                          c.q_prescale, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
 
-  const BlockMask mask{p.mask, p.dims.len_k};
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);  // blocks past it are never visited
   OnlineSoftmaxRow softmax;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    load_kv_block(group, k_tile, v_tile, k, p.k_stride.row, v, p.v_stride.row, kv_begin,
-                  p.dims.len_k, p.dims.head_dim, lid, BLOCK_M);
+    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
+                  BLOCK_M);
     // Only blocks that straddle a mask boundary (or the end of the keys) test elements.
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
@@ -79,11 +94,17 @@ void flash_fwd_kernel(FwdParams p) {
     for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += KEY_CHUNK) {
       float scores[KEY_CHUNK];  // (c) for this work-item's row
       dot_rows(scores, q_t, lid, k_tile, c0);
+      if constexpr (FEATURES != 0) {
+        float unused_grad[KEY_CHUNK];
+        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
+          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
+        });
+      }
       if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
       const float rescale = softmax.update(scores);  // scores now hold probabilities
-      if (p.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
+      if (c.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
         float factor[KEY_CHUNK];
-        dropout_factors_for_keys(p.dropout, batch_head, row, kv_begin + c0, factor);
+        dropout_factors_for_keys(c.dropout, batch_head, row, kv_begin + c0, factor);
 #pragma unroll
         for (int j = 0; j < KEY_CHUNK; ++j) scores[j] *= factor[j];
       }
@@ -91,12 +112,12 @@ void flash_fwd_kernel(FwdParams p) {
     }
   }
 
-  if (row < p.dims.len_q) {
+  if (row < seq.len_q) {
     const float inv_sum = softmax.inverse_sum();
     T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
-             row * p.out_stride.row;
-    for (int d = 0; d < p.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
-    p.lse[batch_head * p.dims.len_q + row] = softmax.log_sum_exp();
+             (seq.q_row0 + row) * p.out_stride.row;
+    for (int d = 0; d < c.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
+    p.lse[lse_index(c, seq, b, h, row)] = softmax.log_sum_exp();
   }
 }
 

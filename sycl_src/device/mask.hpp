@@ -5,36 +5,43 @@
 #include <limits>
 
 #include "params.hpp"
+#include "seq_info.hpp"
 
 namespace ipex_flash {
 
 struct BlockMask {
-  MaskParams mask;
+  int64_t diag;          // key on the diagonal of row 0
+  int32_t window_left;   // -1 = unbounded
+  int32_t window_right;  // -1 = unbounded
   int32_t len_k;
+
+  static inline BlockMask of(const MaskParams& mask, const SeqInfo& seq) {
+    return BlockMask{seq.diag, mask.window_left, mask.window_right, seq.len_k};
+  }
 
   // Keys [first_key, end_key) that any row in [row_begin, row_end) can see; blocks outside
   // are never visited. The range is empty (first >= end) when no row sees any key.
   inline int64_t first_key(int64_t row_begin) const {
-    if (mask.window_left < 0) return 0;
-    int64_t c = row_begin + mask.diag_offset - mask.window_left;
+    if (window_left < 0) return 0;
+    int64_t c = row_begin + diag - window_left;
     return c < 0 ? 0 : c;
   }
   inline int64_t end_key(int64_t row_end) const {
-    if (mask.window_right < 0) return len_k;
-    int64_t c = row_end - 1 + mask.diag_offset + mask.window_right + 1;
+    if (window_right < 0) return len_k;
+    int64_t c = row_end - 1 + diag + window_right + 1;
     return c < len_k ? (c < 0 ? 0 : c) : len_k;
   }
 
   // Rows [first_row, end_row) that can see any key in [key_begin, key_end): the backward's
   // dK/dV kernel visits only those query blocks.
   inline int64_t first_row(int64_t key_begin) const {
-    if (mask.window_right < 0) return 0;
-    int64_t r = key_begin - mask.diag_offset - mask.window_right;
+    if (window_right < 0) return 0;
+    int64_t r = key_begin - diag - window_right;
     return r < 0 ? 0 : r;
   }
   inline int64_t end_row(int64_t key_end, int64_t len_q) const {
-    if (mask.window_left < 0) return len_q;
-    int64_t r = key_end - 1 - mask.diag_offset + mask.window_left + 1;
+    if (window_left < 0) return len_q;
+    int64_t r = key_end - 1 - diag + window_left + 1;
     return r < len_q ? (r < 0 ? 0 : r) : len_q;
   }
 
@@ -42,17 +49,17 @@ struct BlockMask {
   inline bool block_fully_visible(int64_t row_begin, int64_t row_end, int64_t key_begin,
                                   int64_t key_end) const {
     if (key_end > len_k) return false;
-    if (mask.window_right >= 0 && key_end - 1 > row_begin + mask.diag_offset + mask.window_right)
+    if (window_right >= 0 && key_end - 1 > row_begin + diag + window_right)
       return false;
-    if (mask.window_left >= 0 && key_begin < row_end - 1 + mask.diag_offset - mask.window_left)
+    if (window_left >= 0 && key_begin < row_end - 1 + diag - window_left)
       return false;
     return true;
   }
 
   inline bool visible(int64_t row, int64_t key) const {
     if (key >= len_k) return false;
-    if (mask.window_right >= 0 && key > row + mask.diag_offset + mask.window_right) return false;
-    if (mask.window_left >= 0 && key < row + mask.diag_offset - mask.window_left) return false;
+    if (window_right >= 0 && key > row + diag + window_right) return false;
+    if (window_left >= 0 && key < row + diag - window_left) return false;
     return true;
   }
 

@@ -6,18 +6,42 @@
 
 namespace ipex_flash {
 
-// Which keys a query row may see, as bands around a diagonal. Query row r sees key c when
+// Which keys a query row may see, as a band around a diagonal. With diag = 0 (top-left
+// aligned, SDPA) or diag = len_k - len_q (bottom-right aligned, flash-attn), taken per
+// sequence, query row r sees key c when
 //   c <  len_k,
-//   c <= r + diag_offset + window_right   (if window_right >= 0),
-//   c >= r + diag_offset - window_left    (if window_left  >= 0).
-// No mask: both windows -1. Causal (SDPA, top-left aligned): diag_offset 0, window_right 0.
+//   c <= r + diag + window_right   (if window_right >= 0),
+//   c >= r + diag - window_left    (if window_left  >= 0).
+// No mask: both windows -1. Causal: window_right 0. Sliding window (l, r): both set.
 struct MaskParams {
-  int64_t diag_offset;   // key column on the diagonal of query row 0
   int32_t window_left;   // keys visible to the left of the diagonal, -1 = unbounded
   int32_t window_right;  // keys visible to the right of the diagonal, -1 = unbounded
+  int32_t bottom_right;  // 1: diag = len_k - len_q; 0: diag = 0
 };
 
-// Element strides of one (B, H, N, D) tensor; the D stride is always 1.
+// Changes to the scaled scores before the softmax (flash-attn's options), in this order:
+//   softcap > 0:  s = softcap * tanh(s / softcap)
+//   ALiBi:        s -= slope[b, h] * |r + diag - c|
+struct ScoreModParams {
+  float softcap;               // 0 = off
+  const float* alibi_slopes;   // nullptr = off; (B, Hq) or (Hq,) float32
+  int64_t alibi_batch_stride;  // 0 when the slopes are shared by the batch
+};
+
+// Where each sequence's rows are. Fixed length: every pointer null, rows 0..len of each
+// batch entry. Variable length: q and/or k packed along the row axis, sequence b at rows
+// cu_seqlens[b] .. cu_seqlens[b+1]. A KV cache: seqlens_k[b] keys, optionally paged.
+struct SeqLayout {
+  const int32_t* cu_seqlens_q;  // (B + 1) or null
+  const int32_t* cu_seqlens_k;  // (B + 1) or null
+  const int32_t* seqlens_k;     // (B) keys per sequence or null
+  const int32_t* block_table;   // (B, max_pages) page of each page_size keys, or null
+  int64_t block_table_stride;   // elements between block_table rows
+  int32_t page_size;            // keys per page (a power of two) when paged
+};
+
+// Element strides of one (B, H, N, D) tensor; the D stride is always 1. Packed varlen
+// tensors are (1, H, total, D) with batch stride 0.
 struct BhndStrides {
   int64_t batch;
   int64_t head;
@@ -33,31 +57,47 @@ struct DropoutParams {
   int32_t enabled;     // p > 0
 };
 
-// Problem sizes shared by every attention kernel.
+// Problem sizes shared by every attention kernel. With variable lengths, len_q and len_k
+// are the maxima over the batch (they size the launch).
 struct AttentionDims {
-  int32_t batch;         // B
+  int32_t batch;         // B: sequences
   int32_t heads_q;       // Hq
   int32_t heads_per_kv;  // Hq / Hkv: query heads sharing one K/V head (GQA, MQA)
-  int32_t len_q;         // Nq
-  int32_t len_k;         // Nk
+  int32_t len_q;         // Nq (max)
+  int32_t len_k;         // Nk (max)
   int32_t head_dim;      // D, at most the kernel's compiled HEAD_DIM
+};
+
+// The log-sum-exp of row r of (b, h) is at lse[b * batch + h * head + row0(b) + r].
+struct LseStrides {
+  int64_t batch;
+  int64_t head;
+};
+
+// What every attention kernel shares: sizes, masks, score changes, sequence layout.
+struct AttentionCommon {
+  AttentionDims dims;
+  SeqLayout seq;
+  MaskParams mask;
+  ScoreModParams score_mod;
+  DropoutParams dropout;
+  LseStrides lse_stride;
+  float scale;          // softmax scale
+  float q_prescale;     // what Q is multiplied by on load (see score_mod.hpp)
+  int32_t num_blocks;   // work-groups per (batch, head) of the launch
 };
 
 struct FwdParams {
   const void* q;         // (B, Hq, Nq, D), input dtype
-  const void* k;         // (B, Hkv, Nk, D), input dtype
-  const void* v;         // (B, Hkv, Nk, D), input dtype
+  const void* k;         // (B, Hkv, Nk, D), or pages (P, Hkv, page_size, D)
+  const void* v;         // like k
   void* out;             // (B, Hq, Nq, D), input dtype
-  float* lse;            // (B, Hq, Nq), contiguous float32, natural-log log-sum-exp
+  float* lse;            // natural-log log-sum-exp, float32, see LseStrides
   BhndStrides q_stride;
-  BhndStrides k_stride;
+  BhndStrides k_stride;  // paged: batch = elements between pages
   BhndStrides v_stride;
   BhndStrides out_stride;
-  AttentionDims dims;
-  int32_t num_q_blocks;  // ceil(Nq / BLOCK_M): work-groups per (batch, head)
-  float scale_log2;      // softmax scale * log2(e): the kernel works in the exp2 domain
-  MaskParams mask;
-  DropoutParams dropout;
+  AttentionCommon common;
 };
 
 // The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per
@@ -72,8 +112,8 @@ struct BwdParams {
   void* dq;              // (B, Hq, Nq, D), input dtype
   void* dk;              // (B, Hkv, Nk, D)
   void* dv;              // (B, Hkv, Nk, D)
-  const float* lse;      // (B, Hq, Nq) contiguous: the forward's log-sum-exp
-  float* delta;          // (B, Hq, Nq) contiguous scratch: rowsum(dO * O)
+  const float* lse;      // the forward's log-sum-exp, see LseStrides
+  float* delta;          // rowsum(dO * O), float32 scratch laid out like lse
   BhndStrides q_stride;
   BhndStrides k_stride;
   BhndStrides v_stride;
@@ -82,12 +122,7 @@ struct BwdParams {
   BhndStrides dq_stride;
   BhndStrides dk_stride;
   BhndStrides dv_stride;
-  AttentionDims dims;
-  int32_t num_blocks;    // work-groups per (batch, head): Q blocks for dQ, K blocks for dK/dV
-  float scale;           // softmax scale (dS -> dQ, dK)
-  float scale_log2;      // scale * log2(e)
-  MaskParams mask;
-  DropoutParams dropout;  // the forward's, so the same elements are dropped
+  AttentionCommon common;  // dropout: the forward's, so the same elements are dropped
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

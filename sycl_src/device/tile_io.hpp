@@ -11,6 +11,23 @@
 
 namespace ipex_flash {
 
+// Rows of K or V: contiguous with a row stride, or spread over the pages of a paged KV cache
+// (page p of the sequence is pages[p]; a page holds page_size rows).
+template <typename T>
+struct KvRows {
+  const T* base;          // row 0, or page 0 of the pool when paged
+  int64_t row_stride;
+  const int32_t* pages;   // null: contiguous
+  int64_t page_stride;
+  int32_t page_size;
+
+  inline const T* row(int64_t r) const {
+    if (pages == nullptr) return base + r * row_stride;
+    return base + static_cast<int64_t>(pages[r / page_size]) * page_stride +
+           (r % page_size) * row_stride;
+  }
+};
+
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
 // and head-dim columns contribute nothing to the products that read the tile.
 template <int ROWS, int COLS, typename T>
@@ -19,6 +36,20 @@ inline void load_tile(float (&dst)[ROWS][COLS], const T* src, int64_t row_stride
   for (int i = lid; i < ROWS * COLS; i += group_size) {
     const int r = i / COLS, c = i % COLS;
     dst[r][c] = (r < rows && c < cols) ? to_float(src[r * row_stride + c]) : 0.f;
+  }
+}
+
+// The same from K/V rows row0 .. row0 + rows (possibly paged).
+template <int ROWS, int COLS, typename T>
+inline void load_tile(float (&dst)[ROWS][COLS], const KvRows<T>& src, int64_t row0, int rows,
+                      int cols, int lid, int group_size) {
+  if (src.pages == nullptr) {
+    load_tile<ROWS, COLS>(dst, src.row(row0), src.row_stride, rows, cols, lid, group_size);
+    return;
+  }
+  for (int i = lid; i < ROWS * COLS; i += group_size) {
+    const int r = i / COLS, c = i % COLS;
+    dst[r][c] = (r < rows && c < cols) ? to_float(src.row(row0 + r)[c]) : 0.f;
   }
 }
 
@@ -38,15 +69,12 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
 // new one). Rows past len_k are zero.
 template <int ROWS, int COLS, typename T>
 inline void load_kv_block(sycl::group<1> group, float (&k_tile)[ROWS][COLS],
-                          float (&v_tile)[ROWS][COLS], const T* k, int64_t k_row_stride,
-                          const T* v, int64_t v_row_stride, int64_t kv_begin, int len_k,
-                          int head_dim, int lid, int group_size) {
+                          float (&v_tile)[ROWS][COLS], const KvRows<T>& k, const KvRows<T>& v,
+                          int64_t kv_begin, int len_k, int head_dim, int lid, int group_size) {
   const int rows = static_cast<int>(std::min<int64_t>(ROWS, len_k - kv_begin));
   sycl::group_barrier(group);
-  load_tile<ROWS, COLS>(k_tile, k + kv_begin * k_row_stride, k_row_stride, rows, head_dim, lid,
-                        group_size);
-  load_tile<ROWS, COLS>(v_tile, v + kv_begin * v_row_stride, v_row_stride, rows, head_dim, lid,
-                        group_size);
+  load_tile<ROWS, COLS>(k_tile, k, kv_begin, rows, head_dim, lid, group_size);
+  load_tile<ROWS, COLS>(v_tile, v, kv_begin, rows, head_dim, lid, group_size);
   sycl::group_barrier(group);
 }
 

@@ -45,13 +45,13 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("strides", &TensorView::strides);
 
   py::class_<MaskParams>(m, "MaskParams")
-      .def(py::init([](int64_t diag_offset, int32_t window_left, int32_t window_right) {
-             return MaskParams{diag_offset, window_left, window_right};
+      .def(py::init([](int32_t window_left, int32_t window_right, bool bottom_right) {
+             return MaskParams{window_left, window_right, bottom_right ? 1 : 0};
            }),
-           "diag_offset"_a, "window_left"_a, "window_right"_a)
-      .def_readonly("diag_offset", &MaskParams::diag_offset)
+           "window_left"_a, "window_right"_a, "bottom_right"_a)
       .def_readonly("window_left", &MaskParams::window_left)
-      .def_readonly("window_right", &MaskParams::window_right);
+      .def_readonly("window_right", &MaskParams::window_right)
+      .def_readonly("bottom_right", &MaskParams::bottom_right);
 
   py::class_<KernelVariant>(m, "KernelVariant")
       .def_readonly("dtype", &KernelVariant::dtype)
@@ -67,10 +67,25 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("threshold", &DropoutParams::threshold)
       .def_readonly("keep_scale", &DropoutParams::keep_scale);
 
+  py::class_<AttentionOptions>(m, "AttentionOptions")
+      .def(py::init<>())
+      .def_readwrite("scale", &AttentionOptions::scale)
+      .def_readwrite("mask", &AttentionOptions::mask)
+      .def_readwrite("dropout", &AttentionOptions::dropout)
+      .def_readwrite("softcap", &AttentionOptions::softcap)
+      .def_readwrite("alibi_slopes", &AttentionOptions::alibi_slopes)
+      .def_readwrite("cu_seqlens_q", &AttentionOptions::cu_seqlens_q)
+      .def_readwrite("cu_seqlens_k", &AttentionOptions::cu_seqlens_k)
+      .def_readwrite("seqlens_k", &AttentionOptions::seqlens_k)
+      .def_readwrite("block_table", &AttentionOptions::block_table)
+      .def_readwrite("page_size", &AttentionOptions::page_size)
+      .def_readwrite("max_seqlen_q", &AttentionOptions::max_seqlen_q)
+      .def_readwrite("max_seqlen_k", &AttentionOptions::max_seqlen_k);
+
   // The launchers release the GIL: a kernel may run for seconds, and other Python threads
   // (and concurrent calls, which the kernel cache serialises safely) should not stall.
-  m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "scale"_a, "mask"_a,
-        "dropout"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "queue"_a,
+        py::call_guard<py::gil_scoped_release>());
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,
@@ -79,13 +94,12 @@ PYBIND11_MODULE(_C, m) {
       "flash_bwd",
       [](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const TensorView& dout, const TensorView& lse, const TensorView& dq,
-         const TensorView& dk, const TensorView& dv, const TensorView& delta, float scale,
-         const MaskParams& mask, const DropoutParams& dropout, std::uintptr_t queue) {
-        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, scale, mask, dropout,
-                  queue);
+         const TensorView& dk, const TensorView& dv, const TensorView& delta,
+         const AttentionOptions& options, std::uintptr_t queue) {
+        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, options, queue);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "delta"_a,
-      "scale"_a, "mask"_a, "dropout"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+      "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
   m.def("warmup_bwd", &warmup_bwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "host/attention_dims.hpp"
+#include "host/attention_common.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"

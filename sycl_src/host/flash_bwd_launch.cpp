@@ -1,9 +1,9 @@
 #include "host/flash_bwd_launch.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
-#include "host/attention_dims.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -39,17 +39,19 @@ BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
   return BwdKernels{kernels[0], kernels[1], kernels[2]};
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
-void flash_bwd(const BwdTensors& t, float scale, const MaskParams& mask,
-               const DropoutParams& dropout, std::uintptr_t queue_handle) {
+void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
+               std::uintptr_t queue_handle) {
+  if (options.block_table || options.seqlens_k)
+    throw std::invalid_argument("ipex_flash: attention over a KV cache has no backward");
   BwdParams params{};
-  params.dims = attention_dims(t.q, t.k);
-  const AttentionDims& dims = params.dims;
+  params.common = make_common(t.q, t.k, t.lse, options);
+  AttentionCommon& c = params.common;
+  const AttentionDims& dims = c.dims;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, queue.get_device());
+  KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, queue.get_device());
+  variant.features = features_of(options);
   params.q = reinterpret_cast<const void*>(t.q.data);
   params.k = reinterpret_cast<const void*>(t.k.data);
   params.v = reinterpret_cast<const void*>(t.v.data);
@@ -68,16 +70,16 @@ void flash_bwd(const BwdTensors& t, float scale, const MaskParams& mask,
   params.dq_stride = bhnd_strides(t.dq, "dq");
   params.dk_stride = bhnd_strides(t.dk, "dk");
   params.dv_stride = bhnd_strides(t.dv, "dv");
-  params.scale = scale;
-  params.scale_log2 = static_cast<float>(scale * kLog2e);
-  params.mask = mask;
-  params.dropout = dropout;
+  if (options.cu_seqlens_q)  // packed sequences are found through cu_seqlens
+    params.q_stride.batch = params.out_stride.batch = params.dout_stride.batch =
+        params.dq_stride.batch = 0;
+  if (options.cu_seqlens_k)
+    params.k_stride.batch = params.v_stride.batch = params.dk_stride.batch =
+        params.dv_stride.batch = 0;
   const int64_t heads_kv = dims.heads_q / dims.heads_per_kv;
-  if (dims.batch == 0 || heads_kv == 0 || dims.len_k == 0) return;
+  if (dims.batch == 0 || heads_kv == 0 || dims.len_k <= 0) return;
 
   const BwdKernels kernels = bwd_kernels(queue, variant);
-  // dK and dV run over every key even with no query rows (they are then zero).
-  params.num_blocks = static_cast<int32_t>(ceil_div(dims.len_k, variant.block_n));
   sycl::event done;
   if (dims.len_q > 0) {
     const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q * dims.len_q;
@@ -85,14 +87,16 @@ void flash_bwd(const BwdTensors& t, float scale, const MaskParams& mask,
                   block_range(1, ceil_div(rows, kPreprocessGroup), kPreprocessGroup),
                   "flash_bwd_preprocess");
   }
+  // dK and dV run over every key even with no query rows (they are then zero).
+  c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_k, variant.block_n));
   done = submit_kernel(queue, kernels.dkdv, params,
-                       block_range(dims.batch * heads_kv, params.num_blocks, variant.block_n),
+                       block_range(dims.batch * heads_kv, c.num_blocks, variant.block_n),
                        "flash_bwd_dkdv");
   if (dims.len_q > 0) {
-    params.num_blocks = static_cast<int32_t>(ceil_div(dims.len_q, variant.block_m));
+    c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_q, variant.block_m));
     done = submit_kernel(
         queue, kernels.dq, params,
-        block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, params.num_blocks,
+        block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, c.num_blocks,
                     variant.block_m),
         "flash_bwd_dq");
   }

@@ -3,22 +3,22 @@
 
 #include <cstdint>
 
-#include "device/params.hpp"
+#include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
 #include "host/variants.hpp"
 
 namespace ipex_flash {
 
-// Tensors of one backward call. q, out, dout, dq: (B, Hq, Nq, D); k, v, dk, dv:
-// (B, Hkv, Nk, D); lse and delta: (B, Hq, Nq) contiguous float32 (delta is scratch).
+// Tensors of one backward call. q, out, dout, dq laid out like the forward's q; k, v, dk, dv
+// like its k; lse and delta (float32 scratch) like its lse.
 struct BwdTensors {
   TensorView q, k, v, out, dout, lse, dq, dk, dv, delta;
 };
 
-// dq, dk, dv of attention(q, k, v) given dout, from the forward's out and lse.
-// dropout must be the forward's (same seed and offset).
-void flash_bwd(const BwdTensors& tensors, float scale, const MaskParams& mask,
-               const DropoutParams& dropout, std::uintptr_t queue_handle);
+// dq, dk, dv of the forward with the same options (same dropout seed and offset). Paged KV
+// caches are not differentiable.
+void flash_bwd(const BwdTensors& tensors, const AttentionOptions& options,
+               std::uintptr_t queue_handle);
 
 // Builds (or loads from the disk cache) the backward kernels for (dtype, head_dim).
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);

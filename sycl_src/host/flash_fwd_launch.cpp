@@ -1,6 +1,5 @@
 #include "host/flash_fwd_launch.hpp"
 
-#include "host/attention_dims.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -26,15 +25,16 @@ sycl::kernel fwd_kernel(sycl::queue& queue, const KernelVariant& variant) {
 }  // namespace
 
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const TensorView& lse, float scale,
-               const MaskParams& mask, const DropoutParams& dropout,
+               const TensorView& out, const TensorView& lse, const AttentionOptions& options,
                std::uintptr_t queue_handle) {
   FwdParams params{};
-  params.dims = attention_dims(q, k);
-  if (params.dims.batch == 0 || params.dims.heads_q == 0 || params.dims.len_q == 0) return;
+  params.common = make_common(q, k, lse, options);
+  AttentionCommon& c = params.common;
+  if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = fwd_variant(q.dtype, params.dims.head_dim, queue.get_device());
+  KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, queue.get_device());
+  variant.features = features_of(options);
   params.q = reinterpret_cast<const void*>(q.data);
   params.k = reinterpret_cast<const void*>(k.data);
   params.v = reinterpret_cast<const void*>(v.data);
@@ -44,15 +44,15 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   params.k_stride = bhnd_strides(k, "k");
   params.v_stride = bhnd_strides(v, "v");
   params.out_stride = bhnd_strides(out, "out");
-  params.num_q_blocks = (params.dims.len_q + variant.block_m - 1) / variant.block_m;
-  params.scale_log2 = static_cast<float>(scale * kLog2e);
-  params.mask = mask;
-  params.dropout = dropout;
+  // Packed sequences are found through cu_seqlens, not a batch stride.
+  if (options.cu_seqlens_q) params.q_stride.batch = params.out_stride.batch = 0;
+  if (options.cu_seqlens_k) params.k_stride.batch = params.v_stride.batch = 0;
+  c.num_blocks = static_cast<int32_t>(ceil_div(c.dims.len_q, variant.block_m));
 
   sycl::kernel kernel = fwd_kernel(queue, variant);
-  const int64_t batch_heads = static_cast<int64_t>(params.dims.batch) * params.dims.heads_q;
+  const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
   sycl::event done = submit_kernel(queue, kernel, params,
-                                   block_range(batch_heads, params.num_q_blocks, variant.block_m),
+                                   block_range(batch_heads, c.num_blocks, variant.block_m),
                                    "flash_fwd");
   finish_launch(queue, queue_handle, done, "flash_fwd");
 }

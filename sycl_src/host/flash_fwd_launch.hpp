@@ -4,18 +4,17 @@
 
 #include <cstdint>
 
-#include "device/params.hpp"
+#include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
 #include "host/variants.hpp"
 
 namespace ipex_flash {
 
-// out = softmax(q k^T * scale, masked) v, and lse = per-row log-sum-exp, on the queue named by
-// queue_handle (0 = the SYCL CPU device). Shapes: q, out (B, Hq, Nq, D); k, v (B, Hkv, Nk, D);
-// lse (B, Hq, Nq) contiguous float32. Dropout, if enabled, applies to the probabilities.
+// out = softmax(modified, masked q k^T * scale, with dropout) v, and lse = per-row
+// log-sum-exp, on the queue named by queue_handle (0 = the SYCL CPU device). Layouts: see
+// make_common; out is laid out like q.
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const TensorView& lse, float scale,
-               const MaskParams& mask, const DropoutParams& dropout,
+               const TensorView& out, const TensorView& lse, const AttentionOptions& options,
                std::uintptr_t queue_handle);
 
 // Builds (or loads from the disk cache) the forward variant for (dtype, head_dim).

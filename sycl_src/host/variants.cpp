@@ -19,7 +19,8 @@ int padded_head_dim(int head_dim) {
 
 std::string KernelVariant::instantiate(const std::string& kernel) const {
   return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +
-         std::to_string(block_m) + ", " + std::to_string(block_n) + ">";
+         std::to_string(block_m) + ", " + std::to_string(block_n) + ", " +
+         std::to_string(features) + ">";
 }
 
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,

@@ -1,0 +1,255 @@
+"""flash-attn's API (Dao-AILab/flash-attention) on the ipex_flash kernels, so users of
+flash-attn switch by changing an import. Layout (batch, seq_len, heads, head_dim), or
+(total_tokens, heads, head_dim) for the varlen functions.
+
+Ops behind it (torch.library, with fake implementations):
+    ipex_flash::flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+        dropout_p, dropout_seed) -> (out, softmax_lse)          differentiable in q, k, v
+    ipex_flash::flash_attn_backward(grad_out, q, k, v, out, softmax_lse, ...) -> (dq, dk, dv)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ipex_flash import ops
+from ipex_flash._runtime import C
+from ipex_flash._validation import (
+    check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
+    check_flash_inputs, check_softcap, check_window, softmax_scale)
+
+Tensor = torch.Tensor
+
+
+def _bhnd(t: Tensor, packed: bool) -> Tensor:
+    """The kernels' (B, H, N, D) view of a flash-attn tensor, without a copy."""
+    return (t.unsqueeze(0) if packed else t).transpose(1, 2)
+
+
+def _flash_options(q: Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale_value, causal, window_left, window_right, softcap, alibi_slopes,
+                   dropout_p, dropout_seed) -> "C.AttentionOptions":
+    options = C.AttentionOptions()
+    options.scale = softmax_scale_value
+    # flash-attn aligns masks to the bottom-right corner; causal is the window (left, 0).
+    options.mask = C.MaskParams(window_left=window_left,
+                                window_right=0 if causal else window_right, bottom_right=True)
+    options.dropout = ops.dropout_params(dropout_p, dropout_seed)
+    options.softcap = softcap
+    if alibi_slopes is not None:
+        options.alibi_slopes = ops.view(alibi_slopes.contiguous())
+    if cu_seqlens_q is not None:
+        options.cu_seqlens_q = ops.view(cu_seqlens_q)
+        options.cu_seqlens_k = ops.view(cu_seqlens_k)
+        options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    return options
+
+
+def _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
+           window_right, softcap, alibi_slopes, dropout_p, dropout_seed) -> None:
+    packed = cu_seqlens_q is not None
+    check_flash_inputs(fn, q, k, v, packed)
+    if packed:
+        batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+        batch_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+        if batch_k != batch:
+            raise ValueError(f"{fn}: cu_seqlens_k describes {batch_k} sequences, cu_seqlens_q {batch}")
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{fn}: {name} must be an int >= 0, got {value!r}")
+        if cu_seqlens_q.device.type != "meta":
+            for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+                longest = int((cu[1:] - cu[:-1]).max())
+                if longest > value:
+                    raise ValueError(f"{fn}: a sequence of {name} has {longest} tokens, more than "
+                                     f"max_seqlen_{name}={value}")
+    else:
+        batch = q.shape[0]
+    check_window(fn, (window_left, window_right))
+    check_softcap(fn, softcap)
+    check_alibi(fn, alibi_slopes, batch, q.shape[-2], q.device)
+    check_dropout(fn, dropout_p, dropout_seed)
+
+
+def _forward_outputs(q: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(ops.with_contiguous_last_dim(q))
+    lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
+    return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+
+
+@torch.library.custom_op("ipex_flash::flash_attn_forward", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                       softmax_scale: Optional[float], causal: bool, window_left: int,
+                       window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                       dropout_p: float, dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    fn = "ipex_flash.flash_attn_func"
+    _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
+           window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    packed = cu_seqlens_q is not None
+    q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
+    out, lse = _forward_outputs(q, packed)
+    options = _flash_options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale_of(softmax_scale, q), causal, window_left,
+                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    C.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
+                ops.queue_handle(q.device))
+    return out, lse
+
+
+def softmax_scale_of(scale: Optional[float], q: Tensor) -> float:
+    return softmax_scale(scale, q.shape[-1])
+
+
+@flash_attn_forward.register_fake
+def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, window_left, window_right, softcap,
+                             alibi_slopes, dropout_p, dropout_seed):
+    _check("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+           max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    return _forward_outputs(q, cu_seqlens_q is not None)
+
+
+@torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                        lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                        softmax_scale: Optional[float], causal: bool, window_left: int,
+                        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                        dropout_p: float, dropout_seed: Optional[Tensor]
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    packed = cu_seqlens_q is not None
+    _check_grad_out(grad_out, out)
+    q, k, v, out, grad_out = (ops.with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
+    # Packed K/V rows past cu_seqlens_k[-1] belong to no sequence: their gradient is zero.
+    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+    delta = torch.empty_like(lse)
+    options = _flash_options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale_of(softmax_scale, q), causal, window_left,
+                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    C.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
+                ops.view(lse.contiguous()),
+                *(ops.view(_bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
+                ops.queue_handle(q.device))
+    return dq, dk, dv
+
+
+def _check_grad_out(grad_out: Tensor, out: Tensor) -> None:
+    fn = "ipex_flash.flash_attn_func"
+    if not isinstance(grad_out, torch.Tensor):
+        raise TypeError(f"{fn}: grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
+    if grad_out.shape != out.shape:
+        raise ValueError(f"{fn}: grad_out must have the output's shape {tuple(out.shape)}, got "
+                         f"{tuple(grad_out.shape)}")
+    if grad_out.dtype != out.dtype:
+        raise TypeError(f"{fn}: grad_out must have the output's dtype {out.dtype}, got "
+                        f"{grad_out.dtype}")
+
+
+@flash_attn_backward.register_fake
+def _flash_attn_backward_fake(grad_out, q, k, v, out, lse, *args):
+    _check_grad_out(grad_out, out)
+    return tuple(torch.empty_like(ops.with_contiguous_last_dim(t)) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+     window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                          dropout_seed)
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                softcap)
+    ctx.dropout_p = dropout_p
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed = ctx.saved_tensors
+    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+     softcap) = ctx.args
+    dq, dk, dv = torch.ops.ipex_flash.flash_attn_backward(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, ctx.dropout_p,
+        dropout_seed)
+    return (dq, dk, dv) + (None,) * 12
+
+
+flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _seed(q: Tensor, dropout_p: float) -> Optional[Tensor]:
+    return ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False):
+    """Attention with flash-attn's semantics and layout.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim) with
+            nheads a multiple of nheads_k (GQA/MQA). float32, float16 or bfloat16; headdim <= 256.
+        dropout_p: dropout probability on the attention probabilities (training only).
+        softmax_scale: default 1 / sqrt(headdim).
+        causal: causal mask aligned to the bottom-right corner of the score matrix: with
+            seqlen_q=2, seqlen_k=5 (1 = visible)::
+
+                1 1 1 1 0
+                1 1 1 1 1
+
+        window_size: (left, right): query i sees keys in
+            [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]; -1 = unbounded.
+        softcap: > 0 caps the scores: s = softcap * tanh(s / softcap).
+        alibi_slopes: (nheads,) or (batch, nheads) float32: adds -slope * |i + seqlen_k -
+            seqlen_q - j| to the score of query i and key j.
+        deterministic: accepted for compatibility; the backward is always deterministic.
+        return_attn_probs: also return the log-sum-exp and the dropout keep-mask (for tests).
+
+    A query row that sees no key returns zeros and an LSE of -inf. Differentiable in q, k, v.
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
+        (batch, nheads, seqlen_q) float32, keep-mask (batch, nheads, seqlen_q, seqlen_k) uint8
+        or None without dropout).
+    """
+    fn = "ipex_flash.flash_attn_func"
+    check_dropout_p(fn, dropout_p)
+    left, right = check_window(fn, window_size)
+    seed = _seed(q, dropout_p)
+    out, lse = torch.ops.ipex_flash.flash_attn_forward(
+        q, k, v, None, None, 0, 0, softmax_scale, causal, left, right, float(softcap),
+        alibi_slopes, float(dropout_p), seed)
+    if not return_attn_probs:
+        return out
+    keep = None
+    if seed is not None:
+        keep = torch.ops.ipex_flash.dropout_mask(
+            seed, [q.shape[0], q.shape[2], q.shape[1], k.shape[1]], float(dropout_p))
+    return out, lse, keep
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False):
+    """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
+    (total_k, nheads_k, headdim); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q
+    and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
+    and max_seqlen_k bound the lengths. Masks and ALiBi are per sequence. Returns out
+    (total_q, nheads, headdim), and with return_attn_probs (out, softmax_lse (nheads,
+    total_q)) — no keep-mask for packed sequences."""
+    fn = "ipex_flash.flash_attn_varlen_func"
+    check_dropout_p(fn, dropout_p)
+    left, right = check_window(fn, window_size)
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required")
+    out, lse = torch.ops.ipex_flash.flash_attn_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        softmax_scale, causal, left, right, float(softcap), alibi_slopes, float(dropout_p),
+        _seed(q, dropout_p))
+    return (out, lse) if return_attn_probs else out

@@ -1,0 +1,39 @@
+// Per-sequence offsets and lengths, resolved in one place for every kernel: fixed-length
+// batches, packed variable-length batches (cu_seqlens) and KV caches (seqlens_k).
+#pragma once
+
+#include <cstdint>
+
+#include "params.hpp"
+
+namespace ipex_flash {
+
+struct SeqInfo {
+  int64_t q_row0;  // first row of sequence b in packed q / out / lse (0 for fixed length)
+  int64_t k_row0;  // first row of sequence b in packed k / v (0 for fixed length or a cache)
+  int32_t len_q;   // query rows of sequence b
+  int32_t len_k;   // keys of sequence b
+  int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams)
+};
+
+inline SeqInfo seq_info(const AttentionCommon& c, int b) {
+  SeqInfo s{0, 0, c.dims.len_q, c.dims.len_k, 0};
+  if (c.seq.cu_seqlens_q != nullptr) {
+    s.q_row0 = c.seq.cu_seqlens_q[b];
+    s.len_q = c.seq.cu_seqlens_q[b + 1] - c.seq.cu_seqlens_q[b];
+  }
+  if (c.seq.cu_seqlens_k != nullptr) {
+    s.k_row0 = c.seq.cu_seqlens_k[b];
+    s.len_k = c.seq.cu_seqlens_k[b + 1] - c.seq.cu_seqlens_k[b];
+  }
+  if (c.seq.seqlens_k != nullptr) s.len_k = c.seq.seqlens_k[b];
+  s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
+  return s;
+}
+
+// Index of the LSE (and delta) of row r of sequence s, head h.
+inline int64_t lse_index(const AttentionCommon& c, const SeqInfo& s, int b, int h, int64_t r) {
+  return b * c.lse_stride.batch + h * c.lse_stride.head + s.q_row0 + r;
+}
+
+}  // namespace ipex_flash

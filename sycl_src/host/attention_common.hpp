@@ -1,0 +1,48 @@
+// The options of one attention call as Python hands them over, and their translation into
+// the kernels' AttentionCommon (sizes, masks, score changes, sequence layout).
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <optional>
+
+#include "device/params.hpp"
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+
+struct AttentionOptions {
+  float scale = 1.f;                         // softmax scale
+  MaskParams mask{-1, -1, 0};                // windows and diagonal alignment
+  DropoutParams dropout{0, 0, 0, 1.f, 0};    // see make_dropout
+  float softcap = 0.f;                       // 0 = off
+  std::optional<TensorView> alibi_slopes;    // (Hq,) or (B, Hq) float32
+  std::optional<TensorView> cu_seqlens_q;    // (B + 1) int32: q packed as (1, Hq, total, D)
+  std::optional<TensorView> cu_seqlens_k;    // (B + 1) int32: k, v packed likewise
+  std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
+  std::optional<TensorView> block_table;     // (B, max_pages) int32: paged KV cache
+  int32_t page_size = 0;                     // keys per page when paged
+  int32_t max_seqlen_q = -1;                 // with cu_seqlens_q
+  int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
+};
+
+// q (B, Hq, Nq, D) or packed (1, Hq, total_q, D); k likewise, or the KV cache
+// (B, Hkv, capacity, D), or its pages (num_pages, Hkv, page_size, D). lse (B, Hq, Nq), or
+// (Hq, total_q) when packed. num_blocks is left for the launcher.
+AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
+                            const AttentionOptions& options);
+
+// The FEATURE_* bits a call needs compiled in.
+inline int features_of(const AttentionOptions& options) {
+  return (options.softcap > 0.f ? 1 : 0) | (options.alibi_slopes ? 2 : 0);
+}
+
+// Work-groups of a launch: `blocks` per (batch, head), each `group_size` work-items.
+inline sycl::nd_range<1> block_range(int64_t batch_heads, int64_t blocks, int group_size) {
+  return sycl::nd_range<1>{static_cast<size_t>(batch_heads * blocks * group_size),
+                           static_cast<size_t>(group_size)};
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace ipex_flash
