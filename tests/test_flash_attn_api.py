@@ -1,0 +1,185 @@
+"""flash_attn_func and flash_attn_varlen_func against a float64 reference written from
+flash-attn's documented semantics: bottom-right causal masks, sliding windows, softcap, ALiBi,
+rows that see no key, Nq != Nk both ways, GQA, and gradients."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.reference import flash_attn_reference
+
+from conftest import DTYPES, OUTPUT_TOLERANCE, LSE_TOLERANCE
+
+# (causal, window, softcap, alibi): every option alone, and combined.
+OPTIONS = [
+    (False, (-1, -1), 0.0, False),
+    (True, (-1, -1), 0.0, False),
+    (False, (16, 5), 0.0, False),
+    (False, (0, 0), 0.0, False),
+    (True, (30, -1), 0.0, False),
+    (False, (-1, -1), 4.0, False),
+    (False, (-1, -1), 0.0, True),
+    (True, (20, -1), 2.5, True),
+    (False, (40, 7), 10.0, True),
+]
+LENGTHS = [(1, 1), (1, 130), (130, 1), (77, 200), (200, 77), (128, 128)]
+
+
+def random_bnhd(batch, len_q, len_k, heads_q, heads_kv, head_dim, dtype):
+    return (torch.randn(batch, len_q, heads_q, head_dim, dtype=dtype),
+            torch.randn(batch, len_k, heads_kv, head_dim, dtype=dtype),
+            torch.randn(batch, len_k, heads_kv, head_dim, dtype=dtype))
+
+
+def assert_close_with_lse(out, lse, ref_out, ref_lse, dtype):
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref_out, rtol=rtol, atol=atol)
+    # Rows that see no key: LSE -inf in both; others compared as numbers.
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = ~torch.isneginf(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], rtol=LSE_TOLERANCE[0],
+                               atol=LSE_TOLERANCE[1])
+
+
+@pytest.mark.parametrize("len_q,len_k", LENGTHS)
+@pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_matches_reference(dtype, causal, window, softcap, alibi, len_q, len_k):
+    q, k, v = random_bnhd(2, len_q, len_k, 4, 2, 64, dtype)
+    slopes = torch.rand(2, 4) * 0.3 if alibi else None
+    out, lse, keep = ipex_flash.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                                softcap=softcap, alibi_slopes=slopes,
+                                                return_attn_probs=True)
+    assert keep is None and out.shape == q.shape and lse.shape == (2, 4, len_q)
+    ref_out, ref_lse = flash_attn_reference(q, k, v, causal, window, softcap, slopes)
+    assert_close_with_lse(out, lse, ref_out, ref_lse, dtype)
+
+
+def test_rows_without_keys_are_zero_with_lse_minus_inf():
+    """Bottom-right causal with Nq > Nk: the first Nq - Nk rows see nothing."""
+    q, k, v = random_bnhd(1, 10, 4, 2, 2, 32, torch.float32)
+    out, lse, _ = ipex_flash.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out[:, :6], torch.zeros_like(out[:, :6]))
+    assert torch.isneginf(lse[:, :, :6]).all() and torch.isfinite(lse[:, :, 6:]).all()
+
+
+@pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_reference(dtype, causal, window, softcap, alibi):
+    q, k, v = random_bnhd(2, 70, 90, 4, 2, 64, dtype)
+    slopes = torch.rand(4) * 0.3 if alibi else None
+    grad_out = torch.randn(q.shape, dtype=dtype)
+    a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
+    ipex_flash.flash_attn_func(a, b, c, causal=causal, window_size=window, softcap=softcap,
+                               alibi_slopes=slopes).backward(grad_out)
+    a64, b64, c64 = (t.double().requires_grad_() for t in (q, k, v))
+    flash_attn_reference(a64, b64, c64, causal, window, softcap, slopes)[0].backward(grad_out.double())
+    rtol, _ = OUTPUT_TOLERANCE[dtype]
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad), (c.grad, c64.grad)):
+        assert got.dtype == dtype
+        error = (got.double() - want).abs().max().item()
+        assert error <= rtol * max(1.0, want.abs().max().item()), error
+
+
+def pack(tensors_per_seq):
+    lengths = [t.shape[0] for t in tensors_per_seq]
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return torch.cat(tensors_per_seq), cu, max(lengths)
+
+
+@pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS[:2] + OPTIONS[-2:])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_matches_per_sequence_reference(dtype, causal, window, softcap, alibi):
+    """Packed batches with lengths 1, 0 and odd sizes give each sequence's own attention."""
+    lengths = [(5, 9), (1, 1), (0, 4), (130, 70), (17, 200), (3, 0)]
+    qs, ks, vs = zip(*[(torch.randn(nq, 4, 64, dtype=dtype), torch.randn(nk, 2, 64, dtype=dtype),
+                        torch.randn(nk, 2, 64, dtype=dtype)) for nq, nk in lengths])
+    q, cu_q, max_q = pack(qs)
+    k, cu_k, max_k = pack(ks)
+    v, _, _ = pack(vs)
+    slopes = torch.rand(len(lengths), 4) * 0.3 if alibi else None
+    out, lse = ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                 window_size=window, softcap=softcap,
+                                                 alibi_slopes=slopes, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    for i, (nq, nk) in enumerate(lengths):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        if nk == 0:  # no keys at all: zeros, LSE -inf
+            assert torch.equal(out[rows], torch.zeros_like(out[rows]))
+            assert torch.isneginf(lse[:, rows]).all()
+            continue
+        ref_out, ref_lse = flash_attn_reference(
+            qs[i][None], ks[i][None], vs[i][None], causal, window, softcap,
+            None if slopes is None else slopes[i])
+        assert_close_with_lse(out[rows][None], lse[:, rows][None], ref_out, ref_lse, dtype)
+
+
+def test_varlen_gradients_match_per_sequence():
+    lengths = [(5, 9), (1, 1), (40, 33), (70, 90)]
+    qs, ks, vs = zip(*[(torch.randn(nq, 4, 32), torch.randn(nk, 2, 32), torch.randn(nk, 2, 32))
+                       for nq, nk in lengths])
+    q, cu_q, max_q = pack(qs)
+    k, cu_k, max_k = pack(ks)
+    v, _, _ = pack(vs)
+    grad_out = torch.randn(q.shape)
+    a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
+    ipex_flash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, max_q, max_k, causal=True).backward(grad_out)
+    for i in range(len(lengths)):
+        rows_q = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rows_k = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        a64, b64, c64 = (t.double()[None].requires_grad_() for t in (qs[i], ks[i], vs[i]))
+        flash_attn_reference(a64, b64, c64, causal=True)[0].backward(grad_out[rows_q].double()[None])
+        for got, want in ((a.grad[rows_q], a64.grad[0]), (b.grad[rows_k], b64.grad[0]),
+                          (c.grad[rows_k], c64.grad[0])):
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_and_keep_mask():
+    p = 0.25
+    q, k, v = random_bnhd(2, 33, 45, 4, 2, 32, torch.float32)
+    out, lse, keep = ipex_flash.flash_attn_func(q, k, v, dropout_p=p, causal=True,
+                                                return_attn_probs=True)
+    assert keep.shape == (2, 4, 33, 45)
+    ref_out, _ = flash_attn_reference(q, k, v, causal=True, keep=keep, dropout_p=p)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(window_size=(-2, 0)), ValueError, r"window_size values must be >= -1"),
+    (dict(window_size=5), ValueError, r"window_size must be a pair"),
+    (dict(softcap=-1.0), ValueError, r"softcap must be a finite number >= 0"),
+    (dict(alibi_slopes=torch.rand(3)), ValueError, r"alibi_slopes must have shape \(4,\) or \(2, 4\)"),
+    (dict(alibi_slopes=torch.rand(4).double()), TypeError, r"alibi_slopes must be a float32"),
+    (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
+])
+def test_bad_options(kwargs, error, message):
+    q, k, v = random_bnhd(2, 8, 8, 4, 2, 32, torch.float32)
+    with pytest.raises(error, match=message):
+        ipex_flash.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_bad_layouts_and_cu_seqlens():
+    q, k, v = random_bnhd(2, 8, 8, 4, 2, 32, torch.float32)
+    with pytest.raises(ValueError, match=r"q must be 4-D \(batch, seq_len, heads, head_dim\)"):
+        ipex_flash.flash_attn_func(q[0], k, v)
+    packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"cu_seqlens_q must be an int32 tensor"):
+        ipex_flash.flash_attn_varlen_func(*packed, cu.long(), cu, 8, 8)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must start at 0, never decrease"):
+        ipex_flash.flash_attn_varlen_func(*packed, cu, torch.tensor([0, 9, 8], dtype=torch.int32), 8, 8)
+    with pytest.raises(ValueError, match=r"end at most at the packed length 16"):
+        ipex_flash.flash_attn_varlen_func(*packed, cu, torch.tensor([0, 8, 17], dtype=torch.int32), 8, 8)
+    with pytest.raises(ValueError, match=r"more than max_seqlen_q=4"):
+        ipex_flash.flash_attn_varlen_func(*packed, cu, cu, 4, 8)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k describes 1 sequences, cu_seqlens_q 2"):
+        ipex_flash.flash_attn_varlen_func(*packed, cu, torch.tensor([0, 16], dtype=torch.int32), 8, 16)
+
+
+def test_opcheck_and_compile():
+    q, k, v = (t.requires_grad_() for t in random_bnhd(1, 20, 30, 4, 2, 32, torch.float32))
+    args = (q, k, v, None, None, 0, 0, None, True, 8, -1, 2.0, torch.rand(4), 0.0, None)
+    torch.library.opcheck(torch.ops.ipex_flash.flash_attn_forward.default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b, c: ipex_flash.flash_attn_func(a, b, c, causal=True),
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), ipex_flash.flash_attn_func(q, k, v, causal=True))
