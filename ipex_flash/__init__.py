@@ -8,6 +8,7 @@ from ipex_flash._runtime import C as _C  # noqa: F401  (sets up SYCL before anyt
 from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
 from ipex_flash.attention import attention
 from ipex_flash.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ipex_flash.kvcache import flash_attn_with_kvcache
 
-__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 __version__ = "0.1.0"

@@ -125,6 +125,26 @@ struct BwdParams {
   AttentionCommon common;  // dropout: the forward's, so the same elements are dropped
 };
 
+// Decoding against a KV cache: a few query rows per sequence. One work-group per
+// (batch, K/V head, split of the keys) serves every query head of the GQA group, so each K/V
+// element is read once for all of them; each split writes a partial output and its LSE, and
+// flash_decode_merge_kernel combines the splits.
+struct DecodeParams {
+  const void* q;             // (B, Hq, Nq, D), input dtype
+  const void* k;             // cache (B, Hkv, capacity, D) or pages (P, Hkv, page_size, D)
+  const void* v;             // like k
+  float* partial_out;        // (B, Hq, Nq, splits, D) float32: each split's normalised output
+  float* partial_lse;        // (B, Hq, Nq, splits) float32: each split's LSE (-inf: no key)
+  void* out;                 // (B, Hq, Nq, D), input dtype (merge kernel)
+  float* lse;                // see LseStrides (merge kernel)
+  BhndStrides q_stride;
+  BhndStrides k_stride;      // paged: batch = elements between pages
+  BhndStrides v_stride;
+  BhndStrides out_stride;
+  AttentionCommon common;    // common.num_blocks = splits
+  int32_t split_keys;        // keys per split, a multiple of the key block
+};
+
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).
 struct DropoutMaskParams {
   uint8_t* keep;         // (B, Hq, Nq, Nk) contiguous: 1 kept, 0 dropped

@@ -6,6 +6,7 @@
 #include "host/device_queue.hpp"
 #include "host/dropout_launch.hpp"
 #include "host/flash_bwd_launch.hpp"
+#include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
 
@@ -86,6 +87,11 @@ PYBIND11_MODULE(_C, m) {
   // (and concurrent calls, which the kernel cache serialises safely) should not stall.
   m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
+  m.def("flash_decode", &flash_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "partial_out"_a,
+        "partial_lse"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_num_splits", &decode_num_splits, "batch"_a, "heads_kv"_a, "max_len_k"_a,
+        "queue"_a);
+  m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,

@@ -1,0 +1,215 @@
+"""flash-attn's flash_attn_with_kvcache on the ipex_flash kernels: attention of a few new
+query tokens against a KV cache, contiguous or paged, appending the new keys and values in
+place. Layout (batch, seq_len, heads, head_dim).
+
+Ops behind it (torch.library, with fake implementations):
+    ipex_flash::kvcache_append(k_cache!, v_cache!, k, v, cache_seqlens, block_table) -> ()
+    ipex_flash::kvcache_attention(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale,
+        causal, window_left, window_right, softcap, alibi_slopes) -> (out, softmax_lse)
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ipex_flash import ops
+from ipex_flash._runtime import C
+from ipex_flash._validation import (
+    check_alibi, check_attention_inputs, check_softcap, check_window)
+from ipex_flash._validation import softmax_scale as resolve_scale
+
+Tensor = torch.Tensor
+_FN = "ipex_flash.flash_attn_with_kvcache"
+MIN_PAGE_SIZE, MAX_PAGE_SIZE = 16, 256
+
+
+def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
+    """Keys a sequence can hold: the cache's length, or its pages times the page size."""
+    return k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+
+
+def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> None:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{_FN}: {name} must be 4-D (batch or pages, seq_len, heads, "
+                             f"head_dim), got {shape}")
+    batch = q.shape[0]
+    if block_table is None:
+        if k_cache.shape[0] < batch:
+            raise ValueError(f"{_FN}: k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
+        k_view, v_view = k_cache[:batch], v_cache[:batch]
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError(f"{_FN}: block_table must be an int32 tensor")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"{_FN}: block_table must have shape ({batch}, max_blocks), got "
+                             f"{tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"{_FN}: block_table is on {block_table.device}, q on {q.device}")
+        page_size = k_cache.shape[1]
+        if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a power of two in "
+                             f"[{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}], got {page_size}")
+        if block_table.device.type != "meta" and block_table.numel() and (
+                int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
+            raise ValueError(f"{_FN}: block_table entries must be page indices in "
+                             f"[0, {k_cache.shape[0]})")
+        k_view, v_view = k_cache[:1].expand(batch, -1, -1, -1), v_cache[:1].expand(batch, -1, -1, -1)
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"{_FN}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+    check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None)
+
+
+def _check_seqlens(seqlens: Tensor, batch: int, device: torch.device, name: str) -> None:
+    if not isinstance(seqlens, torch.Tensor) or seqlens.dtype != torch.int32:
+        raise TypeError(f"{_FN}: {name} must be an int or an int32 tensor")
+    if tuple(seqlens.shape) != (batch,):
+        raise ValueError(f"{_FN}: {name} must have shape ({batch},), got {tuple(seqlens.shape)}")
+    if seqlens.device != device:
+        raise ValueError(f"{_FN}: {name} is on {seqlens.device}, q on {device}")
+
+
+def _check_fits(seqlens: Tensor, new: int, capacity: int) -> None:
+    if seqlens.device.type != "meta" and seqlens.numel():
+        if int(seqlens.min()) < 0:
+            raise ValueError(f"{_FN}: cache_seqlens must be >= 0, got {seqlens.tolist()}")
+        if int(seqlens.max()) + new > capacity:
+            raise ValueError(f"{_FN}: cache_seqlens + new tokens ({int(seqlens.max())} + {new}) "
+                             f"exceeds the cache capacity {capacity}")
+
+
+@torch.library.custom_op("ipex_flash::kvcache_append", mutates_args=("k_cache", "v_cache"),
+                         device_types=("cpu", "xpu"))
+def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
+                   cache_seqlens: Tensor, block_table: Optional[Tensor]) -> None:
+    """Writes k, v (B, Nnew, Hkv, D) into the caches at positions cache_seqlens[b] + i, and
+    nowhere else."""
+    batch, new = k.shape[:2]
+    positions = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # (B, Nnew)
+    if block_table is None:
+        rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+    else:
+        page_size = k_cache.shape[1]
+        pages = torch.gather(block_table.long(), 1, positions // page_size)
+        k_cache[pages, positions % page_size] = k
+        v_cache[pages, positions % page_size] = v
+
+
+@kvcache_append.register_fake
+def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table):
+    return None
+
+
+def _outputs(q: Tensor) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(ops.with_contiguous_last_dim(q))
+    return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
+                            device=q.device)
+
+
+@torch.library.custom_op("ipex_flash::kvcache_attention", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor,
+                      block_table: Optional[Tensor], softmax_scale: Optional[float],
+                      causal: bool, window_left: int, window_right: int, softcap: float,
+                      alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    _check_cache(q, k_cache, v_cache, block_table)
+    q = ops.with_contiguous_last_dim(q)
+    out, lse = _outputs(q)
+    batch, len_q, heads_q, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    max_len_k = int(seqlens_k.max()) if batch else 0
+    options = C.AttentionOptions()
+    options.scale = resolve_scale(softmax_scale, head_dim)
+    options.mask = C.MaskParams(window_left=window_left, window_right=0 if causal else window_right,
+                                bottom_right=True)
+    options.softcap = softcap
+    if alibi_slopes is not None:
+        options.alibi_slopes = ops.view(alibi_slopes.contiguous())
+    options.seqlens_k = ops.view(seqlens_k)
+    options.max_seqlen_k = max_len_k
+    if block_table is not None:
+        options.block_table = ops.view(block_table)
+        options.page_size = k_cache.shape[1]
+    # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
+    q_v, out_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, out, k_cache, v_cache))
+    queue = ops.queue_handle(q.device)
+    if (heads_q // heads_kv) * len_q <= C.MAX_DECODE_ROWS:
+        splits = C.decode_num_splits(batch, heads_kv, max_len_k, queue)
+        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
+                                  device=q.device)
+        partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
+                                  device=q.device)
+        C.flash_decode(q_v, k_v, v_v, out_v, ops.view(lse), ops.view(partial_out),
+                       ops.view(partial_lse), options, queue)
+    else:  # many new tokens (chunked prefill): the general kernel reads the cache too
+        C.flash_fwd(q_v, k_v, v_v, out_v, ops.view(lse), options, queue)
+    return out, lse
+
+
+@kvcache_attention.register_fake
+def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
+                            window_left, window_right, softcap, alibi_slopes):
+    _check_cache(q, k_cache, v_cache, block_table)
+    return _outputs(q)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
+                            cache_seqlens: Union[int, Tensor, None] = None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            alibi_slopes=None, return_softmax_lse=False):
+    """Attention of new query tokens against a KV cache, with flash-attn's semantics.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim): the new tokens' queries.
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
+            a paged cache (num_blocks, page_size, nheads_k, headdim), page_size a power of two
+            in [16, 256]. Modified in place when k and v are given.
+        k, v: optional (batch, seqlen_new, nheads_k, headdim): appended to the cache at
+            positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
+        cache_seqlens: int or (batch,) int32: keys already in each sequence's cache (default:
+            the whole cache).
+        block_table: optional (batch, max_blocks_per_seq) int32: the pages of each sequence.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; masks
+            are aligned to the bottom-right, i.e. new token i sits at position
+            cache_seqlens[b] + i.
+        return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
+
+    Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
+    kernel; more run the general kernel over the cache.
+    """
+    _check_cache(q, k_cache, v_cache, block_table)
+    left, right = check_window(_FN, window_size)
+    check_softcap(_FN, softcap)
+    check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
+    capacity = _capacity(k_cache, block_table)
+    if cache_seqlens is None:
+        cache_seqlens = capacity if k is None else 0
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    _check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
+    seqlens_k = cache_seqlens
+    if (k is None) != (v is None):
+        raise ValueError(f"{_FN}: k and v must be given together")
+    if k is not None:
+        expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, k_cache.shape[2], k_cache.shape[3])
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != expected:
+                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_k, "
+                                 f"headdim) = {expected}, got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else t}")
+            if t.dtype != k_cache.dtype:
+                raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's ({k_cache.dtype})")
+        _check_fits(cache_seqlens, k.shape[1], capacity)
+        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        seqlens_k = cache_seqlens + k.shape[1]
+    else:
+        _check_fits(cache_seqlens, 0, capacity)
+    out, lse = torch.ops.ipex_flash.kvcache_attention(
+        q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
+        float(softcap), alibi_slopes)
+    return (out, lse) if return_softmax_lse else out

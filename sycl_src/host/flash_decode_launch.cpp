@@ -1,0 +1,88 @@
+#include "host/flash_decode_launch.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "host/device_queue.hpp"
+#include "host/kernel_cache.hpp"
+#include "host/launch.hpp"
+#include "host/variants.hpp"
+
+namespace ipex_flash {
+namespace {
+
+constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge than it saves
+constexpr int kMergeGroup = 64;
+
+int rows_bucket(int rows) {
+  int bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  return bucket;
+}
+
+}  // namespace
+
+int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle) {
+  const sycl::device device = queue_from_handle(queue_handle).get_device();
+  const int64_t target_groups =
+      4 * static_cast<int64_t>(device.get_info<sycl::info::device::max_compute_units>());
+  const int64_t groups = std::max<int64_t>(1, static_cast<int64_t>(batch) * heads_kv);
+  const int64_t wanted = (target_groups + groups - 1) / groups;
+  const int64_t most = std::max<int64_t>(1, ceil_div(max_len_k, kMinKeysPerSplit));
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
+}
+
+void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, const TensorView& lse, const TensorView& partial_out,
+                  const TensorView& partial_lse, const AttentionOptions& options,
+                  std::uintptr_t queue_handle) {
+  DecodeParams params{};
+  params.common = make_common(q, k, lse, options);
+  AttentionCommon& c = params.common;
+  const int rows = c.dims.heads_per_kv * c.dims.len_q;
+  if (rows > kMaxDecodeRows)
+    throw std::invalid_argument("ipex_flash: flash_decode serves at most 16 query rows per K/V head");
+  if (c.dims.batch == 0 || rows == 0) return;
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  const int group_rows = rows_bucket(rows);
+  KernelVariant variant = choose_variant(
+      q.dtype, c.dims.head_dim, queue.get_device(), [group_rows](int head_dim, int, int block_n) {
+        const size_t d = head_dim, n = block_n, r = group_rows;
+        // Q and the accumulator (r, d), K and V (kv, d), P (r, kv), rescale (r).
+        return sizeof(float) * (2 * r * d + 2 * n * d + r * n + r);
+      });
+  variant.block_m = group_rows;
+  variant.features = features_of(options);
+  params.q = reinterpret_cast<const void*>(q.data);
+  params.k = reinterpret_cast<const void*>(k.data);
+  params.v = reinterpret_cast<const void*>(v.data);
+  params.out = reinterpret_cast<void*>(out.data);
+  params.lse = reinterpret_cast<float*>(lse.data);
+  params.partial_out = reinterpret_cast<float*>(partial_out.data);
+  params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
+  params.q_stride = bhnd_strides(q, "q");
+  params.k_stride = bhnd_strides(k, "k_cache");
+  params.v_stride = bhnd_strides(v, "v_cache");
+  params.out_stride = bhnd_strides(out, "out");
+  c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
+  params.split_keys = static_cast<int32_t>(
+      ceil_div(ceil_div(std::max(c.dims.len_k, 1), c.num_blocks), variant.block_n) *
+      variant.block_n);
+
+  const std::vector<sycl::kernel> kernels = get_kernels(
+      queue, "flash_decode.hpp",
+      {variant.instantiate("ipex_flash::flash_decode_kernel"),
+       "ipex_flash::flash_decode_merge_kernel<" + device_type_name(q.dtype) + ">"});
+  const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  submit_kernel(queue, kernels[0], params,
+                block_range(c.dims.batch * heads_kv, c.num_blocks, variant.block_n),
+                "flash_decode");
+  const int64_t query_rows = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;
+  sycl::event done = submit_kernel(queue, kernels[1], params,
+                                   block_range(1, ceil_div(query_rows, kMergeGroup), kMergeGroup),
+                                   "flash_decode_merge");
+  finish_launch(queue, queue_handle, done, "flash_decode");
+}
+
+}  // namespace ipex_flash

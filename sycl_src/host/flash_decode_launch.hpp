@@ -1,0 +1,27 @@
+// Host side of the decoding kernels (sycl_src/device/flash_decode.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "host/attention_common.hpp"
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+
+// Query rows one decode work-group serves at most (GQA group size x new tokens); beyond it
+// the general forward kernel (which also reads paged caches) is used.
+constexpr int kMaxDecodeRows = 16;
+
+// How many splits of the keys to run for this problem, so that batch x K/V heads x splits
+// work-groups fill the device while each split keeps a few key blocks.
+int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle);
+
+// out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
+// partial_out (B, Hq, Nq, splits, D) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
+// their splits dimension sets the number of splits.
+void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, const TensorView& lse, const TensorView& partial_out,
+                  const TensorView& partial_lse, const AttentionOptions& options,
+                  std::uintptr_t queue_handle);
+
+}  // namespace ipex_flash
