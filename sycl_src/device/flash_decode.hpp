@@ -115,7 +115,7 @@ void flash_decode_kernel(DecodeParams p) {
       const int64_t token = r < rows ? r % len_q : 0;
       if constexpr (FEATURES != 0) {
         float one[1] = {score[r]}, unused[1];
-        row_mod[r].apply<FEATURES>(one, unused, [&](int) {
+        row_mod[r].template apply<FEATURES>(one, unused, [&](int) {
           return std::pair<int64_t, int64_t>(token, key);
         });
         score[r] = one[0];

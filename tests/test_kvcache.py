@@ -1,0 +1,167 @@
+"""flash_attn_with_kvcache: decoding against contiguous and paged caches, in-place appends,
+every option, against the flash-attn-semantics float64 reference."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.reference import flash_attn_reference
+
+from conftest import DTYPES, OUTPUT_TOLERANCE, LSE_TOLERANCE
+
+
+def make_cache(batch, capacity, heads_kv, head_dim, dtype):
+    return (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype),
+            torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype))
+
+
+def to_paged(k_cache, v_cache, page_size):
+    """The same cache as pages in a shuffled pool, plus spare pages, and its block table."""
+    batch, capacity, heads, dim = k_cache.shape
+    per_seq = capacity // page_size
+    pool = batch * per_seq + 3
+    order = torch.randperm(pool)[: batch * per_seq].reshape(batch, per_seq).to(torch.int32)
+    k_pages = torch.randn(pool, page_size, heads, dim, dtype=k_cache.dtype)
+    v_pages = torch.randn(pool, page_size, heads, dim, dtype=v_cache.dtype)
+    for b in range(batch):
+        for p in range(per_seq):
+            k_pages[order[b, p]] = k_cache[b, p * page_size:(p + 1) * page_size]
+            v_pages[order[b, p]] = v_cache[b, p * page_size:(p + 1) * page_size]
+    return k_pages, v_pages, order
+
+
+def check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype, **options):
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, length in enumerate(lengths):
+        ref_out, ref_lse = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :length],
+                                                v_cache[b:b + 1, :length], **options)
+        torch.testing.assert_close(out[b:b + 1].double(), ref_out, rtol=rtol, atol=atol)
+        finite = ~torch.isneginf(ref_lse)
+        assert torch.equal(torch.isneginf(lse[b:b + 1]), ~finite)
+        torch.testing.assert_close(lse[b:b + 1].double()[finite], ref_lse[finite],
+                                   rtol=LSE_TOLERANCE[0], atol=LSE_TOLERANCE[1])
+
+
+@pytest.mark.parametrize("lengths", [[1, 1], [1, 64, 65], [300, 7, 2049], [4000]])
+@pytest.mark.parametrize("heads_q,heads_kv", [(4, 4), (8, 2), (16, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_one_token(dtype, heads_q, heads_kv, lengths):
+    batch, head_dim = len(lengths), 64
+    k_cache, v_cache = make_cache(batch, max(lengths) + 5, heads_kv, head_dim, dtype)
+    q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    out, lse = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                  return_softmax_lse=True)
+    check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype)
+
+
+# (causal, window, softcap, alibi)
+OPTIONS = [(True, (-1, -1), 0.0, False), (False, (50, 0), 0.0, False),
+           (True, (-1, -1), 5.0, False), (True, (-1, -1), 0.0, True), (True, (100, -1), 3.0, True)]
+
+
+@pytest.mark.parametrize("new_tokens", [1, 3, 20])
+@pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS)
+def test_append_then_attend(causal, window, softcap, alibi, new_tokens):
+    """New tokens go to slots cache_seqlens[b] ..; nothing else in the cache changes; 20 new
+    tokens with a GQA group of 4 take the general kernel, 1 and 3 the decode kernel."""
+    batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 64, 400
+    k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.float32)
+    before = (k_cache.clone(), v_cache.clone())
+    q = torch.randn(batch, new_tokens, heads_q, head_dim)
+    k_new = torch.randn(batch, new_tokens, heads_kv, head_dim)
+    v_new = torch.randn(batch, new_tokens, heads_kv, head_dim)
+    seqlens = torch.tensor([0, 17, 350], dtype=torch.int32)
+    slopes = torch.rand(batch, heads_q) * 0.2 if alibi else None
+    out, lse = ipex_flash.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, causal=causal,
+        window_size=window, softcap=softcap, alibi_slopes=slopes, return_softmax_lse=True)
+    for b, start in enumerate(seqlens.tolist()):
+        written = slice(start, start + new_tokens)
+        assert torch.equal(k_cache[b, written], k_new[b]) and torch.equal(v_cache[b, written], v_new[b])
+        untouched = torch.ones(capacity, dtype=torch.bool)
+        untouched[written] = False
+        assert torch.equal(k_cache[b, untouched], before[0][b, untouched])
+        assert torch.equal(v_cache[b, untouched], before[1][b, untouched])
+    for b, start in enumerate(seqlens.tolist()):
+        check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1],
+                                v_cache[b:b + 1], [start + new_tokens], torch.float32,
+                                causal=causal, window_size=window, softcap=softcap,
+                                alibi_slopes=None if slopes is None else slopes[b])
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("new_tokens", [1, 2, 33])
+def test_paged_cache_matches_contiguous(page_size, new_tokens):
+    batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 64, 512
+    k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.bfloat16)
+    k_pages, v_pages, table = to_paged(k_cache, v_cache, page_size)
+    q = torch.randn(batch, new_tokens, heads_q, head_dim, dtype=torch.bfloat16)
+    k_new = torch.randn(batch, new_tokens, heads_kv, head_dim, dtype=torch.bfloat16)
+    v_new = torch.randn(batch, new_tokens, heads_kv, head_dim, dtype=torch.bfloat16)
+    seqlens = torch.tensor([5, 255, 400], dtype=torch.int32)
+    contiguous = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                    cache_seqlens=seqlens, causal=True)
+    paged = ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new,
+                                               cache_seqlens=seqlens, block_table=table,
+                                               causal=True)
+    assert torch.equal(paged, contiguous)
+    for b, start in enumerate(seqlens.tolist()):  # appends landed in the right page slots
+        for i in range(new_tokens):
+            position = start + i
+            page = table[b, position // page_size]
+            assert torch.equal(k_pages[page, position % page_size], k_new[b, i])
+
+
+def test_cache_seqlens_as_int_and_default():
+    k_cache, v_cache = make_cache(2, 100, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    as_int = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=60)
+    as_tensor = ipex_flash.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor([60, 60], dtype=torch.int32))
+    assert torch.equal(as_int, as_tensor)
+    full = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache)
+    ref, _ = flash_attn_reference(q, k_cache, v_cache)
+    torch.testing.assert_close(full.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build,error,message", [
+    (lambda c: dict(cache_seqlens=torch.tensor([98, 0], dtype=torch.int32), k=torch.randn(2, 3, 2, 32),
+                    v=torch.randn(2, 3, 2, 32)), ValueError, r"exceeds the cache capacity 100"),
+    (lambda c: dict(cache_seqlens=torch.tensor([1, 2])), TypeError, r"cache_seqlens must be an int or an int32"),
+    (lambda c: dict(cache_seqlens=torch.tensor([1], dtype=torch.int32)), ValueError, r"cache_seqlens must have shape \(2,\)"),
+    (lambda c: dict(k=torch.randn(2, 3, 2, 32)), ValueError, r"k and v must be given together"),
+    (lambda c: dict(k=torch.randn(2, 3, 2, 16), v=torch.randn(2, 3, 2, 16)), ValueError, r"k must have shape"),
+    (lambda c: dict(k=torch.randn(2, 3, 2, 32).half(), v=torch.randn(2, 3, 2, 32).half()), TypeError, r"k.dtype"),
+    (lambda c: dict(window_size=(-3, 0)), ValueError, r"window_size values must be >= -1"),
+])
+def test_bad_arguments(build, error, message):
+    k_cache, v_cache = make_cache(2, 100, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    with pytest.raises(error, match=message):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, **build(None))
+
+
+def test_bad_paging():
+    q = torch.randn(2, 1, 4, 32)
+    pages = torch.randn(8, 24, 2, 32)
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"page size \(k_cache.shape\[1\]\) must be a power of two in \[16, 256\], got 24"):
+        ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table)
+    pages = torch.randn(8, 16, 2, 32)
+    with pytest.raises(ValueError, match=r"block_table entries must be page indices in \[0, 8\)"):
+        ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table + 8)
+    with pytest.raises(TypeError, match=r"block_table must be an int32 tensor"):
+        ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table.long())
+    with pytest.raises(ValueError, match=r"block_table must have shape \(2, max_blocks\)"):
+        ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table[:1])
+
+
+def test_opcheck():
+    k_cache, v_cache = make_cache(2, 100, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    seqlens = torch.tensor([30, 99], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.ipex_flash.kvcache_attention.default,
+                          (q, k_cache, v_cache, seqlens, None, None, True, -1, -1, 0.0, None))
+    torch.library.opcheck(torch.ops.ipex_flash.kvcache_append.default,
+                          (k_cache, v_cache, torch.randn(2, 1, 2, 32), torch.randn(2, 1, 2, 32),
+                           seqlens, None))
