@@ -4,7 +4,8 @@ in the same run (these machines are shared and noisy, so only same-run ratios me
     python scripts/benchmark.py                          # forward, the full grid, N 512..8192
     python scripts/benchmark.py --passes backward fwd+bwd --seq-lens 1024 2048
     python scripts/benchmark.py --quick                  # N 512..2048, D 64
-Prints a table and writes benchmarks/results.json.
+    python scripts/benchmark.py --decode                 # KV-cache decoding bandwidth
+Prints a table and writes benchmarks/results.json (--output to change).
 FLOPs: forward 4 * B * H * Nq * Nk * D (two matmuls), halved when causal; backward 2.5x the
 forward (five matmuls), forward+backward 3.5x.
 """
@@ -113,6 +114,56 @@ def measure(args, implementations, kind, dtype_name, head_dim, seq_len, causal):
     return row
 
 
+def copy_bandwidth(megabytes=512, repeats=5):
+    """Bytes read plus bytes written per second by a large tensor copy: the machine's memory
+    bandwidth as this run sees it."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    seconds = best_seconds(lambda: dst.copy_(src), repeats, budget_s=10.0)
+    return 2 * src.numel() * 4 / seconds
+
+
+def run_decode(args):
+    """One new token per sequence against a KV cache: bytes of K and V read per second."""
+    heads_q, heads_kv, head_dim = 32, 8, 128
+    copy_bw = copy_bandwidth()
+    print(f"copy bandwidth (read + write): {copy_bw / 1e9:.1f} GB/s")
+    header = (f"{'dtype':>8} {'batch':>5} {'cache':>6} | {'ipex_flash GB/s':>15} | "
+              f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = DTYPES[dtype_name]
+        for batch in args.decode_batches:
+            for length in args.decode_lengths:
+                torch.manual_seed(0)
+                k_cache = torch.randn(batch, length, heads_kv, head_dim, dtype=dtype)
+                v_cache = torch.randn(batch, length, heads_kv, head_dim, dtype=dtype)
+                q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+                kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
+                ours = best_seconds(
+                    lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                               cache_seqlens=length),
+                    args.repeats, args.budget)
+                q_s, k_s, v_s = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+                sdpa = best_seconds(
+                    lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
+                    args.repeats, args.budget)
+                row = dict(kind="decode", dtype=dtype_name, batch=batch, cache_len=length,
+                           heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                           ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
+                           ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
+                           copy_gbps=copy_bw / 1e9)
+                row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
+                row["ratio_to_sdpa"] = sdpa / ours
+                rows.append(row)
+                print(f"{dtype_name:>8} {batch:>5} {length:>6} | {row['ipex_flash_gbps']:15.1f} | "
+                      f"{row['sdpa_gbps']:10.1f} | {row['ratio_to_copy']:9.2f} | "
+                      f"{row['ratio_to_sdpa']:9.2f}", flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,11 +177,16 @@ def main():
     parser.add_argument("--budget", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--naive-max-len", type=int, default=8192)
     parser.add_argument("--quick", action="store_true", help="N 512..2048, D 64 only")
+    parser.add_argument("--decode", action="store_true",
+                        help="KV-cache decoding: 1 token, GQA 32/8, D 128 (bandwidth)")
+    parser.add_argument("--decode-batches", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--decode-lengths", nargs="+", type=int,
+                        default=[1024, 4096, 16384, 32768])
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results.json")
     args = parser.parse_args()
     if args.quick:
         args.seq_lens, args.head_dims = [512, 1024, 2048], [64]
-    rows = run(args)
+    rows = run_decode(args) if args.decode else run(args)
     device = C.device_info()
     result = dict(
         machine=dict(cpu=platform.processor() or platform.machine(), device=device["name"],
@@ -138,6 +194,7 @@ def main():
                      torch_threads=torch.get_num_threads()),
         command="python scripts/benchmark.py " + " ".join(sys.argv[1:]),
         flop_formula="4*B*H*N*N*D x (1 forward, 2.5 backward, 3.5 fwd+bwd), x0.5 causal",
+        decode_bandwidth="bytes of K and V read / time; copy: (bytes read + written) / time",
         rows=rows,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)

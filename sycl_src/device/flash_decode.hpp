@@ -1,15 +1,16 @@
 // Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
 // cache. Memory-bound, so it is organised around reading each K/V element once:
-//   one work-group per (batch, K/V head, split of the keys), serving all ROWS query rows of
-//   the GQA group (heads_per_kv heads x Nq new tokens); the keys are split across work-groups
-//   so that a few long sequences still fill the device;
-//   per K/V block: scores with one work-item per key (K transposed in SLM, query rows
-//   broadcast), the online softmax with one work-item per row, then P.V with one work-item
-//   per head-dim column: a reduction over keys on the vector units, not a matrix product;
+//   one work-group per (batch, K/V head, split of the keys) serves all query rows of the GQA
+//   group (heads_per_kv heads x Nq new tokens, at most DECODE_ROWS), so each K/V element is
+//   read once for every head that shares it; the keys are split across work-groups so that a
+//   few long sequences still fill the device;
+//   work-item r owns query row r, as in the forward kernel: K/V blocks are copied into SLM
+//   with contiguous vector loads and read back as broadcasts, scores and P.V run as
+//   reductions over keys on the vector units, and no data crosses lanes;
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
 //   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
 // Dimension legend: r = query rows of the group (ROWS), kv = keys of the block (BLOCK_N),
-// d = head dim (HEAD_DIM).
+// c = keys of a register chunk, d = head dim (HEAD_DIM).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -23,27 +24,26 @@
 #include "score_mod.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
+#include "tile_math.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
+constexpr int DECODE_KEY_CHUNK = 16;  // scores per work-item held in registers at once
+
 template <typename T, int HEAD_DIM, int ROWS, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_decode_kernel(DecodeParams p) {
-  static_assert(ROWS <= BLOCK_N, "one work-item per row runs the softmax");
-  static syclexp::work_group_static<float[ROWS][HEAD_DIM]> q_slm;    // (r, d) * q_prescale
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;  // (d, kv)
+  static_assert(BLOCK_N % DECODE_KEY_CHUNK == 0, "tile shape");
+  static syclexp::work_group_static<float[HEAD_DIM][ROWS]> q_slm;     // (d, r) * q_prescale
+  static syclexp::work_group_static<float[HEAD_DIM][ROWS]> acc_slm;   // (d, r) unnormalised O
+  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;  // (kv, d)
   static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> v_slm;  // (kv, d)
-  static syclexp::work_group_static<float[ROWS][BLOCK_N]> p_slm;      // (r, kv) scores, then P
-  static syclexp::work_group_static<float[ROWS][HEAD_DIM]> acc_slm;   // (r, d) unnormalised O
-  static syclexp::work_group_static<float[ROWS]> rescale_slm;         // (r) this block's rescale
-  float(&q_tile)[ROWS][HEAD_DIM] = q_slm;
-  float(&k_t)[HEAD_DIM][BLOCK_N] = k_slm;
+  float(&q_t)[HEAD_DIM][ROWS] = q_slm;
+  float(&acc_t)[HEAD_DIM][ROWS] = acc_slm;
+  float(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
   float(&v_tile)[BLOCK_N][HEAD_DIM] = v_slm;
-  float(&probs)[ROWS][BLOCK_N] = p_slm;
-  float(&acc)[ROWS][HEAD_DIM] = acc_slm;
-  float(&rescale)[ROWS] = rescale_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -55,7 +55,10 @@ void flash_decode_kernel(DecodeParams p) {
   const int b = coord.batch, h_kv = coord.head, split = coord.block;
   const SeqInfo seq = seq_info(c, b);
   const int len_q = seq.len_q;
-  const int rows = c.dims.heads_per_kv * len_q;  // row r: head h_kv * group + r / Nq, token r % Nq
+  // Row r of the group: query head h_kv * heads_per_kv + r / Nq, new token r % Nq.
+  const bool valid_row = lid < c.dims.heads_per_kv * len_q;
+  const int h = h_kv * c.dims.heads_per_kv + (valid_row ? lid / len_q : 0);
+  const int64_t token = valid_row ? lid % len_q : 0;
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
   // This split's keys, cut to what any of the rows can see.
@@ -65,6 +68,7 @@ void flash_decode_kernel(DecodeParams p) {
 
   const int32_t* pages =
       c.seq.block_table != nullptr ? c.seq.block_table + b * c.seq.block_table_stride : nullptr;
+  // Paged caches: k_stride.batch is the stride between pages, and there is no batch offset.
   const int64_t k_batch = pages != nullptr ? 0 : b * p.k_stride.batch;
   const int64_t v_batch = pages != nullptr ? 0 : b * p.v_stride.batch;
   const KvRows<T> k{static_cast<const T*>(p.k) + k_batch + h_kv * p.k_stride.head,
@@ -72,95 +76,42 @@ void flash_decode_kernel(DecodeParams p) {
   const KvRows<T> v{static_cast<const T*>(p.v) + v_batch + h_kv * p.v_stride.head,
                     p.v_stride.row, pages, p.v_stride.batch, c.seq.page_size};
 
-  for (int i = lid; i < ROWS * HEAD_DIM; i += BLOCK_N) {
-    const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-    float value = 0.f;
-    if (r < rows && d < c.dims.head_dim) {
-      const int h = h_kv * c.dims.heads_per_kv + r / len_q;
-      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
-                   (seq.q_row0 + r % len_q) * p.q_stride.row;
-      value = c.q_prescale * to_float(q[d]);
-    }
-    q_tile[r][d] = value;
-    acc[r][d] = 0.f;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
+               (seq.q_row0 + token) * p.q_stride.row;
+  for (int d = 0; d < HEAD_DIM; ++d) {  // own column only: no barrier
+    q_t[d][lid] = valid_row && d < c.dims.head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
+    acc_t[d][lid] = 0.f;
   }
-  ScoreMod row_mod[ROWS];  // per row: rows of one work-group belong to different heads
-  if constexpr (FEATURES != 0) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-      row_mod[r] = ScoreMod::of(c, seq, b, h_kv * c.dims.heads_per_kv + (r < rows ? r / len_q : 0));
-  }
-  OnlineSoftmaxRow softmax;  // of row lid, kept by work-items lid < ROWS
+  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);  // per row: rows span heads
+  OnlineSoftmaxRow softmax;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const int kv_rows = static_cast<int>(std::min<int64_t>(BLOCK_N, seq.len_k - kv_begin));
-    sycl::group_barrier(group);
-    load_tile_transposed<BLOCK_N, HEAD_DIM>(k_t, k, kv_begin, kv_rows, c.dims.head_dim, 1.f, lid,
-                                            BLOCK_N);
-    load_tile<BLOCK_N, HEAD_DIM>(v_tile, v, kv_begin, kv_rows, c.dims.head_dim, lid, BLOCK_N);
-    sycl::group_barrier(group);
-
-    // Scores: work-item = key.
-    const int64_t key = kv_begin + lid;
-    float score[ROWS];  // (r)
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) score[r] = 0.f;
-    for (int d = 0; d < HEAD_DIM; ++d) {
-      const float k_d = k_t[d][lid];
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) score[r] += q_tile[r][d] * k_d;
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t token = r < rows ? r % len_q : 0;
+    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid, ROWS);
+    for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += DECODE_KEY_CHUNK) {
+      float scores[DECODE_KEY_CHUNK];  // (c) for this work-item's row
+      dot_rows(scores, q_t, lid, k_tile, c0);
       if constexpr (FEATURES != 0) {
-        float one[1] = {score[r]}, unused[1];
-        row_mod[r].template apply<FEATURES>(one, unused, [&](int) {
-          return std::pair<int64_t, int64_t>(token, key);
+        float unused_grad[DECODE_KEY_CHUNK];
+        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
+          return std::pair<int64_t, int64_t>(token, kv_begin + c0 + j);
         });
-        score[r] = one[0];
-      }
-      const bool visible = r < rows && key < kv_end && mask.visible(token, key);
-      probs[r][lid] = visible ? score[r] : NEG_INF;
-    }
-    sycl::group_barrier(group);
-
-    // Online softmax: work-item = row.
-    if (lid < ROWS) {
-      float(&row_scores)[BLOCK_N] = probs[lid];
-      rescale[lid] = softmax.update(row_scores);
-    }
-    sycl::group_barrier(group);
-
-    // P.V: work-item = head-dim column; each V element read once for every row.
-    for (int d = lid; d < HEAD_DIM; d += BLOCK_N) {
-      float sum[ROWS];  // (r)
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) sum[r] = acc[r][d] * rescale[r];
-      for (int j = 0; j < BLOCK_N; ++j) {
-        const float v_jd = v_tile[j][d];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) sum[r] += probs[r][j] * v_jd;
       }
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) acc[r][d] = sum[r];
+      for (int j = 0; j < DECODE_KEY_CHUNK; ++j) {  // the mask, the split's end, padding rows
+        const int64_t key = kv_begin + c0 + j;
+        if (!valid_row || key >= kv_end || !mask.visible(token, key)) scores[j] = NEG_INF;
+      }
+      const float rescale = softmax.update(scores);
+      accumulate_rows(acc_t, lid, scores, v_tile, c0, rescale);
     }
   }
 
-  sycl::group_barrier(group);
-  if (lid < ROWS) {
-    // Row statistics live with work-item `lid`; publish them for the writers below.
-    rescale[lid] = softmax.inverse_sum();
-    probs[lid][0] = softmax.log_sum_exp();
-  }
-  sycl::group_barrier(group);
-  for (int i = lid; i < ROWS * HEAD_DIM; i += BLOCK_N) {
-    const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-    if (r >= rows || d >= c.dims.head_dim) continue;
-    const int64_t h = h_kv * c.dims.heads_per_kv + r / len_q;
-    const int64_t row = ((static_cast<int64_t>(b) * c.dims.heads_q + h) * c.dims.len_q + r % len_q);
-    p.partial_out[(row * c.num_blocks + split) * c.dims.head_dim + d] = acc[r][d] * rescale[r];
-    if (d == 0) p.partial_lse[row * c.num_blocks + split] = probs[r][0];
+  if (valid_row) {
+    const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + h) * c.dims.len_q + token;
+    const float inv_sum = softmax.inverse_sum();
+    float* partial = p.partial_out + (row * c.num_blocks + split) * c.dims.head_dim;
+    for (int d = 0; d < c.dims.head_dim; ++d) partial[d] = acc_t[d][lid] * inv_sum;
+    p.partial_lse[row * c.num_blocks + split] = softmax.log_sum_exp();
   }
 }
 

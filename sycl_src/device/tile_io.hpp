@@ -29,11 +29,20 @@ struct KvRows {
 };
 
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
-// and head-dim columns contribute nothing to the products that read the tile.
+// and head-dim columns contribute nothing to the products that read the tile. Consecutive
+// work-items take consecutive columns of a row, so a group of lanes moves one contiguous
+// vector (a flat index would make the compiler gather and scatter: r and c would not be
+// linear in the lane).
 template <int ROWS, int COLS, typename T>
 inline void load_tile(float (&dst)[ROWS][COLS], const T* src, int64_t row_stride, int rows,
                       int cols, int lid, int group_size) {
-  for (int i = lid; i < ROWS * COLS; i += group_size) {
+  if (COLS >= group_size) {
+    for (int r = 0; r < ROWS; ++r)
+      for (int c = lid; c < COLS; c += group_size)
+        dst[r][c] = (r < rows && c < cols) ? to_float(src[r * row_stride + c]) : 0.f;
+    return;
+  }
+  for (int i = lid; i < ROWS * COLS; i += group_size) {  // rows shorter than the group
     const int r = i / COLS, c = i % COLS;
     dst[r][c] = (r < rows && c < cols) ? to_float(src[r * row_stride + c]) : 0.f;
   }
@@ -47,9 +56,10 @@ inline void load_tile(float (&dst)[ROWS][COLS], const KvRows<T>& src, int64_t ro
     load_tile<ROWS, COLS>(dst, src.row(row0), src.row_stride, rows, cols, lid, group_size);
     return;
   }
-  for (int i = lid; i < ROWS * COLS; i += group_size) {
-    const int r = i / COLS, c = i % COLS;
-    dst[r][c] = (r < rows && c < cols) ? to_float(src.row(row0 + r)[c]) : 0.f;
+  for (int r = 0; r < ROWS; ++r) {
+    const T* row = r < rows ? src.row(row0 + r) : nullptr;  // one page lookup per row
+    for (int c = lid; c < COLS; c += group_size)
+      dst[r][c] = (row != nullptr && c < cols) ? to_float(row[c]) : 0.f;
   }
 }
 

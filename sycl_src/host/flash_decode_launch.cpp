@@ -15,12 +15,6 @@ namespace {
 constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge than it saves
 constexpr int kMergeGroup = 64;
 
-int rows_bucket(int rows) {
-  int bucket = 1;
-  while (bucket < rows) bucket *= 2;
-  return bucket;
-}
-
 }  // namespace
 
 int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle) {
@@ -45,14 +39,14 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     throw std::invalid_argument("ipex_flash: flash_decode serves at most 16 query rows per K/V head");
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const int group_rows = rows_bucket(rows);
+  // One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
+  // (batch, K/V head, split); rows past the group's are idle lanes.
   KernelVariant variant = choose_variant(
-      q.dtype, c.dims.head_dim, queue.get_device(), [group_rows](int head_dim, int, int block_n) {
-        const size_t d = head_dim, n = block_n, r = group_rows;
-        // Q and the accumulator (r, d), K and V (kv, d), P (r, kv), rescale (r).
-        return sizeof(float) * (2 * r * d + 2 * n * d + r * n + r);
+      q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int block_n) {
+        const size_t d = head_dim, n = block_n, r = kMaxDecodeRows;
+        return sizeof(float) * (2 * r * d + 2 * n * d);  // Q, O (d, r); K, V (kv, d)
       });
-  variant.block_m = group_rows;
+  variant.block_m = kMaxDecodeRows;
   variant.features = features_of(options);
   params.q = reinterpret_cast<const void*>(q.data);
   params.k = reinterpret_cast<const void*>(k.data);
@@ -76,7 +70,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
        "ipex_flash::flash_decode_merge_kernel<" + device_type_name(q.dtype) + ">"});
   const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   submit_kernel(queue, kernels[0], params,
-                block_range(c.dims.batch * heads_kv, c.num_blocks, variant.block_n),
+                block_range(c.dims.batch * heads_kv, c.num_blocks, kMaxDecodeRows),
                 "flash_decode");
   const int64_t query_rows = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;
   sycl::event done = submit_kernel(queue, kernels[1], params,
