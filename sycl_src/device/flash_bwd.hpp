@@ -98,12 +98,8 @@ void flash_bwd_dq_kernel(BwdParams p) {
                q_row0 * p.q_stride.row;
   const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch +
                   h * p.dout_stride.head + q_row0 * p.dout_stride.row;
-  const KvRows<T> k{static_cast<const T*>(p.k) + b * p.k_stride.batch + h_kv * p.k_stride.head +
-                        seq.k_row0 * p.k_stride.row,
-                    p.k_stride.row, nullptr, 0, 0};
-  const KvRows<T> v{static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head +
-                        seq.k_row0 * p.v_stride.row,
-                    p.v_stride.row, nullptr, 0, 0};
+  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
+  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
 
   load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q, p.q_stride.row, q_rows, c.dims.head_dim,
                                           c.q_prescale, lid, BLOCK_M);

@@ -66,15 +66,8 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   const int64_t kv_end = std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q));
 
-  const int32_t* pages =
-      c.seq.block_table != nullptr ? c.seq.block_table + b * c.seq.block_table_stride : nullptr;
-  // Paged caches: k_stride.batch is the stride between pages, and there is no batch offset.
-  const int64_t k_batch = pages != nullptr ? 0 : b * p.k_stride.batch;
-  const int64_t v_batch = pages != nullptr ? 0 : b * p.v_stride.batch;
-  const KvRows<T> k{static_cast<const T*>(p.k) + k_batch + h_kv * p.k_stride.head,
-                    p.k_stride.row, pages, p.k_stride.batch, c.seq.page_size};
-  const KvRows<T> v{static_cast<const T*>(p.v) + v_batch + h_kv * p.v_stride.head,
-                    p.v_stride.row, pages, p.v_stride.batch, c.seq.page_size};
+  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
+  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
                (seq.q_row0 + token) * p.q_stride.row;

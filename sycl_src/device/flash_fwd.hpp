@@ -61,17 +61,8 @@ void flash_fwd_kernel(FwdParams p) {
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
                seq.q_row0 * p.q_stride.row;
-  const int32_t* pages =
-      c.seq.block_table != nullptr ? c.seq.block_table + b * c.seq.block_table_stride : nullptr;
-  // Paged caches: k_stride.batch is the stride between pages, and there is no batch offset.
-  const int64_t k_batch = pages != nullptr ? 0 : b * p.k_stride.batch;
-  const int64_t v_batch = pages != nullptr ? 0 : b * p.v_stride.batch;
-  const KvRows<T> k{static_cast<const T*>(p.k) + k_batch + h_kv * p.k_stride.head +
-                        seq.k_row0 * p.k_stride.row,
-                    p.k_stride.row, pages, p.k_stride.batch, c.seq.page_size};
-  const KvRows<T> v{static_cast<const T*>(p.v) + v_batch + h_kv * p.v_stride.head +
-                        seq.k_row0 * p.v_stride.row,
-                    p.v_stride.row, pages, p.v_stride.batch, c.seq.page_size};
+  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
+  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
 
   load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
                                           static_cast<int>(q_end - q_begin), c.dims.head_dim,

@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "dtypes.hpp"
+#include "params.hpp"
+#include "seq_info.hpp"
 
 namespace ipex_flash {
 
@@ -27,6 +29,20 @@ struct KvRows {
            (r % page_size) * row_stride;
   }
 };
+
+// The K (or V) rows of sequence b and K/V head h_kv: from the sequence's first packed row, or
+// through its pages (then stride.batch is the stride between pages and there is no batch
+// offset).
+template <typename T>
+inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const AttentionCommon& c,
+                         const SeqInfo& seq, int b, int h_kv) {
+  const int32_t* pages =
+      c.seq.block_table != nullptr ? c.seq.block_table + b * c.seq.block_table_stride : nullptr;
+  const int64_t offset = (pages != nullptr ? 0 : b * stride.batch) + h_kv * stride.head +
+                         seq.k_row0 * stride.row;
+  return KvRows<T>{static_cast<const T*>(base) + offset, stride.row, pages, stride.batch,
+                   c.seq.page_size};
+}
 
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
 // and head-dim columns contribute nothing to the products that read the tile. Consecutive
