@@ -28,9 +28,11 @@ def _bhnd(t: Tensor, packed: bool) -> Tensor:
     return (t.unsqueeze(0) if packed else t).transpose(1, 2)
 
 
-def _flash_options(q: Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale_value, causal, window_left, window_right, softcap, alibi_slopes,
-                   dropout_p, dropout_seed) -> "C.AttentionOptions":
+def _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
+                   causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                   dropout_seed) -> "C.AttentionOptions":
+    """The kernels' options. Tensors are passed by address: the caller keeps them alive (and
+    contiguous, see _contiguous_extras) until the launch has returned."""
     options = C.AttentionOptions()
     options.scale = softmax_scale_value
     # flash-attn aligns masks to the bottom-right corner; causal is the window (left, 0).
@@ -39,12 +41,18 @@ def _flash_options(q: Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     options.dropout = ops.dropout_params(dropout_p, dropout_seed)
     options.softcap = softcap
     if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes.contiguous())
+        options.alibi_slopes = ops.view(alibi_slopes)
     if cu_seqlens_q is not None:
         options.cu_seqlens_q = ops.view(cu_seqlens_q)
         options.cu_seqlens_k = ops.view(cu_seqlens_k)
         options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
     return options
+
+
+def _contiguous_extras(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """cu_seqlens and ALiBi slopes as the kernels read them: dense, in variables that outlive
+    the launch."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
 def _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
@@ -91,8 +99,10 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
            window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     packed = cu_seqlens_q is not None
     q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _contiguous_extras(cu_seqlens_q, cu_seqlens_k,
+                                                                  alibi_slopes)
     out, lse = _forward_outputs(q, packed)
-    options = _flash_options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale_of(softmax_scale, q), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     C.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
@@ -125,14 +135,16 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     packed = cu_seqlens_q is not None
     _check_grad_out(grad_out, out)
     q, k, v, out, grad_out = (ops.with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse = _contiguous_extras(
+        cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse)
     # Packed K/V rows past cu_seqlens_k[-1] belong to no sequence: their gradient is zero.
     dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
-    options = _flash_options(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale_of(softmax_scale, q), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     C.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
-                ops.view(lse.contiguous()),
+                ops.view(lse),
                 *(ops.view(_bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
                 ops.queue_handle(q.device))
     return dq, dk, dv

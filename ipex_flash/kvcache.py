@@ -118,7 +118,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                       causal: bool, window_left: int, window_right: int, softcap: float,
                       alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     _check_cache(q, k_cache, v_cache, block_table)
+    _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     q = ops.with_contiguous_last_dim(q)
+    # Passed by address: dense, and referenced here until the launch has returned.
+    seqlens_k, block_table, alibi_slopes = (
+        None if t is None else t.contiguous() for t in (seqlens_k, block_table, alibi_slopes))
     out, lse = _outputs(q)
     batch, len_q, heads_q, head_dim = q.shape
     heads_kv = k_cache.shape[2]
@@ -129,7 +133,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                                 bottom_right=True)
     options.softcap = softcap
     if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes.contiguous())
+        options.alibi_slopes = ops.view(alibi_slopes)
     options.seqlens_k = ops.view(seqlens_k)
     options.max_seqlen_k = max_len_k
     if block_table is not None:

@@ -122,10 +122,11 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     check_dropout(_FN, dropout_p, dropout_seed)
     check_backward_inputs(_FN, grad_out, out, lse, q)
     q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
+    lse = lse.contiguous()  # passed by address: must stay referenced through the launch
     dq, dk, dv = _gradients_like(q, k, v)
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     C.flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
-                view(lse.contiguous()), view(dq), view(dk), view(dv), view(delta),
+                view(lse), view(dq), view(dk), view(dv), view(delta),
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed), queue_handle(q.device))
     return dq, dk, dv
 

@@ -183,3 +183,22 @@ def test_opcheck_and_compile():
     compiled = torch.compile(lambda a, b, c: ipex_flash.flash_attn_func(a, b, c, causal=True),
                              fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), ipex_flash.flash_attn_func(q, k, v, causal=True))
+
+
+def test_strided_side_inputs_read_correctly():
+    """ALiBi slopes and cu_seqlens given as strided views give the same results as dense ones
+    (the kernels read them by address)."""
+    q, k, v = random_bnhd(2, 40, 50, 4, 2, 32, torch.float32)
+    slopes = torch.rand(2, 8)[:, ::2]
+    assert not slopes.is_contiguous()
+    out = ipex_flash.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
+    torch.testing.assert_close(out, ipex_flash.flash_attn_func(q, k, v, causal=True,
+                                                               alibi_slopes=slopes.contiguous()),
+                               rtol=0, atol=0)
+    packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+    cu_q = torch.tensor([0, 0, 40, 0, 80], dtype=torch.int32)[::2]
+    cu_k = torch.tensor([0, 0, 50, 0, 100], dtype=torch.int32)[::2]
+    assert not cu_q.is_contiguous()
+    varlen = ipex_flash.flash_attn_varlen_func(*packed, cu_q, cu_k, 40, 50, causal=True)
+    fixed = ipex_flash.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(varlen, fixed.reshape(varlen.shape), rtol=0, atol=0)

@@ -112,6 +112,17 @@ def test_paged_cache_matches_contiguous(page_size, new_tokens):
             assert torch.equal(k_pages[page, position % page_size], k_new[b, i])
 
 
+def test_strided_block_table_reads_correctly():
+    k_cache, v_cache = make_cache(2, 64, 2, 32, torch.float32)
+    k_pages, v_pages, table = to_paged(k_cache, v_cache, 16)
+    strided = table.t().contiguous().t()
+    assert not strided.is_contiguous()
+    q = torch.randn(2, 1, 4, 32)
+    torch.testing.assert_close(
+        ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=50, block_table=strided),
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=50), rtol=0, atol=0)
+
+
 def test_cache_seqlens_as_int_and_default():
     k_cache, v_cache = make_cache(2, 100, 2, 32, torch.float32)
     q = torch.randn(2, 1, 4, 32)
