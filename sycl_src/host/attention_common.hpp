@@ -32,6 +32,22 @@ struct AttentionOptions {
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
                             const AttentionOptions& options);
 
+// Pointers and strides of the tensors a forward-style kernel (FwdParams, DecodeParams) reads
+// and writes.
+template <typename Params>
+void set_forward_tensors(Params& params, const TensorView& q, const TensorView& k,
+                         const TensorView& v, const TensorView& out, const TensorView& lse) {
+  params.q = reinterpret_cast<const void*>(q.data);
+  params.k = reinterpret_cast<const void*>(k.data);
+  params.v = reinterpret_cast<const void*>(v.data);
+  params.out = reinterpret_cast<void*>(out.data);
+  params.lse = reinterpret_cast<float*>(lse.data);
+  params.q_stride = bhnd_strides(q, "q");
+  params.k_stride = bhnd_strides(k, "k");
+  params.v_stride = bhnd_strides(v, "v");
+  params.out_stride = bhnd_strides(out, "out");
+}
+
 // The FEATURE_* bits a call needs compiled in.
 inline int features_of(const AttentionOptions& options) {
   return (options.softcap > 0.f ? 1 : 0) | (options.alibi_slopes ? 2 : 0);

@@ -48,17 +48,9 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       });
   variant.block_m = kMaxDecodeRows;
   variant.features = features_of(options);
-  params.q = reinterpret_cast<const void*>(q.data);
-  params.k = reinterpret_cast<const void*>(k.data);
-  params.v = reinterpret_cast<const void*>(v.data);
-  params.out = reinterpret_cast<void*>(out.data);
-  params.lse = reinterpret_cast<float*>(lse.data);
+  set_forward_tensors(params, q, k, v, out, lse);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
-  params.q_stride = bhnd_strides(q, "q");
-  params.k_stride = bhnd_strides(k, "k_cache");
-  params.v_stride = bhnd_strides(v, "v_cache");
-  params.out_stride = bhnd_strides(out, "out");
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
   params.split_keys = static_cast<int32_t>(
       ceil_div(ceil_div(std::max(c.dims.len_k, 1), c.num_blocks), variant.block_n) *

@@ -35,15 +35,7 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::queue& queue = queue_from_handle(queue_handle);
   KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, queue.get_device());
   variant.features = features_of(options);
-  params.q = reinterpret_cast<const void*>(q.data);
-  params.k = reinterpret_cast<const void*>(k.data);
-  params.v = reinterpret_cast<const void*>(v.data);
-  params.out = reinterpret_cast<void*>(out.data);
-  params.lse = reinterpret_cast<float*>(lse.data);
-  params.q_stride = bhnd_strides(q, "q");
-  params.k_stride = bhnd_strides(k, "k");
-  params.v_stride = bhnd_strides(v, "v");
-  params.out_stride = bhnd_strides(out, "out");
+  set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
   if (options.cu_seqlens_q) params.q_stride.batch = params.out_stride.batch = 0;
   if (options.cu_seqlens_k) params.k_stride.batch = params.v_stride.batch = 0;
