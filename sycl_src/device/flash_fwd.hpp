@@ -47,17 +47,13 @@ void flash_fwd_kernel(FwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  // Highest Q blocks first: under a causal mask they are the longest.
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
-                                       c.dims.heads_q, /*reverse_blocks=*/true);
-  const int b = coord.batch, h = coord.head;
-  const int h_kv = h / c.dims.heads_per_kv;
-  const SeqInfo seq = seq_info(c, b);
-  const int64_t q_begin = static_cast<int64_t>(coord.block) * BLOCK_M;
-  if (q_begin >= seq.len_q) return;  // past this sequence's end (variable length): all leave
-  const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const int b = block.batch, h = block.head, h_kv = block.head_kv;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
+  const int64_t batch_head = block.batch_head;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
                seq.q_row0 * p.q_stride.row;
