@@ -40,13 +40,17 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
   // One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
-  // (batch, K/V head, split); rows past the group's are idle lanes.
+  // (batch, K/V head, split); the kernel is specialised on the group's rows rounded up to a
+  // power of two, which sizes its P.V accumulators.
+  int group_rows = 1;
+  while (group_rows < rows) group_rows *= 2;
   KernelVariant variant = choose_variant(
       q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int block_n) {
         const size_t d = head_dim, n = block_n, r = kMaxDecodeRows;
-        return sizeof(float) * (2 * r * d + 2 * n * d);  // Q, O (d, r); K, V (kv, d)
+        // Q (d, r), O (r, d), K and V (kv, d), P (c, r), rescale (r).
+        return sizeof(float) * (2 * r * d + 2 * n * d + 16 * r + r);
       });
-  variant.block_m = kMaxDecodeRows;
+  variant.block_m = group_rows;
   variant.features = features_of(options);
   set_forward_tensors(params, q, k, v, out, lse);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
