@@ -18,7 +18,8 @@ from ipex_flash import ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
-    check_flash_inputs, check_softcap, check_window, softmax_scale)
+    check_flash_inputs, check_softcap, check_window)
+from ipex_flash._validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
 
@@ -103,15 +104,11 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                                                                   alibi_slopes)
     out, lse = _forward_outputs(q, packed)
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale_of(softmax_scale, q), causal, window_left,
+                             resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     C.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
                 ops.queue_handle(q.device))
     return out, lse
-
-
-def softmax_scale_of(scale: Optional[float], q: Tensor) -> float:
-    return softmax_scale(scale, q.shape[-1])
 
 
 @flash_attn_forward.register_fake
@@ -141,7 +138,7 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale_of(softmax_scale, q), causal, window_left,
+                             resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     C.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
                 ops.view(lse),

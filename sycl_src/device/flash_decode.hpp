@@ -32,7 +32,6 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 constexpr int DECODE_KEY_CHUNK = 16;  // keys per register chunk of scores
-constexpr int DECODE_LANES = 16;      // work-items of a decode work-group (one sub-group)
 
 // GROUP_ROWS: the group's query rows rounded up to a power of two (<= DECODE_LANES); it sizes
 // the per-lane accumulators of the P.V phase.

@@ -19,6 +19,15 @@ struct MaskParams {
   int32_t bottom_right;  // 1: diag = len_k - len_q; 0: diag = 0
 };
 
+// Compile-time feature bits of a kernel variant (the FEATURES template argument): code for a
+// score change that a call does not use is not compiled in.
+constexpr int FEATURE_SOFTCAP = 1;
+constexpr int FEATURE_ALIBI = 2;
+
+// Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
+// one decode work-group serves.
+constexpr int DECODE_LANES = 16;
+
 // Changes to the scaled scores before the softmax (flash-attn's options), in this order:
 //   softcap > 0:  s = softcap * tanh(s / softcap)
 //   ALiBi:        s -= slope[b, h] * |r + diag - c|

@@ -17,11 +17,6 @@ namespace ipex_flash {
 
 constexpr float LOG2E = 1.44269504088896340736f;
 
-// Compile-time feature bits of a kernel variant: code for a score change that a call does not
-// use is not compiled in, so the plain kernels keep their register allocation.
-constexpr int FEATURE_SOFTCAP = 1;
-constexpr int FEATURE_ALIBI = 2;
-
 struct ScoreMod {
   float softcap_log2;  // softcap * log2(e); 0 = off
   float alibi_log2;    // this (batch, head)'s ALiBi slope * log2(e); 0 = off

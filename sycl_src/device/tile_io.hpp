@@ -90,16 +90,6 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
   }
 }
 
-// Transposed and scaled from K/V rows row0 .. row0 + rows (possibly paged): dst[c][r].
-template <int ROWS, int COLS, typename T>
-inline void load_tile_transposed(float (&dst)[COLS][ROWS], const KvRows<T>& src, int64_t row0,
-                                 int rows, int cols, float scale, int lid, int group_size) {
-  for (int i = lid; i < ROWS * COLS; i += group_size) {
-    const int r = i / COLS, c = i % COLS;
-    dst[c][r] = (r < rows && c < cols) ? scale * to_float(src.row(row0 + r)[c]) : 0.f;
-  }
-}
-
 // One step of streaming K and V through SLM: rows [kv_begin, kv_begin + ROWS) of both, between
 // two barriers (no work-item may still be reading the previous block, and all must see the
 // new one). Rows past len_k are zero.

@@ -50,7 +50,8 @@ void set_forward_tensors(Params& params, const TensorView& q, const TensorView& 
 
 // The FEATURE_* bits a call needs compiled in.
 inline int features_of(const AttentionOptions& options) {
-  return (options.softcap > 0.f ? 1 : 0) | (options.alibi_slopes ? 2 : 0);
+  return (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
+         (options.alibi_slopes ? FEATURE_ALIBI : 0);
 }
 
 // Work-groups of a launch: `blocks` per (batch, head), each `group_size` work-items.

@@ -10,7 +10,7 @@ namespace ipex_flash {
 
 // Query rows one decode work-group serves at most (GQA group size x new tokens); beyond it
 // the general forward kernel (which also reads paged caches) is used.
-constexpr int kMaxDecodeRows = 16;
+constexpr int kMaxDecodeRows = DECODE_LANES;
 
 // How many splits of the keys to run for this problem, so that batch x K/V heads x splits
 // work-groups fill the device while each split keeps a few key blocks.

@@ -15,7 +15,7 @@ struct KernelVariant {
   int head_dim;       // padded head dim the kernel is compiled for (>= the problem's D)
   int block_m;        // query rows per tile
   int block_n;        // keys per tile
-  int features = 0;   // FEATURE_* bits (score_mod.hpp): softcap, ALiBi
+  int features = 0;   // FEATURE_* bits (params.hpp): softcap, ALiBi
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
   // signature.
