@@ -65,7 +65,7 @@ def warmup(args) -> None:
 def info(_args) -> None:
     for key, value in C.device_info().items():
         print(f"{key}: {value}")
-    print(f"kernel cache: {os.environ.get('SYCL_CACHE_DIR', default_cache_dir() / 'sycl')}")
+    print(f"kernel cache: {os.environ.get('SYCL_CACHE_DIR', default_cache_dir())}")
 
 
 def main() -> None:

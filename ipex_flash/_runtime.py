@@ -13,6 +13,22 @@ from pathlib import Path
 
 _ICD_LIBRARY = "libintelocl.so"
 
+# CPU targets of the OpenCL CPU runtime whose code may use AMX tiles (joint_matrix).
+_AMX_TARGETS = ("sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids")
+
+
+def _cpu_has_amx() -> bool:
+    """The CPU has AMX bf16 tiles and the kernel lets processes use them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split()
+                    return "amx_bf16" in flags and "amx_tile" in flags
+    except OSError:
+        pass
+    return False
+
 
 def _library_dirs() -> list[Path]:
     """Directories where pip puts the intel-* wheels' shared libraries."""
@@ -38,10 +54,18 @@ def _configure_environment() -> None:
             if (d / _ICD_LIBRARY).exists():
                 os.environ["OCL_ICD_FILENAMES"] = str(d / _ICD_LIBRARY)
                 break
+    if "CL_CONFIG_CPU_TARGET_ARCH" not in os.environ and _cpu_has_amx():
+        # The OpenCL CPU runtime picks its target from the CPU model, and on Xeons that report
+        # a generic model (virtual machines) it misses AMX: joint_matrix kernels then abort
+        # the process in its backend. Naming the first AMX generation enables them.
+        os.environ["CL_CONFIG_CPU_TARGET_ARCH"] = _AMX_TARGETS[0]
     if "SYCL_CACHE_PERSISTENT" not in os.environ:
         os.environ["SYCL_CACHE_PERSISTENT"] = "1"
     if "SYCL_CACHE_DIR" not in os.environ:
-        cache_dir = default_cache_dir() / "sycl"
+        # Binaries for an AMX target must not be found by a CPU without it: one directory per
+        # target.
+        target = os.environ.get("CL_CONFIG_CPU_TARGET_ARCH", "native")
+        cache_dir = default_cache_dir() / f"sycl-{target}"
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
             os.environ["SYCL_CACHE_DIR"] = str(cache_dir)
@@ -62,7 +86,13 @@ def _load_host_module():
                 ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
                 break
         from ipex_flash import _C
+    _C.set_cpu_matrix_engine(cpu_matrix_engine_enabled())
     return _C
+
+
+def cpu_matrix_engine_enabled() -> bool:
+    """True when the SYCL CPU device compiles for an AMX target on a CPU that has AMX."""
+    return os.environ.get("CL_CONFIG_CPU_TARGET_ARCH") in _AMX_TARGETS and _cpu_has_amx()
 
 
 C = _load_host_module()

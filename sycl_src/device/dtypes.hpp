@@ -42,4 +42,13 @@ inline bfloat16_bits from_float<bfloat16_bits>(float x) {
   return bfloat16_bits{static_cast<uint16_t>(u >> 16)};
 }
 
+// Two 16-bit values in one 32-bit word, the first in the low half: the packed (VNNI) layout of
+// the matrix engines' B operands (matrix_tile.hpp).
+template <typename T>
+inline uint32_t pack_pair(T low, T high) {
+  static_assert(sizeof(T) == 2, "16-bit types only");
+  return static_cast<uint32_t>(sycl::bit_cast<uint16_t>(low)) |
+         static_cast<uint32_t>(sycl::bit_cast<uint16_t>(high)) << 16;
+}
+
 }  // namespace ipex_flash

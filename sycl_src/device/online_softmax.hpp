@@ -14,32 +14,43 @@ struct OnlineSoftmaxRow {
   float row_max = NEG_INF;  // running max of the scores seen so far
   float row_sum = 0.f;        // running sum of exp2(score - row_max)
 
+  // Raises the running max to cover `block_max` and rescales the running sum to it. Returns
+  // the factor by which everything accumulated against the old max must be rescaled.
+  inline float raise_max(float block_max) {
+    const float new_max = sycl::fmax(row_max, block_max);
+    const float rescale = sycl::exp2(row_max - exp_base(new_max));
+    row_sum *= rescale;
+    row_max = new_max;
+    return rescale;
+  }
+
+  // exp2(score - max) of a score already covered by raise_max; the caller adds it to row_sum.
+  inline float probability(float score) const { return sycl::exp2(score - exp_base(row_max)); }
+
   // Folds a chunk of scores into the running state and turns them into unnormalised
-  // probabilities exp2(score - new_max). Returns the factor by which everything accumulated
-  // against the old max must be rescaled.
+  // probabilities exp2(score - new_max). Returns the rescale factor of raise_max.
   template <int N>
   inline float update(float (&scores)[N]) {
     float chunk_max = scores[0];
 #pragma unroll
     for (int j = 1; j < N; ++j) chunk_max = sycl::fmax(chunk_max, scores[j]);
-    const float new_max = sycl::fmax(row_max, chunk_max);
-    // A row that so far has seen only masked keys keeps max -inf; subtracting -inf from
-    // -inf would give NaN, so exponentiate against 0 instead (every term is then 0).
-    const float safe_max = new_max == NEG_INF ? 0.f : new_max;
-    const float rescale = sycl::exp2(row_max - safe_max);
+    const float rescale = raise_max(chunk_max);
     float chunk_sum = 0.f;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      scores[j] = sycl::exp2(scores[j] - safe_max);
+      scores[j] = probability(scores[j]);
       chunk_sum += scores[j];
     }
-    row_sum = row_sum * rescale + chunk_sum;
-    row_max = new_max;
+    row_sum += chunk_sum;
     return rescale;
   }
 
   // 1 / row_sum, or 0 for a row that saw no key (its output is then 0, as in flash-attn).
   inline float inverse_sum() const { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
+
+  // A row that so far has seen only masked keys keeps max -inf; subtracting -inf from -inf
+  // would give NaN, so exponentiate against 0 instead (every term is then 0).
+  static inline float exp_base(float max) { return max == NEG_INF ? 0.f : max; }
 
   // Natural-log log-sum-exp of the unscaled row, -inf for a row that saw no key.
   inline float log_sum_exp() const {

@@ -1,17 +1,31 @@
 // Copies between global memory (any dtype, row stride given, last dim contiguous) and
-// float32 tiles in shared local memory. All work-items of the group share each copy.
+// tiles in shared local memory (float32, or the input's dtype for the matrix engine). All work-items of the group share each copy.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "dtypes.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
 
 namespace ipex_flash {
+
+// An element as a tile of type Dst holds it: converted to float32 for the vector kernels, or
+// copied bit for bit into a tile of the input's own type (the matrix-engine kernels).
+template <typename Dst, typename T>
+inline Dst tile_element(T x) {
+  if constexpr (std::is_same_v<Dst, T>) return x;
+  else return from_float<Dst>(to_float(x));
+}
+
+template <typename Dst>
+inline Dst tile_zero() {
+  return from_float<Dst>(0.f);
+}
 
 // Rows of K or V: contiguous with a row stride, or spread over the pages of a paged KV cache
 // (page p of the sequence is pages[p]; a page holds page_size rows).
@@ -49,24 +63,26 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
 // work-items take consecutive columns of a row, so a group of lanes moves one contiguous
 // vector (a flat index would make the compiler gather and scatter: r and c would not be
 // linear in the lane).
-template <int ROWS, int COLS, typename T>
-inline void load_tile(float (&dst)[ROWS][COLS], const T* src, int64_t row_stride, int rows,
+template <int ROWS, int COLS, typename Dst, typename T>
+inline void load_tile(Dst (&dst)[ROWS][COLS], const T* src, int64_t row_stride, int rows,
                       int cols, int lid, int group_size) {
   if (COLS >= group_size) {
     for (int r = 0; r < ROWS; ++r)
       for (int c = lid; c < COLS; c += group_size)
-        dst[r][c] = (r < rows && c < cols) ? to_float(src[r * row_stride + c]) : 0.f;
+        dst[r][c] = (r < rows && c < cols) ? tile_element<Dst>(src[r * row_stride + c])
+                                           : tile_zero<Dst>();
     return;
   }
   for (int i = lid; i < ROWS * COLS; i += group_size) {  // rows shorter than the group
     const int r = i / COLS, c = i % COLS;
-    dst[r][c] = (r < rows && c < cols) ? to_float(src[r * row_stride + c]) : 0.f;
+    dst[r][c] = (r < rows && c < cols) ? tile_element<Dst>(src[r * row_stride + c])
+                                       : tile_zero<Dst>();
   }
 }
 
 // The same from K/V rows row0 .. row0 + rows (possibly paged).
-template <int ROWS, int COLS, typename T>
-inline void load_tile(float (&dst)[ROWS][COLS], const KvRows<T>& src, int64_t row0, int rows,
+template <int ROWS, int COLS, typename Dst, typename T>
+inline void load_tile(Dst (&dst)[ROWS][COLS], const KvRows<T>& src, int64_t row0, int rows,
                       int cols, int lid, int group_size) {
   if (src.pages == nullptr) {
     load_tile<ROWS, COLS>(dst, src.row(row0), src.row_stride, rows, cols, lid, group_size);
@@ -75,7 +91,7 @@ inline void load_tile(float (&dst)[ROWS][COLS], const KvRows<T>& src, int64_t ro
   for (int r = 0; r < ROWS; ++r) {
     const T* row = r < rows ? src.row(row0 + r) : nullptr;  // one page lookup per row
     for (int c = lid; c < COLS; c += group_size)
-      dst[r][c] = (row != nullptr && c < cols) ? to_float(row[c]) : 0.f;
+      dst[r][c] = (row != nullptr && c < cols) ? tile_element<Dst>(row[c]) : tile_zero<Dst>();
   }
 }
 
@@ -90,12 +106,64 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
   }
 }
 
+// The same without scaling, bit for bit into a tile of the input's type.
+template <int ROWS, int COLS, typename T>
+inline void load_tile_transposed(T (&dst)[COLS][ROWS], const T* src, int64_t row_stride,
+                                 int rows, int cols, int lid, int group_size) {
+  for (int i = lid; i < ROWS * COLS; i += group_size) {
+    const int r = i / COLS, c = i % COLS;
+    dst[c][r] = (r < rows && c < cols) ? src[r * row_stride + c] : tile_zero<T>();
+  }
+}
+
+// K or V rows row0 .. row0 + rows transposed, bit for bit: dst[c][r] = src row r, column c.
+// Consecutive work-items take consecutive rows, so the SLM writes are contiguous and the
+// global reads gather; when rows are 8-byte aligned, a work-item reads four columns per load,
+// which cuts the gathered loads by four (they dominate this copy).
+template <int ROWS, int COLS, typename T>
+inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<T>& src, int64_t row0,
+                                 int rows, int cols, int lid, int group_size) {
+  static_assert(sizeof(T) == 2 && COLS % 4 == 0, "16-bit elements, columns in fours");
+  const bool aligned = src.row_stride % 4 == 0 && cols % 4 == 0 &&
+                       (src.pages == nullptr || src.page_stride % 4 == 0) &&
+                       reinterpret_cast<uintptr_t>(src.base) % 8 == 0;
+  for (int r = lid; r < ROWS; r += group_size) {
+    const T* row = r < rows ? src.row(row0 + r) : nullptr;
+    if (aligned) {
+      for (int c = 0; c < COLS; c += 4) {
+        const uint64_t four =
+            (row != nullptr && c < cols) ? *reinterpret_cast<const uint64_t*>(row + c) : 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          dst[c + u][r] = sycl::bit_cast<T>(static_cast<uint16_t>(four >> (16 * u)));
+      }
+    } else {
+      for (int c = 0; c < COLS; ++c)
+        dst[c][r] = (row != nullptr && c < cols) ? row[c] : tile_zero<T>();
+    }
+  }
+}
+
+// Transposed and packed for the matrix engine's B operand (matrix_tile.hpp): word [c / 2][r]
+// holds columns c and c + 1 of row r.
+template <int ROWS, int COLS, typename T>
+inline void load_tile_packed(uint32_t (&dst)[COLS / 2][ROWS], const T* src, int64_t row_stride,
+                             int rows, int cols, int lid, int group_size) {
+  for (int i = lid; i < ROWS * COLS / 2; i += group_size) {
+    const int r = i % ROWS, c = i / ROWS * 2;
+    const T* row = src + r * row_stride;
+    const T even = (r < rows && c < cols) ? row[c] : tile_zero<T>();
+    const T odd = (r < rows && c + 1 < cols) ? row[c + 1] : tile_zero<T>();
+    dst[c / 2][r] = pack_pair(even, odd);
+  }
+}
+
 // One step of streaming K and V through SLM: rows [kv_begin, kv_begin + ROWS) of both, between
 // two barriers (no work-item may still be reading the previous block, and all must see the
 // new one). Rows past len_k are zero.
-template <int ROWS, int COLS, typename T>
-inline void load_kv_block(sycl::group<1> group, float (&k_tile)[ROWS][COLS],
-                          float (&v_tile)[ROWS][COLS], const KvRows<T>& k, const KvRows<T>& v,
+template <int ROWS, int COLS, typename Dst, typename T>
+inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
+                          Dst (&v_tile)[ROWS][COLS], const KvRows<T>& k, const KvRows<T>& v,
                           int64_t kv_begin, int len_k, int head_dim, int lid, int group_size) {
   const int rows = static_cast<int>(std::min<int64_t>(ROWS, len_k - kv_begin));
   sycl::group_barrier(group);

@@ -9,6 +9,7 @@
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
+#include "host/matrix_path.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -28,6 +29,8 @@ py::dict device_info(std::uintptr_t queue_handle) {
   info["local_mem_size"] = device.get_info<sycl::info::device::local_mem_size>();
   info["max_work_group_size"] = device.get_info<sycl::info::device::max_work_group_size>();
   info["sub_group_sizes"] = device.get_info<sycl::info::device::sub_group_sizes>();
+  info["matrix_engine"] = device.has(sycl::aspect::ext_intel_matrix) &&
+                          (!device.is_cpu() || cpu_matrix_engine());
   return info;
 }
 
@@ -59,6 +62,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("head_dim", &KernelVariant::head_dim)
       .def_readonly("block_m", &KernelVariant::block_m)
       .def_readonly("block_n", &KernelVariant::block_n)
+      .def_readonly("matrix_m", &KernelVariant::matrix_m)
+      .def_readonly("matrix_k", &KernelVariant::matrix_k)
       .def("__repr__", [](const KernelVariant& v) { return v.instantiate("KernelVariant"); });
 
   py::class_<DropoutParams>(m, "DropoutParams")
@@ -115,6 +120,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);
+  m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
   m.def("kernel_cache_stats", [] {
     const KernelCacheStats stats = kernel_cache_stats();
     return py::dict("builds"_a = stats.builds, "hits"_a = stats.hits);

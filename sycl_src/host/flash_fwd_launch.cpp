@@ -3,6 +3,7 @@
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "host/matrix_path.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -13,11 +14,27 @@ size_t fwd_slm_bytes(int head_dim, int block_m, int block_n) {
                           2 * static_cast<size_t>(block_n) * head_dim);
 }
 
+size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
+  // Q (d, q), K and V (kv, d) and P (kv, q) in the 16-bit input dtype; scores (kv, q) and
+  // the output accumulator (d, q) in float32.
+  const size_t hd = head_dim, bm = block_m, bn = block_n;
+  return 2 * (hd * bm + 2 * bn * hd + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
+}
+
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, const sycl::device& device) {
-  return choose_variant(dtype, head_dim, device, fwd_slm_bytes);
+  KernelVariant variant = choose_variant(dtype, head_dim, device, fwd_slm_bytes);
+  const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
+  if (tile.m == 0) return variant;
+  variant = choose_variant(dtype, head_dim, device, fwd_matrix_slm_bytes);
+  variant.matrix_m = tile.m;
+  variant.matrix_k = tile.k;
+  return variant;
 }
 
 sycl::kernel fwd_kernel(sycl::queue& queue, const KernelVariant& variant) {
+  if (variant.matrix_m > 0)
+    return get_kernels(queue, "flash_fwd_matrix.hpp",
+                       {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel")})[0];
   return get_kernels(queue, "flash_fwd.hpp",
                      {variant.instantiate("ipex_flash::flash_fwd_kernel")})[0];
 }

@@ -20,7 +20,10 @@ int padded_head_dim(int head_dim) {
 std::string KernelVariant::instantiate(const std::string& kernel) const {
   return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +
          std::to_string(block_m) + ", " + std::to_string(block_n) + ", " +
-         std::to_string(features) + ">";
+         std::to_string(features) +
+         (matrix_m > 0 ? ", " + std::to_string(matrix_m) + ", " + std::to_string(matrix_k)
+                       : std::string()) +
+         ">";
 }
 
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,

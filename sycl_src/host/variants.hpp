@@ -16,9 +16,11 @@ struct KernelVariant {
   int block_m;        // query rows per tile
   int block_n;        // keys per tile
   int features = 0;   // FEATURE_* bits (params.hpp): softcap, ALiBi
+  int matrix_m = 0;   // matrix-engine kernels: tile height (matrix_path.hpp); 0 otherwise
+  int matrix_k = 0;   // and reduction step
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
-  // signature.
+  // signature, with ", MATRIX_M, MATRIX_K" appended for the matrix-engine kernels.
   std::string instantiate(const std::string& kernel) const;
 };
 

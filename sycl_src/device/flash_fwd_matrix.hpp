@@ -1,0 +1,180 @@
+// FlashAttention-2 forward with the two products on the matrix engine (XMX on Intel GPUs, AMX
+// on Xeons): the same blocks, mask, score modifiers, dropout and online softmax as
+// flash_fwd.hpp, for 16-bit inputs. Dimension legend as there (q, kv, d), plus
+//   r : the 16 query rows of one sub-group
+//
+// One work-group per (batch, query head, Q block), BLOCK_M / 16 sub-groups; each sub-group owns
+// 16 query rows and work-item r of it owns row r for the softmax. Per K/V block:
+//   S^T (kv, r) = K (kv, d) . Q^T (d, r)        matrix engine, fp32 accumulators, to SLM
+//   softmax over kv, one row per work-item     vector units
+//   O^T (d, r) += V^T (d, kv) . P^T (kv, r)    matrix engine
+// Everything is computed transposed, with the query row as the fastest index, so that the
+// softmax work-items (one per row) read and write consecutive addresses: the scores S^T, the
+// probabilities P^T (packed two keys to a word, the layout the matrix engine takes for B) and
+// the accumulator O^T, which the online softmax rescales. The price is V^T: each K/V block's V
+// is transposed into SLM once per work-group. Q^T is packed once.
+// P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "block_schedule.hpp"
+#include "dropout.hpp"
+#include "mask.hpp"
+#include "matrix_tile.hpp"
+#include "online_softmax.hpp"
+#include "params.hpp"
+#include "score_mod.hpp"
+#include "seq_info.hpp"
+#include "tile_io.hpp"
+
+namespace ipex_flash {
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+constexpr int MATRIX_SUB_GROUP = 16;  // query rows per sub-group = accumulator columns
+constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
+          int MATRIX_K>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_SUB_GROUP>))
+void flash_fwd_matrix_kernel(FwdParams p) {
+  constexpr int R = MATRIX_SUB_GROUP;
+  static_assert(MATRIX_N == R, "accumulator columns are the sub-group's rows");
+  static_assert(BLOCK_M % R == 0 && BLOCK_N % MATRIX_M == 0 && BLOCK_N % MATRIX_K == 0 &&
+                    BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % MATRIX_K == 0 &&
+                    HEAD_DIM % MATRIX_M == 0,
+                "tile shape");
+  static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
+  static syclexp::work_group_static<T[BLOCK_N][HEAD_DIM]> k_slm;             // (kv, d)
+  static syclexp::work_group_static<T[HEAD_DIM][BLOCK_N]> v_slm;             // (d, kv)
+  static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;          // (kv, q) scores
+  static syclexp::work_group_static<uint32_t[BLOCK_N / 2][BLOCK_M]> p_slm;   // (kv/2, q) packed
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> acc_slm;       // (d, q) unnormalised O
+  uint32_t(&q_t)[HEAD_DIM / 2][BLOCK_M] = q_slm;
+  T(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
+  T(&v_t)[HEAD_DIM][BLOCK_N] = v_slm;
+  float(&s_t)[BLOCK_N][BLOCK_M] = s_slm;
+  uint32_t(&p_t)[BLOCK_N / 2][BLOCK_M] = p_slm;
+  float(&acc_t)[HEAD_DIM][BLOCK_M] = acc_slm;
+
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const auto group = item.get_group();
+  const auto sg = item.get_sub_group();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const int b = block.batch, h = block.head, h_kv = block.head_kv;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
+  const int64_t row = q_begin + lid;
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
+               seq.q_row0 * p.q_stride.row;
+  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
+  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
+
+  // Q stays in its dtype (the matrix engine reads it as is); the softmax scale is applied to
+  // the fp32 scores instead.
+  load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
+                                      static_cast<int>(q_end - q_begin), c.dims.head_dim, lid,
+                                      BLOCK_M);
+  for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;
+
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
+  const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
+  const int64_t kv_end = mask.end_key(q_end);
+  OnlineSoftmaxRow softmax;
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    {
+      const int rows = static_cast<int>(sycl::min<int64_t>(BLOCK_N, seq.len_k - kv_begin));
+      sycl::group_barrier(group);
+      load_tile<BLOCK_N, HEAD_DIM>(k_tile, k, kv_begin, rows, c.dims.head_dim, lid, BLOCK_M);
+      load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v, kv_begin, rows, c.dims.head_dim, lid,
+                                              BLOCK_M);
+      sycl::group_barrier(group);
+    }
+    const bool fully_visible =
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
+
+    // S^T for this sub-group's rows: MATRIX_M keys at a time.
+    for (int j0 = 0; j0 < BLOCK_N; j0 += MATRIX_M) {
+      MatrixAcc<MATRIX_M> scores_tile;
+      jm::joint_matrix_fill(sg, scores_tile, 0.f);
+      matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, scores_tile, &k_tile[j0][0], HEAD_DIM, &q_t[0][r0],
+                                        BLOCK_M);
+      jm::joint_matrix_store(sg, scores_tile, local_ptr(&s_t[j0][r0]), BLOCK_M,
+                             jm::layout::row_major);
+    }
+    sycl::group_barrier(sg);
+
+    // Pass 1: finished scores (scale, modifiers, mask) back in place, and their max.
+    float block_max = NEG_INF;
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float scores[MATRIX_KEY_CHUNK];
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] = s_t[c0 + j][lid] * c.q_prescale;
+      if constexpr (FEATURES != 0) {
+        float unused_grad[MATRIX_KEY_CHUNK];
+        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
+          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
+        });
+      }
+      if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
+        s_t[c0 + j][lid] = scores[j];
+        block_max = sycl::fmax(block_max, scores[j]);
+      }
+    }
+    // Pass 2: probabilities against the block's max, row sum, dropout; P^T in the dtype.
+    const float rescale = softmax.raise_max(block_max);
+    float block_sum = 0.f;
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float probs[MATRIX_KEY_CHUNK];
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
+        probs[j] = softmax.probability(s_t[c0 + j][lid]);
+        block_sum += probs[j];
+      }
+      if (c.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
+        float factor[MATRIX_KEY_CHUNK];
+        dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
+#pragma unroll
+        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[j] *= factor[j];
+      }
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; j += 2)
+        p_t[(c0 + j) / 2][lid] = pack_pair(from_float<T>(probs[j]), from_float<T>(probs[j + 1]));
+    }
+    softmax.row_sum += block_sum;
+    for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] *= rescale;
+    sycl::group_barrier(sg);
+
+    // O^T += V^T . P^T for this sub-group's rows, MATRIX_M head-dim rows at a time.
+    for (int d0 = 0; d0 < HEAD_DIM; d0 += MATRIX_M) {
+      MatrixAcc<MATRIX_M> out_tile;
+      jm::joint_matrix_load(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
+                            jm::layout::row_major);
+      matrix_mad<T, MATRIX_M, MATRIX_K, BLOCK_N>(sg, out_tile, &v_t[d0][0], BLOCK_N, &p_t[0][r0], BLOCK_M);
+      jm::joint_matrix_store(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
+                             jm::layout::row_major);
+    }
+    sycl::group_barrier(sg);
+  }
+
+  if (row < seq.len_q) {
+    const float inv_sum = softmax.inverse_sum();
+    T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
+             (seq.q_row0 + row) * p.out_stride.row;
+    for (int d = 0; d < c.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
+    p.lse[lse_index(c, seq, b, h, row)] = softmax.log_sum_exp();
+  }
+}
+
+}  // namespace ipex_flash
