@@ -65,6 +65,8 @@ def warmup(args) -> None:
 def info(_args) -> None:
     for key, value in C.device_info().items():
         print(f"{key}: {value}")
+    print(f"cpu target: {os.environ.get('CL_CONFIG_CPU_TARGET_ARCH', 'detected by the runtime')}")
+    print(f"matrix path (IPEX_FLASH_MATRIX): {os.environ.get('IPEX_FLASH_MATRIX', 'auto')}")
     print(f"kernel cache: {os.environ.get('SYCL_CACHE_DIR', default_cache_dir())}")
 
 
