@@ -3,7 +3,8 @@
   peak memory  forward fp32, B=1, H=8, N=32768, D=64: resident-set growth beyond the inputs
                and outputs (naive attention would need 32 GB for the scores)
   first call   of a kernel variant with an empty kernel cache (JIT compile)
-  new process  the same variant in a new process with the cache filled (disk-cache load)
+  new process  the same variant in a new process with the cache filled (disk-cache load):
+               after `python -m ipex_flash warmup`, and after plain first calls
   (torch's own one-time `import torch._dynamo` on a process's first custom-op call is timed
   apart: any torch.library op pays it, and a program that already uses torch.compile has.)
 
@@ -62,15 +63,27 @@ def run(code: str, env: dict) -> dict:
 def main():
     env = dict(os.environ, IPEX_FLASH_QUIET="1")
     memory = run(PEAK_MEMORY.format(n=32768), env)
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as warmed:
         env_cold = dict(env, IPEX_FLASH_CACHE_DIR=cache)
         env_cold.pop("SYCL_CACHE_DIR", None)
         cold = run(FIRST_CALL, env_cold)
-        warm = run(FIRST_CALL, env_cold)
+        second = run(FIRST_CALL, env_cold)
+        third = run(FIRST_CALL, env_cold)
+        # The deployment path: `python -m ipex_flash warmup` ahead of time, then the process.
+        env_warmed = dict(env_cold, IPEX_FLASH_CACHE_DIR=warmed)
+        subprocess.run([sys.executable, "-m", "ipex_flash", "warmup", "--dtypes", "float32",
+                        "--head-dims", "72", "--directions", "forward"], env=env_warmed,
+                       check=True, capture_output=True, cwd=tempfile.gettempdir())
+        warm = run(FIRST_CALL, env_warmed)
     rows = [
         ("peak memory above inputs+outputs, fwd fp32 1x8x32768x64", f"{memory['extra_mb']:.1f} MB", "<= 64 MB"),
         ("first call of a new variant (empty cache)", f"{cold['first_call_s']:.2f} s", "<= 3 s"),
-        ("same variant, new process (disk cache)", f"{warm['first_call_s']:.2f} s", "<= 0.3 s"),
+        ("same variant, new process after `python -m ipex_flash warmup`",
+         f"{warm['first_call_s']:.2f} s", "<= 0.3 s"),
+        ("same variant, 2nd process after a plain first call (binary rebuilt from cached IR)",
+         f"{second['first_call_s']:.2f} s", "-"),
+        ("same variant, 3rd process after a plain first call", f"{third['first_call_s']:.2f} s",
+         "<= 0.3 s"),
         ("import ipex_flash (torch already cached by the OS)", f"{warm['import_s']:.2f} s", "-"),
         ("torch's one-time import on a process's first custom-op call",
          f"{warm['torch_dispatch_import_s']:.2f} s", "-"),
@@ -79,7 +92,8 @@ def main():
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>10}  (target {target})")
     output = REPO / "benchmarks" / "runtime.json"
-    output.write_text(json.dumps(dict(peak_memory=memory, cold=cold, warm=warm), indent=1))
+    output.write_text(json.dumps(dict(peak_memory=memory, cold=cold, warm_after_warmup=warm,
+                                      second_process=second, third_process=third), indent=1))
     print(f"wrote {output}")
 
 

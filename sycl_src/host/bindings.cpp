@@ -121,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
       "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);
   m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
+  m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
   m.def("kernel_cache_stats", [] {
     const KernelCacheStats stats = kernel_cache_stats();
     return py::dict("builds"_a = stats.builds, "hits"_a = stats.hits);

@@ -18,6 +18,11 @@ namespace ipex_flash {
 std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& header,
                                       const std::vector<std::string>& kernel_names);
 
+// Warm-up mode (python -m ipex_flash warmup): every kernel compiled from source is built a
+// second time, from the IR just cached, so that the persistent cache also holds the device
+// binary that later processes look up (see build_kernels). Costs ~0.5 s per compiled variant.
+void set_warmup_mode(bool on);
+
 struct KernelCacheStats {
   int64_t builds;  // kernels built in this process (each may have come from the disk cache)
   int64_t hits;    // requests served from the in-process cache
