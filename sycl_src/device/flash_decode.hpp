@@ -37,6 +37,7 @@ constexpr int DECODE_KEY_CHUNK = 16;  // keys per register chunk of scores
 // the per-lane accumulators of the P.V phase.
 template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 void flash_decode_kernel(DecodeParams p) {
   static_assert(BLOCK_N % DECODE_KEY_CHUNK == 0 && HEAD_DIM % DECODE_LANES == 0, "tile shape");
   static_assert(GROUP_ROWS <= DECODE_LANES, "one lane per query row");
@@ -87,8 +88,9 @@ void flash_decode_kernel(DecodeParams p) {
   OnlineSoftmaxRow softmax;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
-                  DECODE_LANES);
+    load_kv_block_sub_group<BLOCK_N, HEAD_DIM, DECODE_LANES>(group, item.get_sub_group(), k_tile,
+                                                             v_tile, k, v, kv_begin, seq.len_k,
+                                                             c.dims.head_dim, lid);
     for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += DECODE_KEY_CHUNK) {
       // Scores and softmax: lane = query row (K elements broadcast to all rows).
       float scores[DECODE_KEY_CHUNK];  // (c)
