@@ -20,6 +20,7 @@
 
 #include "block_schedule.hpp"
 #include "dropout.hpp"
+#include "fwd_block.hpp"
 #include "mask.hpp"
 #include "matrix_tile.hpp"
 #include "online_softmax.hpp"
@@ -67,25 +68,23 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
   const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
   if (block.empty) return;
-  const int b = block.batch, h = block.head, h_kv = block.head_kv;
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
-               seq.q_row0 * p.q_stride.row;
-  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
-  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
+  const ForwardOperands<T> operands = forward_operands<T>(p, block);
+  const T* q = operands.q;
+  const KvRows<T>& k = operands.k;
+  const KvRows<T>& v = operands.v;
 
   // Q stays in its dtype (the matrix engine reads it as is); the softmax scale is applied to
   // the fp32 scores instead.
-  load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, q + q_begin * p.q_stride.row, p.q_stride.row,
+  load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, q, p.q_stride.row,
                                       static_cast<int>(q_end - q_begin), c.dims.head_dim, lid,
                                       BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;
 
   const BlockMask mask = BlockMask::of(c.mask, seq);
-  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
   OnlineSoftmaxRow softmax;
@@ -168,13 +167,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     sycl::group_barrier(sg);
   }
 
-  if (row < seq.len_q) {
-    const float inv_sum = softmax.inverse_sum();
-    T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
-             (seq.q_row0 + row) * p.out_stride.row;
-    for (int d = 0; d < c.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
-    p.lse[lse_index(c, seq, b, h, row)] = softmax.log_sum_exp();
-  }
+  write_output_row<T>(p, block, lid, acc_t, softmax);
 }
 
 }  // namespace ipex_flash
