@@ -7,6 +7,7 @@ once. Settings the user has made are never overridden.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ _ICD_LIBRARY = "libintelocl.so"
 _AMX_TARGETS = ("sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids")
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_has_amx() -> bool:
     """The CPU has AMX bf16 tiles and the kernel lets processes use them."""
     try:

@@ -105,8 +105,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     for (int j0 = 0; j0 < BLOCK_N; j0 += MATRIX_M) {
       MatrixAcc<MATRIX_M> scores_tile;
       jm::joint_matrix_fill(sg, scores_tile, 0.f);
-      matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, scores_tile, &k_tile[j0][0], HEAD_DIM, &q_t[0][r0],
-                                        BLOCK_M);
+      matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, scores_tile, &k_tile[j0][0], HEAD_DIM,
+                                                  &q_t[0][r0], BLOCK_M);
       jm::joint_matrix_store(sg, scores_tile, local_ptr(&s_t[j0][r0]), BLOCK_M,
                              jm::layout::row_major);
     }
@@ -160,7 +160,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
       MatrixAcc<MATRIX_M> out_tile;
       jm::joint_matrix_load(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
                             jm::layout::row_major);
-      matrix_mad<T, MATRIX_M, MATRIX_K, BLOCK_N>(sg, out_tile, &v_t[d0][0], BLOCK_N, &p_t[0][r0], BLOCK_M);
+      matrix_mad<T, MATRIX_M, MATRIX_K, BLOCK_N>(sg, out_tile, &v_t[d0][0], BLOCK_N, &p_t[0][r0],
+                                                 BLOCK_M);
       jm::joint_matrix_store(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
                              jm::layout::row_major);
     }

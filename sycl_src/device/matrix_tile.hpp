@@ -56,6 +56,7 @@ using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator,
 // read natively (any other layout is converted element by element on every load): element
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
 // (pack_pair, dtypes.hpp).
+//
 // acc (M x 16) += A (M x DEPTH) . B (DEPTH x 16), both in SLM: A row-major with row stride lda
 // (elements), B packed as words b[k / 2][n] with row stride ldb (words).
 template <typename T, int M, int K, int DEPTH>

@@ -1,5 +1,6 @@
-// Copies between global memory (any dtype, row stride given, last dim contiguous) and
-// tiles in shared local memory (float32, or the input's dtype for the matrix engine). All work-items of the group share each copy.
+// Copies between global memory (any dtype, row stride given, last dim contiguous) and tiles in
+// shared local memory (float32, or the input's dtype for the matrix engine). All work-items of
+// the group share each copy.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -103,16 +104,6 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
   for (int i = lid; i < ROWS * COLS; i += group_size) {
     const int r = i / COLS, c = i % COLS;
     dst[c][r] = (r < rows && c < cols) ? scale * to_float(src[r * row_stride + c]) : 0.f;
-  }
-}
-
-// The same without scaling, bit for bit into a tile of the input's type.
-template <int ROWS, int COLS, typename T>
-inline void load_tile_transposed(T (&dst)[COLS][ROWS], const T* src, int64_t row_stride,
-                                 int rows, int cols, int lid, int group_size) {
-  for (int i = lid; i < ROWS * COLS; i += group_size) {
-    const int r = i / COLS, c = i % COLS;
-    dst[c][r] = (r < rows && c < cols) ? src[r * row_stride + c] : tile_zero<T>();
   }
 }
 

@@ -29,8 +29,7 @@ py::dict device_info(std::uintptr_t queue_handle) {
   info["local_mem_size"] = device.get_info<sycl::info::device::local_mem_size>();
   info["max_work_group_size"] = device.get_info<sycl::info::device::max_work_group_size>();
   info["sub_group_sizes"] = device.get_info<sycl::info::device::sub_group_sizes>();
-  info["matrix_engine"] = device.has(sycl::aspect::ext_intel_matrix) &&
-                          (!device.is_cpu() || cpu_matrix_engine());
+  info["matrix_engine"] = has_matrix_engine(device);
   return info;
 }
 

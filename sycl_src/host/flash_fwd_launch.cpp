@@ -22,10 +22,9 @@ size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
 }
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, const sycl::device& device) {
-  KernelVariant variant = choose_variant(dtype, head_dim, device, fwd_slm_bytes);
-  const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
-  if (tile.m == 0) return variant;
-  variant = choose_variant(dtype, head_dim, device, fwd_matrix_slm_bytes);
+  const MatrixTile tile = matrix_tile(device, dtype, padded_head_dim(head_dim));
+  KernelVariant variant = choose_variant(dtype, head_dim, device,
+                                         tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
   return variant;

@@ -16,8 +16,7 @@ std::atomic<bool> cpu_amx{false};
 // Does the device multiply (m x k) . (k x 16) tiles of `type` into float32 accumulators?
 // Devices list either fixed shapes (GPUs) or maxima (AMX).
 bool takes_tile(const sycl::device& device, matrix_type type, int m, int k) {
-  if (!device.has(sycl::aspect::ext_intel_matrix)) return false;
-  if (device.is_cpu() && !cpu_amx.load()) return false;
+  if (!has_matrix_engine(device)) return false;
   for (const auto& combo : device.get_info<syclex::info::device::matrix_combinations>()) {
     if (combo.atype != type || combo.btype != type || combo.ctype != matrix_type::fp32)
       continue;
@@ -33,7 +32,10 @@ bool takes_tile(const sycl::device& device, matrix_type type, int m, int k) {
 }  // namespace
 
 void set_cpu_matrix_engine(bool available) { cpu_amx.store(available); }
-bool cpu_matrix_engine() { return cpu_amx.load(); }
+
+bool has_matrix_engine(const sycl::device& device) {
+  return device.has(sycl::aspect::ext_intel_matrix) && (!device.is_cpu() || cpu_amx.load());
+}
 
 MatrixTile matrix_tile(const sycl::device& device, const std::string& dtype, int head_dim) {
   const char* env = std::getenv("IPEX_FLASH_MATRIX");

@@ -24,6 +24,8 @@ MatrixTile matrix_tile(const sycl::device& device, const std::string& dtype, int
 // (the OpenCL CPU runtime does not detect it on every Xeon; ipex_flash/_runtime.py sets
 // CL_CONFIG_CPU_TARGET_ARCH). Without it the CPU backend cannot lower joint_matrix.
 void set_cpu_matrix_engine(bool available);
-bool cpu_matrix_engine();
+
+// The device has a matrix engine this build can use (on the CPU device: AMX enabled, above).
+bool has_matrix_engine(const sycl::device& device);
 
 }  // namespace ipex_flash

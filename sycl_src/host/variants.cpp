@@ -10,12 +10,12 @@ namespace {
 constexpr int kMaxHeadDim = 256;
 constexpr int kMinBlock = 16;  // one sub-group of rows / two register chunks of keys
 
+}  // namespace
+
 int padded_head_dim(int head_dim) {
   const int step = head_dim <= 128 ? 16 : 32;
   return (head_dim + step - 1) / step * step;
 }
-
-}  // namespace
 
 std::string KernelVariant::instantiate(const std::string& kernel) const {
   return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +

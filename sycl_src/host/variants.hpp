@@ -24,6 +24,9 @@ struct KernelVariant {
   std::string instantiate(const std::string& kernel) const;
 };
 
+// The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
+int padded_head_dim(int head_dim);
+
 // Bytes of local memory a kernel needs for (head_dim, block_m, block_n).
 using SlmBytes = std::function<size_t(int head_dim, int block_m, int block_n)>;
 
