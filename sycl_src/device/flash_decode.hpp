@@ -1,21 +1,25 @@
 // Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
-// cache. Memory-bound, so it is organised around reading each K/V element once:
-//   one work-group per (batch, K/V head, split of the keys) serves all query rows of the GQA
-//   group (heads_per_kv heads x Nq new tokens, at most DECODE_ROWS), so each K/V element is
-//   read once for every head that shares it; the keys are split across work-groups so that a
-//   few long sequences still fill the device;
-//   K/V blocks are copied into SLM with contiguous vector loads; for the scores and the
-//   softmax work-item r owns query row r (K elements broadcast), for P.V work-item i owns
-//   head-dim columns i, i + 16, ... (P elements broadcast, V rows read as vectors), so the
-//   product keeps every lane busy even when the group has only a few rows;
+// cache. Memory-bound, so it is organised around reading each K/V element once, straight from
+// the cache into registers:
+//   one work-group (one sub-group of DECODE_LANES lanes) per (batch, K/V head, split of the
+//   keys) serves all query rows of the GQA group (heads_per_kv heads x Nq new tokens, at most
+//   DECODE_LANES), so each K/V element is read once for every head that shares it; the keys
+//   are split across work-groups so that a few long sequences still fill the device;
+//   for both products the lanes run along the head dim (column d = v * LANES + lane), so K
+//   and V rows are read with sub-group block loads and every lane is busy however few rows
+//   the group has: Q.K^T leaves per-lane partial dot products that transpose_sum adds up
+//   across lanes, one (row, key) score per lane; the softmax runs on those lanes (a row's
+//   keys sit in a group of consecutive lanes); P.V broadcasts the probabilities from SLM;
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
 //   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
-// Dimension legend: r = query rows of the group, kv = keys of the block (BLOCK_N), c = keys of
-// a register chunk, d = head dim (HEAD_DIM).
+// No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses.
+// Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
+// v = head-dim vectors (LANES columns each).
 #pragma once
 
 #include <sycl/sycl.hpp>
 
+#include <algorithm>
 #include <limits>
 
 #include "block_schedule.hpp"
@@ -24,39 +28,44 @@
 #include "params.hpp"
 #include "score_mod.hpp"
 #include "seq_info.hpp"
+#include "sub_group_math.hpp"
 #include "tile_io.hpp"
-#include "tile_math.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-constexpr int DECODE_KEY_CHUNK = 16;  // keys per register chunk of scores
+// Independent accumulators a lane keeps in the P.V loop: enough chains of dependent FMAs to
+// hide their latency when the group has few rows.
+constexpr int DECODE_PV_CHAINS = 8;
 
-// GROUP_ROWS: the group's query rows rounded up to a power of two (<= DECODE_LANES); it sizes
-// the per-lane accumulators of the P.V phase.
+// GROUP_ROWS: the group's query rows rounded up to a power of two (<= DECODE_LANES).
+// BLOCK_N: keys per online-softmax update (and the granularity of the splits).
 template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 void flash_decode_kernel(DecodeParams p) {
-  static_assert(BLOCK_N % DECODE_KEY_CHUNK == 0 && HEAD_DIM % DECODE_LANES == 0, "tile shape");
-  static_assert(GROUP_ROWS <= DECODE_LANES, "one lane per query row");
-  static syclexp::work_group_static<float[HEAD_DIM][DECODE_LANES]> q_slm;   // (d, r) * prescale
-  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;        // (kv, d)
-  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> v_slm;        // (kv, d)
-  static syclexp::work_group_static<float[DECODE_KEY_CHUNK][DECODE_LANES]> p_slm;  // (c, r)
-  static syclexp::work_group_static<float[DECODE_LANES]> rescale_slm;       // (r)
-  static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> acc_slm;   // (r, d) O
-  float(&q_t)[HEAD_DIM][DECODE_LANES] = q_slm;
-  float(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
-  float(&v_tile)[BLOCK_N][HEAD_DIM] = v_slm;
-  float(&probs)[DECODE_KEY_CHUNK][DECODE_LANES] = p_slm;
-  float(&rescale)[DECODE_LANES] = rescale_slm;
+  constexpr int LANES = DECODE_LANES;
+  constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes once
+  constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
+  constexpr int D_VECS = HEAD_DIM / LANES;
+  constexpr int PV_VECS = std::min(D_VECS, std::max(1, DECODE_PV_CHAINS / GROUP_ROWS));
+  static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
+  static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
+  static_assert(D_VECS % PV_VECS == 0, "whole P.V passes");
+  static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> q_slm;    // (r, d) * prescale
+  static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> acc_slm;  // (r, d) O
+  static syclexp::work_group_static<float[STEPS][LANES]> p_slm;  // (t, r * KEYS_PER_STEP + j)
+  static syclexp::work_group_static<float[LANES]> row_factor_slm;  // per lane, as the softmax
+  float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_slm;
   float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_slm;
+  float(&probs)[STEPS][LANES] = p_slm;
+  float(&row_factor)[LANES] = row_factor_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
+  const sycl::sub_group sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
@@ -65,10 +74,13 @@ void flash_decode_kernel(DecodeParams p) {
   const SeqInfo seq = seq_info(c, b);
   const int len_q = seq.len_q;
   const int rows = c.dims.heads_per_kv * len_q;
-  // Row r of the group: query head h_kv * heads_per_kv + r / Nq, new token r % Nq.
-  const bool valid_row = lid < rows;
-  const int h = h_kv * c.dims.heads_per_kv + (valid_row ? lid / len_q : 0);
-  const int64_t token = valid_row ? lid % len_q : 0;
+  const int head_dim = c.dims.head_dim;
+  // Group row r: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the softmax
+  // this lane holds key my_key of each step for row my_row.
+  const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
+  const bool valid_row = my_row < rows;
+  const int h = h_kv * c.dims.heads_per_kv + (valid_row ? my_row / len_q : 0);
+  const int64_t token = valid_row ? my_row % len_q : 0;
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
   // This split's keys, cut to what any of the rows can see.
@@ -78,60 +90,106 @@ void flash_decode_kernel(DecodeParams p) {
   const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
   const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + h * p.q_stride.head +
-               (seq.q_row0 + token) * p.q_stride.row;
-  for (int d = 0; d < HEAD_DIM; ++d)  // own column: lanes are rows here
-    q_t[d][lid] = valid_row && d < c.dims.head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
-  for (int r = 0; r < GROUP_ROWS; ++r)  // lanes are head-dim columns here
-    for (int d = lid; d < HEAD_DIM; d += DECODE_LANES) acc[r][d] = 0.f;
-  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);  // per row: rows span heads
-  OnlineSoftmaxRow softmax;
-
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    load_kv_block_sub_group<BLOCK_N, HEAD_DIM, DECODE_LANES>(group, item.get_sub_group(), k_tile,
-                                                             v_tile, k, v, kv_begin, seq.len_k,
-                                                             c.dims.head_dim, lid);
-    for (int c0 = 0; c0 < BLOCK_N && kv_begin + c0 < kv_end; c0 += DECODE_KEY_CHUNK) {
-      // Scores and softmax: lane = query row (K elements broadcast to all rows).
-      float scores[DECODE_KEY_CHUNK];  // (c)
-      dot_rows(scores, q_t, lid, k_tile, c0);
-      if constexpr (FEATURES != 0) {
-        float unused_grad[DECODE_KEY_CHUNK];
-        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
-          return std::pair<int64_t, int64_t>(token, kv_begin + c0 + j);
-        });
-      }
-#pragma unroll
-      for (int j = 0; j < DECODE_KEY_CHUNK; ++j) {  // the mask, the split's end, padding rows
-        const int64_t key = kv_begin + c0 + j;
-        if (!valid_row || key >= kv_end || !mask.visible(token, key)) scores[j] = NEG_INF;
-      }
-      rescale[lid] = softmax.update(scores);
-#pragma unroll
-      for (int j = 0; j < DECODE_KEY_CHUNK; ++j) probs[j][lid] = scores[j];
-      sycl::group_barrier(group);
-
-      // P.V: lane = head-dim column, so every lane is busy however few rows the group has;
-      // P elements are broadcast, V rows read as vectors.
-      for (int d = lid; d < HEAD_DIM; d += DECODE_LANES) {
-        float sum[GROUP_ROWS];  // (r)
-#pragma unroll
-        for (int r = 0; r < GROUP_ROWS; ++r) sum[r] = acc[r][d] * rescale[r];
-        for (int j = 0; j < DECODE_KEY_CHUNK; ++j) {
-          const float v_jd = v_tile[c0 + j][d];
-#pragma unroll
-          for (int r = 0; r < GROUP_ROWS; ++r) sum[r] += probs[j][r] * v_jd;
-        }
-#pragma unroll
-        for (int r = 0; r < GROUP_ROWS; ++r) acc[r][d] = sum[r];
-      }
-      sycl::group_barrier(group);  // before the next chunk overwrites probs
+  for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d from here on
+    const bool row_ok = r < rows;
+    const int64_t q_head = h_kv * c.dims.heads_per_kv + (row_ok ? r / len_q : 0);
+    const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + q_head * p.q_stride.head +
+                 (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
+    for (int d = lid; d < HEAD_DIM; d += LANES) {
+      q_rows[r][d] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
+      acc[r][d] = 0.f;
     }
   }
+  sycl::group_barrier(group);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);  // per lane: rows span heads
+  OnlineSoftmaxRow softmax;  // of my_row, the same in every lane of the row
 
-  // Row statistics live in lane r; the output is written with lanes along d.
-  rescale[lid] = softmax.inverse_sum();
-  if (valid_row) {
+  // Head-dim vector vi of a K or V row: a block load, or lane-wise up to a padded head dim.
+  const bool whole_rows = head_dim == HEAD_DIM;
+  const auto load_vector = [&](const T* row, int vi) -> float {
+    if (whole_rows) return to_float(sub_group_block_load(sg, row + vi * LANES));
+    const int d = vi * LANES + lid;
+    return d < head_dim ? to_float(row[d]) : 0.f;
+  };
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
+    // Scores: lane l of step t ends with (row l / KEYS_PER_STEP, key t * KEYS_PER_STEP + l %
+    // KEYS_PER_STEP). Keys past the end read the last row again; the mask drops them.
+    float scores[STEPS];  // (t)
+#pragma unroll
+    for (int t = 0; t < STEPS; ++t) {
+      float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
+      for (int vi = 0; vi < D_VECS; ++vi) {
+        float k_vec[KEYS_PER_STEP];  // (j)
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_STEP; ++j)
+          k_vec[j] = load_vector(
+              k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)), vi);
+#pragma unroll
+        for (int r = 0; r < GROUP_ROWS; ++r) {
+          const float q_rd = q_rows[r][vi * LANES + lid];
+#pragma unroll
+          for (int j = 0; j < KEYS_PER_STEP; ++j) partial[r * KEYS_PER_STEP + j] += q_rd * k_vec[j];
+        }
+      }
+      scores[t] = transpose_sum<LANES>(sg, partial, lid);
+    }
+    if constexpr (FEATURES != 0) {
+      float unused_grad[STEPS];
+      score_mod.apply<FEATURES>(scores, unused_grad, [&](int t) {
+        return std::pair<int64_t, int64_t>(token, kv_begin + t * KEYS_PER_STEP + my_key);
+      });
+    }
+#pragma unroll
+    for (int t = 0; t < STEPS; ++t) {  // the mask, the split's end, padding rows
+      const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
+      if (!valid_row || key >= kv_end || !mask.visible(token, key)) scores[t] = NEG_INF;
+    }
+
+    // Online softmax over the row's lanes.
+    float block_max = scores[0];
+#pragma unroll
+    for (int t = 1; t < STEPS; ++t) block_max = sycl::fmax(block_max, scores[t]);
+    row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
+    float block_sum = 0.f;
+#pragma unroll
+    for (int t = 0; t < STEPS; ++t) {
+      probs[t][lid] = softmax.probability(scores[t]);
+      block_sum += probs[t][lid];
+    }
+    softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
+    sycl::group_barrier(group);
+
+    // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
+    for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
+      float sum[PV_VECS][GROUP_ROWS];  // (v, r)
+#pragma unroll
+      for (int u = 0; u < PV_VECS; ++u)
+#pragma unroll
+        for (int r = 0; r < GROUP_ROWS; ++r)
+          sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
+      for (int key = 0; key < block_keys; ++key) {
+        const T* v_row = v.row(kv_begin + key);
+        const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
+#pragma unroll
+        for (int u = 0; u < PV_VECS; ++u) {
+          const float v_vec = load_vector(v_row, v0 + u);
+#pragma unroll
+          for (int r = 0; r < GROUP_ROWS; ++r) sum[u][r] += p_key[r * KEYS_PER_STEP] * v_vec;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < PV_VECS; ++u)
+#pragma unroll
+        for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
+    }
+    sycl::group_barrier(group);  // before the next block overwrites probs and row_factor
+  }
+
+  // Row statistics live in the row's lanes; the output is written with lanes along d.
+  row_factor[lid] = softmax.inverse_sum();
+  if (valid_row && my_key == 0) {
     const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + h) * c.dims.len_q + token;
     p.partial_lse[row * c.num_blocks + split] = softmax.log_sum_exp();
   }
@@ -139,8 +197,9 @@ void flash_decode_kernel(DecodeParams p) {
   for (int r = 0; r < GROUP_ROWS && r < rows; ++r) {
     const int64_t head = h_kv * c.dims.heads_per_kv + r / len_q;
     const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + head) * c.dims.len_q + r % len_q;
-    float* partial = p.partial_out + (row * c.num_blocks + split) * c.dims.head_dim;
-    for (int d = lid; d < c.dims.head_dim; d += DECODE_LANES) partial[d] = acc[r][d] * rescale[r];
+    float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim;
+    for (int d = lid; d < head_dim; d += LANES)
+      partial[d] = acc[r][d] * row_factor[r * KEYS_PER_STEP];
   }
 }
 

@@ -163,10 +163,10 @@ inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
   sycl::group_barrier(group);
 }
 
-// load_kv_block for a work-group that is one sub-group (the decode kernel), full rows moved
-// with sub-group block loads: they state that the lanes read one contiguous vector, where the
-// plain loop's conditional loads became gathers on the CPU device (NOTES.md); on GPUs they are
-// the block reads such a copy should use.
+// One element per lane of a contiguous run starting at p (lane i gets p[i]), as a sub-group
+// block load: it states that the lanes read one contiguous vector, where lane-indexed loads
+// from a computed row pointer became gathers on the CPU device (NOTES.md); on GPUs it is the
+// block read such an access should use.
 template <typename T>
 inline T sub_group_block_load(sycl::sub_group sg, const T* p) {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit elements");
@@ -174,33 +174,6 @@ inline T sub_group_block_load(sycl::sub_group sg, const T* p) {
   Bits x;
   sycl::ext::oneapi::experimental::group_load(sg, reinterpret_cast<const Bits*>(p), x);
   return sycl::bit_cast<T>(x);
-}
-
-template <int ROWS, int COLS, int LANES, typename T>
-inline void load_kv_block_sub_group(sycl::group<1> group, sycl::sub_group sg,
-                                    float (&k_tile)[ROWS][COLS], float (&v_tile)[ROWS][COLS],
-                                    const KvRows<T>& k, const KvRows<T>& v, int64_t kv_begin,
-                                    int len_k, int head_dim, int lid) {
-  static_assert(COLS % LANES == 0, "whole vectors per row");
-  if (head_dim != COLS) {  // padded head dim: the general copy
-    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, len_k, head_dim, lid, LANES);
-    return;
-  }
-  const int rows = static_cast<int>(std::min<int64_t>(ROWS, len_k - kv_begin));
-  sycl::group_barrier(group);
-  for (int r = 0; r < ROWS; ++r) {
-    if (r < rows) {
-      const T* k_row = k.row(kv_begin + r);
-      const T* v_row = v.row(kv_begin + r);
-      for (int c0 = 0; c0 < COLS; c0 += LANES) {
-        k_tile[r][c0 + lid] = to_float(sub_group_block_load(sg, k_row + c0));
-        v_tile[r][c0 + lid] = to_float(sub_group_block_load(sg, v_row + c0));
-      }
-    } else {
-      for (int c0 = 0; c0 < COLS; c0 += LANES) k_tile[r][c0 + lid] = v_tile[r][c0 + lid] = 0.f;
-    }
-  }
-  sycl::group_barrier(group);
 }
 
 }  // namespace ipex_flash

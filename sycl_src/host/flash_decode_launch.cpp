@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge than it saves
 constexpr int kMergeGroup = 64;
+constexpr int kDecodeBlockKeys = 16;  // keys per online-softmax update (BLOCK_N)
 
 }  // namespace
 
@@ -45,12 +46,13 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   int group_rows = 1;
   while (group_rows < rows) group_rows *= 2;
   KernelVariant variant = choose_variant(
-      q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int block_n) {
-        const size_t d = head_dim, n = block_n, r = kMaxDecodeRows;
-        // Q (d, r), O (r, d), K and V (kv, d), P (c, r), rescale (r).
-        return sizeof(float) * (2 * r * d + 2 * n * d + 16 * r + r);
+      q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int) {
+        const size_t d = head_dim, r = kMaxDecodeRows;
+        // Q and O (r, d), the probabilities of one key block and the per-lane row factors.
+        return sizeof(float) * (2 * r * d + kDecodeBlockKeys * r + r);
       });
   variant.block_m = group_rows;
+  variant.block_n = kDecodeBlockKeys;
   variant.features = features_of(options);
   set_forward_tensors(params, q, k, v, out, lse);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
