@@ -49,10 +49,12 @@ void flash_decode_kernel(DecodeParams p) {
   constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes once
   constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
   constexpr int D_VECS = HEAD_DIM / LANES;
-  constexpr int PV_VECS = std::min(D_VECS, std::max(1, DECODE_PV_CHAINS / GROUP_ROWS));
+  using Row = RowVectors<T, LANES>;
+  constexpr int PER_LOAD = Row::PER_LOAD;  // head-dim vectors per block load
+  constexpr int PV_VECS = std::min(D_VECS, std::max(PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS));
   static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
   static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
-  static_assert(D_VECS % PV_VECS == 0, "whole P.V passes");
+  static_assert(D_VECS % PV_VECS == 0 && PV_VECS % PER_LOAD == 0, "whole P.V passes");
   static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> q_slm;    // (r, d) * prescale
   static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> acc_slm;  // (r, d) O
   static syclexp::work_group_static<float[STEPS][LANES]> p_slm;  // (t, r * KEYS_PER_STEP + j)
@@ -95,22 +97,18 @@ void flash_decode_kernel(DecodeParams p) {
     const int64_t q_head = h_kv * c.dims.heads_per_kv + (row_ok ? r / len_q : 0);
     const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + q_head * p.q_stride.head +
                  (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
-    for (int d = lid; d < HEAD_DIM; d += LANES) {
-      q_rows[r][d] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
-      acc[r][d] = 0.f;
+    for (int i = lid; i < HEAD_DIM; i += LANES) {  // SLM in vector order: i = vi * LANES + lane
+      const int d = Row::column(i / LANES, lid);
+      q_rows[r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
+      acc[r][i] = 0.f;
     }
   }
   sycl::group_barrier(group);
   const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);  // per lane: rows span heads
   OnlineSoftmaxRow softmax;  // of my_row, the same in every lane of the row
 
-  // Head-dim vector vi of a K or V row: a block load, or lane-wise up to a padded head dim.
-  const bool whole_rows = head_dim == HEAD_DIM;
-  const auto load_vector = [&](const T* row, int vi) -> float {
-    if (whole_rows) return to_float(sub_group_block_load(sg, row + vi * LANES));
-    const int d = vi * LANES + lid;
-    return d < head_dim ? to_float(row[d]) : 0.f;
-  };
+  // K and V rows as block loads, unless the head dim is padded or a row is misaligned.
+  const bool block_loads = head_dim == HEAD_DIM && p.kv_word_aligned != 0;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
@@ -120,17 +118,18 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
     for (int t = 0; t < STEPS; ++t) {
       float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-      for (int vi = 0; vi < D_VECS; ++vi) {
-        float k_vec[KEYS_PER_STEP];  // (j)
+#pragma nounroll
+      for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
 #pragma unroll
-        for (int j = 0; j < KEYS_PER_STEP; ++j)
-          k_vec[j] = load_vector(
-              k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)), vi);
+        for (int j = 0; j < KEYS_PER_STEP; ++j) {
+          float k_vec[PER_LOAD];  // (vi + u)
+          Row::load(sg, k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
+                    vi, block_loads, head_dim, lid, k_vec);
 #pragma unroll
-        for (int r = 0; r < GROUP_ROWS; ++r) {
-          const float q_rd = q_rows[r][vi * LANES + lid];
+          for (int u = 0; u < PER_LOAD; ++u)
 #pragma unroll
-          for (int j = 0; j < KEYS_PER_STEP; ++j) partial[r * KEYS_PER_STEP + j] += q_rd * k_vec[j];
+            for (int r = 0; r < GROUP_ROWS; ++r)
+              partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
         }
       }
       scores[t] = transpose_sum<LANES>(sg, partial, lid);
@@ -162,6 +161,7 @@ void flash_decode_kernel(DecodeParams p) {
     sycl::group_barrier(group);
 
     // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
+#pragma nounroll
     for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
       float sum[PV_VECS][GROUP_ROWS];  // (v, r)
 #pragma unroll
@@ -173,10 +173,14 @@ void flash_decode_kernel(DecodeParams p) {
         const T* v_row = v.row(kv_begin + key);
         const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
 #pragma unroll
-        for (int u = 0; u < PV_VECS; ++u) {
-          const float v_vec = load_vector(v_row, v0 + u);
+        for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
+          float v_vec[PER_LOAD];
+          Row::load(sg, v_row, v0 + u0, block_loads, head_dim, lid, v_vec);
 #pragma unroll
-          for (int r = 0; r < GROUP_ROWS; ++r) sum[u][r] += p_key[r * KEYS_PER_STEP] * v_vec;
+          for (int u = 0; u < PER_LOAD; ++u)
+#pragma unroll
+            for (int r = 0; r < GROUP_ROWS; ++r)
+              sum[u0 + u][r] += p_key[r * KEYS_PER_STEP] * v_vec[u];
         }
       }
 #pragma unroll
@@ -198,8 +202,10 @@ void flash_decode_kernel(DecodeParams p) {
     const int64_t head = h_kv * c.dims.heads_per_kv + r / len_q;
     const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + head) * c.dims.len_q + r % len_q;
     float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim;
-    for (int d = lid; d < head_dim; d += LANES)
-      partial[d] = acc[r][d] * row_factor[r * KEYS_PER_STEP];
+    for (int i = lid; i < HEAD_DIM; i += LANES) {
+      const int d = Row::column(i / LANES, lid);
+      if (d < head_dim) partial[d] = acc[r][i] * row_factor[r * KEYS_PER_STEP];
+    }
   }
 }
 

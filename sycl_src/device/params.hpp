@@ -152,6 +152,7 @@ struct DecodeParams {
   BhndStrides out_stride;
   AttentionCommon common;    // common.num_blocks = splits
   int32_t split_keys;        // keys per split, a multiple of the key block
+  int32_t kv_word_aligned;   // every K/V row starts on a 4-byte boundary (block loads)
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

@@ -16,6 +16,16 @@ constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge
 constexpr int kMergeGroup = 64;
 constexpr int kDecodeBlockKeys = 16;  // keys per online-softmax update (BLOCK_N)
 
+// Whether every row of a K/V cache (or page pool) starts on a 4-byte boundary: its data
+// pointer, and every stride but the contiguous last one, in whole 4-byte words.
+bool word_aligned_rows(const TensorView& t) {
+  const size_t element = t.dtype == "float32" ? 4 : 2;
+  if (t.data % 4 != 0) return false;
+  for (size_t dim = 0; dim + 1 < t.strides.size(); ++dim)
+    if (t.strides[dim] * element % 4 != 0) return false;
+  return true;
+}
+
 }  // namespace
 
 int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle) {
@@ -53,8 +63,11 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       });
   variant.block_m = group_rows;
   variant.block_n = kDecodeBlockKeys;
+  // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
+  if (q.dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
   variant.features = features_of(options);
   set_forward_tensors(params, q, k, v, out, lse);
+  params.kv_word_aligned = word_aligned_rows(k) && word_aligned_rows(v);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
