@@ -118,7 +118,6 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
     for (int t = 0; t < STEPS; ++t) {
       float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-#pragma nounroll
       for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j) {
@@ -161,7 +160,6 @@ void flash_decode_kernel(DecodeParams p) {
     sycl::group_barrier(group);
 
     // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
-#pragma nounroll
     for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
       float sum[PV_VECS][GROUP_ROWS];  // (v, r)
 #pragma unroll
