@@ -142,8 +142,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     q_v, out_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, out, k_cache, v_cache))
     queue = ops.queue_handle(q.device)
-    if (heads_q // heads_kv) * len_q <= C.MAX_DECODE_ROWS:
-        splits = C.decode_num_splits(batch, heads_kv, max_len_k, queue)
+    rows = (heads_q // heads_kv) * len_q  # query rows per K/V head
+    if rows <= C.MAX_DECODE_ROWS:
+        splits = C.decode_num_splits(batch, heads_kv, rows, head_dim, max_len_k, queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
                                   device=q.device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,

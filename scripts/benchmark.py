@@ -12,6 +12,7 @@ forward (five matmuls), forward+backward 3.5x.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
@@ -123,44 +124,53 @@ def copy_bandwidth(megabytes=512, repeats=5):
     return 2 * src.numel() * 4 / seconds
 
 
+def decode_cache(layout, batch, length, heads_kv, head_dim, dtype):
+    """A (B, N, H, D) cache view over memory laid out as flash-attn's (B, N, H, D), or as
+    head-major (B, H, N, D) (the layout of many serving engines' caches)."""
+    if layout == "BHND":
+        return torch.randn(batch, heads_kv, length, head_dim, dtype=dtype).transpose(1, 2)
+    return torch.randn(batch, length, heads_kv, head_dim, dtype=dtype)
+
+
 def run_decode(args):
     """One new token per sequence against a KV cache: bytes of K and V read per second."""
     heads_q, heads_kv, head_dim = 32, 8, 128
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth (read + write): {copy_bw / 1e9:.1f} GB/s")
-    header = (f"{'dtype':>8} {'batch':>5} {'cache':>6} | {'ipex_flash GB/s':>15} | "
+    header = (f"{'dtype':>8} {'layout':>6} {'batch':>5} {'cache':>6} | {'ipex_flash GB/s':>15} | "
               f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9}")
     print(header)
     print("-" * len(header))
     rows = []
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
-        for batch in args.decode_batches:
-            for length in args.decode_lengths:
-                torch.manual_seed(0)
-                k_cache = torch.randn(batch, length, heads_kv, head_dim, dtype=dtype)
-                v_cache = torch.randn(batch, length, heads_kv, head_dim, dtype=dtype)
-                q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
-                kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
-                ours = best_seconds(
-                    lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
-                                                               cache_seqlens=length),
-                    args.repeats, args.budget)
-                q_s, k_s, v_s = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
-                sdpa = best_seconds(
-                    lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
-                    args.repeats, args.budget)
-                row = dict(kind="decode", dtype=dtype_name, batch=batch, cache_len=length,
-                           heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
-                           ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
-                           ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
-                           copy_gbps=copy_bw / 1e9)
-                row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
-                row["ratio_to_sdpa"] = sdpa / ours
-                rows.append(row)
-                print(f"{dtype_name:>8} {batch:>5} {length:>6} | {row['ipex_flash_gbps']:15.1f} | "
-                      f"{row['sdpa_gbps']:10.1f} | {row['ratio_to_copy']:9.2f} | "
-                      f"{row['ratio_to_sdpa']:9.2f}", flush=True)
+        for layout, batch, length in itertools.product(args.decode_layouts, args.decode_batches,
+                                                       args.decode_lengths):
+            torch.manual_seed(0)
+            k_cache, v_cache = (decode_cache(layout, batch, length, heads_kv, head_dim, dtype)
+                                for _ in range(2))
+            q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+            kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
+            ours = best_seconds(
+                lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                           cache_seqlens=length),
+                args.repeats, args.budget)
+            q_s, k_s, v_s = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
+            sdpa = best_seconds(
+                lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
+                args.repeats, args.budget)
+            row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
+                       cache_len=length, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                       ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
+                       ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
+                       copy_gbps=copy_bw / 1e9)
+            row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
+            row["ratio_to_sdpa"] = sdpa / ours
+            rows.append(row)
+            print(f"{dtype_name:>8} {layout:>6} {batch:>5} {length:>6} | "
+                  f"{row['ipex_flash_gbps']:15.1f} | {row['sdpa_gbps']:10.1f} | "
+                  f"{row['ratio_to_copy']:9.2f} | "
+                  f"{row['ratio_to_sdpa']:9.2f}", flush=True)
     return rows
 
 
@@ -179,6 +189,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="N 512..2048, D 64 only")
     parser.add_argument("--decode", action="store_true",
                         help="KV-cache decoding: 1 token, GQA 32/8, D 128 (bandwidth)")
+    parser.add_argument("--decode-layouts", nargs="+", default=["BNHD", "BHND"],
+                        choices=["BNHD", "BHND"], help="memory layout of the KV cache")
     parser.add_argument("--decode-batches", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--decode-lengths", nargs="+", type=int,
                         default=[1024, 4096, 16384, 32768])

@@ -54,6 +54,37 @@ def test_decode_one_token(dtype, heads_q, heads_kv, lengths):
     check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype)
 
 
+def cache_in_layout(layout, batch, capacity, heads_kv, head_dim, dtype):
+    """A (B, N, H, D) cache view: contiguous, head-major memory seen through a transpose, or
+    starting one element into its storage (16-bit rows then miss 4-byte alignment)."""
+    if layout == "head_major":
+        return (torch.randn(batch, heads_kv, capacity, head_dim, dtype=dtype).transpose(1, 2),
+                torch.randn(batch, heads_kv, capacity, head_dim, dtype=dtype).transpose(1, 2))
+    if layout == "offset":
+        size = batch * capacity * heads_kv * head_dim
+        return tuple(torch.randn(size + 1, dtype=dtype)[1:].view(batch, capacity, heads_kv, head_dim)
+                     for _ in range(2))
+    return make_cache(batch, capacity, heads_kv, head_dim, dtype)
+
+
+# How the decode kernel reads the cache: several K/V heads per work-group (head dim 256 fits
+# 4 heads of GQA 4, so 6 heads make one full and one partial group), a head-major cache, head
+# dims padded up to the compiled one (masked loads; 16-bit rows read a 32-bit word at a time),
+# and 16-bit caches whose rows are not word-aligned or whose head dim is odd (then served by
+# the general kernel).
+@pytest.mark.parametrize("layout", ["contiguous", "head_major", "offset"])
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(24, 6, 256), (8, 2, 40), (4, 4, 63)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_cache_layouts(dtype, heads_q, heads_kv, head_dim, layout):
+    lengths = [37, 300]
+    k_cache, v_cache = cache_in_layout(layout, len(lengths), 310, heads_kv, head_dim, dtype)
+    q = torch.randn(len(lengths), 1, heads_q, head_dim, dtype=dtype)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    out, lse = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                  return_softmax_lse=True)
+    check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype)
+
+
 # (causal, window, softcap, alibi)
 OPTIONS = [(True, (-1, -1), 0.0, False), (False, (50, 0), 0.0, False),
            (True, (-1, -1), 5.0, False), (True, (-1, -1), 0.0, True), (True, (100, -1), 3.0, True)]

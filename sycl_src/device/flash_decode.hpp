@@ -39,28 +39,48 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // hide their latency when the group has few rows.
 constexpr int DECODE_PV_CHAINS = 8;
 
-// GROUP_ROWS: the group's query rows rounded up to a power of two (<= DECODE_LANES).
-// BLOCK_N: keys per online-softmax update (and the granularity of the splits).
+// Head-dim vectors per P.V pass: the most, up to `wanted`, that split d_vecs into whole passes
+// of whole loads (per_load divides d_vecs).
+constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {
+  int vecs = wanted < d_vecs ? wanted : d_vecs;
+  vecs = vecs < per_load ? per_load : vecs - vecs % per_load;
+  while (d_vecs % vecs != 0) vecs -= per_load;
+  return vecs;
+}
+
+// GROUP_ROWS: the query rows of one K/V head (GQA group size x new tokens) rounded up to a
+// power of two (<= DECODE_LANES). BLOCK_N: keys per online-softmax update (and the granularity
+// of the splits). A work-group serves p.heads_per_group consecutive K/V heads (at most
+// MAX_HEADS), visiting each key block for all of them before moving on: with a (B, N, H, D)
+// cache a key's heads are neighbours in memory, so the group reads one contiguous run per key
+// instead of H runs a page apart, which the CPU's prefetchers cannot follow.
 template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 void flash_decode_kernel(DecodeParams p) {
   constexpr int LANES = DECODE_LANES;
+  constexpr int MAX_HEADS = decode_row_capacity(HEAD_DIM) / GROUP_ROWS;
   constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes once
   constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
   constexpr int D_VECS = HEAD_DIM / LANES;
   using Row = RowVectors<T, LANES>;
   constexpr int PER_LOAD = Row::PER_LOAD;  // head-dim vectors per block load
-  constexpr int PV_VECS = std::min(D_VECS, std::max(PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS));
+  constexpr int PV_VECS = decode_pv_vecs(D_VECS, PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS);
   static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
   static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
   static_assert(D_VECS % PV_VECS == 0 && PV_VECS % PER_LOAD == 0, "whole P.V passes");
-  static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> q_slm;    // (r, d) * prescale
-  static syclexp::work_group_static<float[GROUP_ROWS][HEAD_DIM]> acc_slm;  // (r, d) O
+  // Q (* prescale) and O of every row the group serves, in vector order (i = vi * LANES + lane,
+  // column Row::column(vi, lane)); the running softmax of each head's rows, per lane.
+  static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> q_slm;
+  static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> acc_slm;
+  static syclexp::work_group_static<float[MAX_HEADS][LANES]> max_slm;
+  static syclexp::work_group_static<float[MAX_HEADS][LANES]> sum_slm;
   static syclexp::work_group_static<float[STEPS][LANES]> p_slm;  // (t, r * KEYS_PER_STEP + j)
   static syclexp::work_group_static<float[LANES]> row_factor_slm;  // per lane, as the softmax
-  float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_slm;
-  float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_slm;
+  float(&q_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = q_slm;
+  float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
+  float(&row_max)[MAX_HEADS][LANES] = max_slm;
+  float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
   float(&probs)[STEPS][LANES] = p_slm;
   float(&row_factor)[LANES] = row_factor_slm;
 
@@ -70,140 +90,161 @@ void flash_decode_kernel(DecodeParams p) {
   const sycl::sub_group sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  const int head_groups = (heads_kv + p.heads_per_group - 1) / p.heads_per_group;
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
-                                       heads_kv, /*reverse_blocks=*/false);
-  const int b = coord.batch, h_kv = coord.head, split = coord.block;
+                                       head_groups, /*reverse_blocks=*/false);
+  const int b = coord.batch, split = coord.block;
+  const int head0 = coord.head * p.heads_per_group;
+  const int group_heads = std::min(p.heads_per_group, heads_kv - head0);
   const SeqInfo seq = seq_info(c, b);
   const int len_q = seq.len_q;
   const int rows = c.dims.heads_per_kv * len_q;
   const int head_dim = c.dims.head_dim;
-  // Group row r: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the softmax
-  // this lane holds key my_key of each step for row my_row.
+  // Row r of K/V head h_kv: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the
+  // softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
   const bool valid_row = my_row < rows;
-  const int h = h_kv * c.dims.heads_per_kv + (valid_row ? my_row / len_q : 0);
   const int64_t token = valid_row ? my_row % len_q : 0;
+  const auto query_head = [&](int h_kv, int r) { return h_kv * c.dims.heads_per_kv + r / len_q; };
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
   // This split's keys, cut to what any of the rows can see.
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   const int64_t kv_end = std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q));
-  const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
-  const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
 
-  for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d from here on
-    const bool row_ok = r < rows;
-    const int64_t q_head = h_kv * c.dims.heads_per_kv + (row_ok ? r / len_q : 0);
-    const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch + q_head * p.q_stride.head +
-                 (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
-    for (int i = lid; i < HEAD_DIM; i += LANES) {  // SLM in vector order: i = vi * LANES + lane
-      const int d = Row::column(i / LANES, lid);
-      q_rows[r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
-      acc[r][i] = 0.f;
+  for (int hk = 0; hk < group_heads; ++hk) {
+    for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d from here on
+      const bool row_ok = r < rows;
+      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch +
+                   query_head(head0 + hk, row_ok ? r : 0) * p.q_stride.head +
+                   (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
+      for (int i = lid; i < HEAD_DIM; i += LANES) {
+        const int d = Row::column(i / LANES, lid);
+        q_all[hk][r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
+        acc_all[hk][r][i] = 0.f;
+      }
     }
+    const OnlineSoftmaxRow fresh;
+    row_max[hk][lid] = fresh.row_max;
+    row_sum[hk][lid] = fresh.row_sum;
   }
   sycl::group_barrier(group);
-  const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);  // per lane: rows span heads
-  OnlineSoftmaxRow softmax;  // of my_row, the same in every lane of the row
-
-  // K and V rows as block loads, unless the head dim is padded or a row is misaligned.
-  const bool block_loads = head_dim == HEAD_DIM && p.kv_word_aligned != 0;
+  // K and V rows as block loads, unless the head dim is padded.
+  const bool whole_rows = head_dim == HEAD_DIM;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
-    // Scores: lane l of step t ends with (row l / KEYS_PER_STEP, key t * KEYS_PER_STEP + l %
-    // KEYS_PER_STEP). Keys past the end read the last row again; the mask drops them.
-    float scores[STEPS];  // (t)
-#pragma unroll
-    for (int t = 0; t < STEPS; ++t) {
-      float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-      for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
-#pragma unroll
-        for (int j = 0; j < KEYS_PER_STEP; ++j) {
-          float k_vec[PER_LOAD];  // (vi + u)
-          Row::load(sg, k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
-                    vi, block_loads, head_dim, lid, k_vec);
-#pragma unroll
-          for (int u = 0; u < PER_LOAD; ++u)
-#pragma unroll
-            for (int r = 0; r < GROUP_ROWS; ++r)
-              partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
-        }
-      }
-      scores[t] = transpose_sum<LANES>(sg, partial, lid);
-    }
-    if constexpr (FEATURES != 0) {
-      float unused_grad[STEPS];
-      score_mod.apply<FEATURES>(scores, unused_grad, [&](int t) {
-        return std::pair<int64_t, int64_t>(token, kv_begin + t * KEYS_PER_STEP + my_key);
-      });
-    }
-#pragma unroll
-    for (int t = 0; t < STEPS; ++t) {  // the mask, the split's end, padding rows
-      const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
-      if (!valid_row || key >= kv_end || !mask.visible(token, key)) scores[t] = NEG_INF;
-    }
+    for (int hk = 0; hk < group_heads; ++hk) {
+      const int h_kv = head0 + hk;
+      const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
+      const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
+      float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
+      float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
 
-    // Online softmax over the row's lanes.
-    float block_max = scores[0];
+      // Scores: lane l of step t ends with (row l / KEYS_PER_STEP, key t * KEYS_PER_STEP + l %
+      // KEYS_PER_STEP), kept in probs until the softmax turns them into probabilities. Keys
+      // past the end read the last row again; the mask drops them. The step loop is left
+      // rolled: unrolled, the kernel took twice as long to compile for no speed.
+      const ScoreMod score_mod =  // per lane: rows span heads
+          ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0));
+      float block_max = NEG_INF;
+      for (int t = 0; t < STEPS; ++t) {
+        float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
+        for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
 #pragma unroll
-    for (int t = 1; t < STEPS; ++t) block_max = sycl::fmax(block_max, scores[t]);
-    row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
-    float block_sum = 0.f;
+          for (int j = 0; j < KEYS_PER_STEP; ++j) {
+            float k_vec[PER_LOAD];  // (vi + u)
+            Row::load(sg, k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
+                      vi, whole_rows, head_dim, lid, k_vec);
 #pragma unroll
-    for (int t = 0; t < STEPS; ++t) {
-      probs[t][lid] = softmax.probability(scores[t]);
-      block_sum += probs[t][lid];
-    }
-    softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
-    sycl::group_barrier(group);
-
-    // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
-    for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
-      float sum[PV_VECS][GROUP_ROWS];  // (v, r)
+            for (int u = 0; u < PER_LOAD; ++u)
 #pragma unroll
-      for (int u = 0; u < PV_VECS; ++u)
-#pragma unroll
-        for (int r = 0; r < GROUP_ROWS; ++r)
-          sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
-      for (int key = 0; key < block_keys; ++key) {
-        const T* v_row = v.row(kv_begin + key);
-        const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
-#pragma unroll
-        for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
-          float v_vec[PER_LOAD];
-          Row::load(sg, v_row, v0 + u0, block_loads, head_dim, lid, v_vec);
-#pragma unroll
-          for (int u = 0; u < PER_LOAD; ++u)
-#pragma unroll
-            for (int r = 0; r < GROUP_ROWS; ++r)
-              sum[u0 + u][r] += p_key[r * KEYS_PER_STEP] * v_vec[u];
+              for (int r = 0; r < GROUP_ROWS; ++r)
+                partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
+          }
         }
+        float score[1] = {transpose_sum<LANES>(sg, partial, lid)};
+        const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
+        if constexpr (FEATURES != 0) {
+          float unused_grad[1];
+          score_mod.apply<FEATURES>(score, unused_grad,
+                                    [&](int) { return std::pair<int64_t, int64_t>(token, key); });
+        }
+        // The mask, the split's end, padding rows.
+        if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
+        probs[t][lid] = score[0];
+        block_max = sycl::fmax(block_max, score[0]);
       }
+
+      // Online softmax over the row's lanes.
+      OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
+      row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
+      float block_sum = 0.f;
+      for (int t = 0; t < STEPS; ++t) {
+        const float prob = softmax.probability(probs[t][lid]);
+        probs[t][lid] = prob;
+        block_sum += prob;
+      }
+      softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
+      row_max[hk][lid] = softmax.row_max;
+      row_sum[hk][lid] = softmax.row_sum;
+      sycl::group_barrier(group);
+
+      // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
+      for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
+        float sum[PV_VECS][GROUP_ROWS];  // (v, r)
 #pragma unroll
-      for (int u = 0; u < PV_VECS; ++u)
+        for (int u = 0; u < PV_VECS; ++u)
 #pragma unroll
-        for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
+          for (int r = 0; r < GROUP_ROWS; ++r)
+            sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
+        for (int key = 0; key < block_keys; ++key) {
+          const T* v_row = v.row(kv_begin + key);
+          const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
+#pragma unroll
+          for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
+            float v_vec[PER_LOAD];
+            Row::load(sg, v_row, v0 + u0, whole_rows, head_dim, lid, v_vec);
+#pragma unroll
+            for (int u = 0; u < PER_LOAD; ++u)
+#pragma unroll
+              for (int r = 0; r < GROUP_ROWS; ++r)
+                sum[u0 + u][r] += p_key[r * KEYS_PER_STEP] * v_vec[u];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < PV_VECS; ++u)
+#pragma unroll
+          for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
+      }
+      sycl::group_barrier(group);  // before the next head overwrites probs and row_factor
     }
-    sycl::group_barrier(group);  // before the next block overwrites probs and row_factor
   }
 
   // Row statistics live in the row's lanes; the output is written with lanes along d.
-  row_factor[lid] = softmax.inverse_sum();
-  if (valid_row && my_key == 0) {
-    const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + h) * c.dims.len_q + token;
-    p.partial_lse[row * c.num_blocks + split] = softmax.log_sum_exp();
-  }
-  sycl::group_barrier(group);
-  for (int r = 0; r < GROUP_ROWS && r < rows; ++r) {
-    const int64_t head = h_kv * c.dims.heads_per_kv + r / len_q;
-    const int64_t row = (static_cast<int64_t>(b) * c.dims.heads_q + head) * c.dims.len_q + r % len_q;
-    float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim;
-    for (int i = lid; i < HEAD_DIM; i += LANES) {
-      const int d = Row::column(i / LANES, lid);
-      if (d < head_dim) partial[d] = acc[r][i] * row_factor[r * KEYS_PER_STEP];
+  for (int hk = 0; hk < group_heads; ++hk) {
+    const int h_kv = head0 + hk;
+    const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
+    row_factor[lid] = softmax.inverse_sum();
+    if (valid_row && my_key == 0) {
+      const int64_t row =
+          (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, my_row)) * c.dims.len_q +
+          token;
+      p.partial_lse[row * c.num_blocks + split] = softmax.log_sum_exp();
     }
+    sycl::group_barrier(group);
+    for (int r = 0; r < GROUP_ROWS && r < rows; ++r) {
+      const int64_t row =
+          (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, r)) * c.dims.len_q +
+          r % len_q;
+      float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim;
+      for (int i = lid; i < HEAD_DIM; i += LANES) {
+        const int d = Row::column(i / LANES, lid);
+        if (d < head_dim) partial[d] = acc_all[hk][r][i] * row_factor[r * KEYS_PER_STEP];
+      }
+    }
+    sycl::group_barrier(group);  // before the next head overwrites row_factor
   }
 }
 

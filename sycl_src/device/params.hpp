@@ -28,6 +28,12 @@ constexpr int FEATURE_ALIBI = 2;
 // one decode work-group serves.
 constexpr int DECODE_LANES = 16;
 
+// Query rows (over all its K/V heads) a decode work-group of a kernel compiled for head_dim
+// keeps Q and O of in local memory: 2 x 16 KB of float32.
+constexpr int decode_row_capacity(int head_dim) {
+  return 4096 / head_dim > DECODE_LANES ? 4096 / head_dim : DECODE_LANES;
+}
+
 // Changes to the scaled scores before the softmax (flash-attn's options), in this order:
 //   softcap > 0:  s = softcap * tanh(s / softcap)
 //   ALiBi:        s -= slope[b, h] * |r + diag - c|
@@ -152,7 +158,7 @@ struct DecodeParams {
   BhndStrides out_stride;
   AttentionCommon common;    // common.num_blocks = splits
   int32_t split_keys;        // keys per split, a multiple of the key block
-  int32_t kv_word_aligned;   // every K/V row starts on a 4-byte boundary (block loads)
+  int32_t heads_per_group;   // K/V heads per work-group (decode_heads_per_group)
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

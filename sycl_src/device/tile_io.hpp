@@ -166,12 +166,11 @@ inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
 // A row of K or V read by a sub-group as float vectors, one element per lane, straight from
 // memory with sub-group block loads: they state that the lanes read one contiguous run, where
 // lane-indexed loads from a computed row pointer became gathers on the CPU device (NOTES.md);
-// on GPUs they are the block reads such an access should use. The loads are 32-bit (16-bit
-// block loads were lowered to one insert per element on the CPU device; rows must start on a
-// 4-byte boundary, which the launcher checks), so for a 16-bit T a
-// lane takes two neighbouring columns and one load gives PER_LOAD = 2 vectors: vector vi
-// holds column column(vi, lane) in each lane, and whatever meets these vectors (Q, O) must
-// be laid out the same way.
+// on GPUs they are the block reads such an access should use. The loads are 32-bit: 16-bit
+// block loads were lowered to one insert per element on the CPU device. So for a 16-bit T a
+// lane takes two neighbouring columns and one load gives PER_LOAD = 2 vectors (rows must then
+// start on a 4-byte boundary, which the launcher checks): vector vi holds column
+// column(vi, lane) in each lane, and whatever meets these vectors (Q, O) is laid out the same.
 template <typename T, int LANES>
 struct RowVectors {
   static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit elements");
@@ -181,27 +180,23 @@ struct RowVectors {
     return (vi / PER_LOAD) * (LANES * PER_LOAD) + lane * PER_LOAD + vi % PER_LOAD;
   }
 
-  // Vectors vi0 .. vi0 + PER_LOAD - 1 of `row` (vi0 a multiple of PER_LOAD). With `block`
-  // false (a head dim padded up to the kernel's, or rows not 4-byte aligned) lane-wise loads,
-  // columns at or past `cols` reading 0.
-  static inline void load(sycl::sub_group sg, const T* row, int vi0, bool block, int cols,
+  // Vectors vi0 .. vi0 + PER_LOAD - 1 of `row` (vi0 a multiple of PER_LOAD). With `whole`
+  // false (a head dim padded up to the kernel's) masked lane-wise loads, columns at or past
+  // `cols` reading 0; for 16-bit types `cols` must be even (a word is read or not).
+  static inline void load(sycl::sub_group sg, const T* row, int vi0, bool whole, int cols,
                           int lane, float (&out)[PER_LOAD]) {
-    if (block) {
-      uint32_t word;
-      sycl::ext::oneapi::experimental::group_load(
-          sg, reinterpret_cast<const uint32_t*>(row + vi0 * LANES), word);
-      if constexpr (PER_LOAD == 1) {
-        out[0] = to_float(sycl::bit_cast<T>(word));
-      } else {
-        out[0] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word)));
-        out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
-      }
-      return;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + (vi0 / PER_LOAD) * LANES;
+    uint32_t word;
+    if (whole) {
+      sycl::ext::oneapi::experimental::group_load(sg, words, word);
+    } else {
+      word = column(vi0, lane) < cols ? words[lane] : 0u;
     }
-#pragma unroll
-    for (int u = 0; u < PER_LOAD; ++u) {
-      const int col = column(vi0 + u, lane);
-      out[u] = col < cols ? to_float(row[col]) : 0.f;
+    if constexpr (PER_LOAD == 1) {
+      out[0] = to_float(sycl::bit_cast<T>(word));
+    } else {
+      out[0] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word)));
+      out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
     }
   }
 };

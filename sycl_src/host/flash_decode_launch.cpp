@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "host/device_queue.hpp"
+#include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
 #include "host/variants.hpp"
@@ -16,10 +17,10 @@ constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge
 constexpr int kMergeGroup = 64;
 constexpr int kDecodeBlockKeys = 16;  // keys per online-softmax update (BLOCK_N)
 
-// Whether every row of a K/V cache (or page pool) starts on a 4-byte boundary: its data
-// pointer, and every stride but the contiguous last one, in whole 4-byte words.
+// Whether every row of a 16-bit K/V cache (or page pool) starts on a 4-byte boundary: its
+// data pointer, and every stride but the contiguous last one, in whole 4-byte words.
 bool word_aligned_rows(const TensorView& t) {
-  const size_t element = t.dtype == "float32" ? 4 : 2;
+  const size_t element = 2;
   if (t.data % 4 != 0) return false;
   for (size_t dim = 0; dim + 1 < t.strides.size(); ++dim)
     if (t.strides[dim] * element % 4 != 0) return false;
@@ -28,11 +29,23 @@ bool word_aligned_rows(const TensorView& t) {
 
 }  // namespace
 
-int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle) {
+int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
+  int group_rows = 1;
+  while (group_rows < rows) group_rows *= 2;
+  // The kernel's capacity is set by its compiled (padded) head dim; rounding up to 32 here
+  // gives a capacity no larger than any kernel serving this head dim has.
+  const int capacity = decode_row_capacity(static_cast<int>(ceil_div(head_dim, 32) * 32));
+  return std::clamp(capacity / group_rows, 1, std::max(heads_kv, 1));
+}
+
+int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
+                      std::uintptr_t queue_handle) {
   const sycl::device device = queue_from_handle(queue_handle).get_device();
   const int64_t target_groups =
       4 * static_cast<int64_t>(device.get_info<sycl::info::device::max_compute_units>());
-  const int64_t groups = std::max<int64_t>(1, static_cast<int64_t>(batch) * heads_kv);
+  const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim);
+  const int64_t groups = std::max<int64_t>(
+      1, static_cast<int64_t>(batch) * ceil_div(heads_kv, heads_per_group));
   const int64_t wanted = (target_groups + groups - 1) / groups;
   const int64_t most = std::max<int64_t>(1, ceil_div(max_len_k, kMinKeysPerSplit));
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
@@ -49,17 +62,24 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   if (rows > kMaxDecodeRows)
     throw std::invalid_argument("ipex_flash: flash_decode serves at most 16 query rows per K/V head");
   if (c.dims.batch == 0 || rows == 0) return;
+  // The decode kernel reads 16-bit rows a 32-bit word at a time; a cache whose rows do not
+  // start on a word boundary, or an odd head dim, goes to the general forward kernel.
+  if (q.dtype != "float32" &&
+      (!word_aligned_rows(k) || !word_aligned_rows(v) || c.dims.head_dim % 2 != 0)) {
+    flash_fwd(q, k, v, out, lse, options, queue_handle);
+    return;
+  }
   sycl::queue& queue = queue_from_handle(queue_handle);
   // One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
-  // (batch, K/V head, split); the kernel is specialised on the group's rows rounded up to a
-  // power of two, which sizes its P.V accumulators.
+  // (batch, group of K/V heads, split); the kernel is specialised on the rows of one K/V head
+  // rounded up to a power of two, which sizes its P.V accumulators.
   int group_rows = 1;
   while (group_rows < rows) group_rows *= 2;
   KernelVariant variant = choose_variant(
       q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int) {
-        const size_t d = head_dim, r = kMaxDecodeRows;
-        // Q and O (r, d), the probabilities of one key block and the per-lane row factors.
-        return sizeof(float) * (2 * r * d + kDecodeBlockKeys * r + r);
+        const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
+        // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block, factors.
+        return sizeof(float) * (2 * r * d + 2 * r * lanes + kDecodeBlockKeys * lanes + lanes);
       });
   variant.block_m = group_rows;
   variant.block_n = kDecodeBlockKeys;
@@ -67,7 +87,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   if (q.dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
   variant.features = features_of(options);
   set_forward_tensors(params, q, k, v, out, lse);
-  params.kv_word_aligned = word_aligned_rows(k) && word_aligned_rows(v);
+  const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
@@ -79,9 +100,9 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       queue, "flash_decode.hpp",
       {variant.instantiate("ipex_flash::flash_decode_kernel"),
        "ipex_flash::flash_decode_merge_kernel<" + device_type_name(q.dtype) + ">"});
-  const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   submit_kernel(queue, kernels[0], params,
-                block_range(c.dims.batch * heads_kv, c.num_blocks, kMaxDecodeRows),
+                block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group),
+                            c.num_blocks, kMaxDecodeRows),
                 "flash_decode");
   const int64_t query_rows = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;
   sycl::event done = submit_kernel(queue, kernels[1], params,

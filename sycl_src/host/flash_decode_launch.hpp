@@ -12,9 +12,15 @@ namespace ipex_flash {
 // the general forward kernel (which also reads paged caches) is used.
 constexpr int kMaxDecodeRows = DECODE_LANES;
 
-// How many splits of the keys to run for this problem, so that batch x K/V heads x splits
+// K/V heads one decode work-group serves: as many as its local memory holds the query rows
+// of (rows = GQA group size x new tokens per K/V head), so that it reads each key's heads
+// together (contiguous in a (B, N, H, D) cache).
+int decode_heads_per_group(int heads_kv, int rows, int head_dim);
+
+// How many splits of the keys to run for this problem, so that batch x head groups x splits
 // work-groups fill the device while each split keeps a few key blocks.
-int decode_num_splits(int batch, int heads_kv, int max_len_k, std::uintptr_t queue_handle);
+int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
+                      std::uintptr_t queue_handle);
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
 // partial_out (B, Hq, Nq, splits, D) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
