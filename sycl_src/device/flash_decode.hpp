@@ -1,10 +1,11 @@
 // Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
 // cache. Memory-bound, so it is organised around reading each K/V element once, straight from
 // the cache into registers:
-//   one work-group (one sub-group of DECODE_LANES lanes) per (batch, K/V head, split of the
-//   keys) serves all query rows of the GQA group (heads_per_kv heads x Nq new tokens, at most
-//   DECODE_LANES), so each K/V element is read once for every head that shares it; the keys
-//   are split across work-groups so that a few long sequences still fill the device;
+//   one work-group (one sub-group of DECODE_LANES lanes) per (batch, group of K/V heads,
+//   split of the keys) serves, for each of its K/V heads, all query rows of the GQA group
+//   (heads_per_kv heads x Nq new tokens, at most DECODE_LANES), so each K/V element is read
+//   once for every head that shares it; the keys are split across work-groups so that a few
+//   long sequences still fill the device;
 //   for both products the lanes run along the head dim (column d = v * LANES + lane), so K
 //   and V rows are read with sub-group block loads and every lane is busy however few rows
 //   the group has: Q.K^T leaves per-lane partial dot products that transpose_sum adds up

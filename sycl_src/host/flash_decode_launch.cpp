@@ -18,20 +18,26 @@ constexpr int kMergeGroup = 64;
 constexpr int kDecodeBlockKeys = 16;  // keys per online-softmax update (BLOCK_N)
 
 // Whether every row of a 16-bit K/V cache (or page pool) starts on a 4-byte boundary: its
-// data pointer, and every stride but the contiguous last one, in whole 4-byte words.
+// data pointer, and every stride but the contiguous last one, in whole 4-byte words (an even
+// number of elements).
 bool word_aligned_rows(const TensorView& t) {
-  const size_t element = 2;
   if (t.data % 4 != 0) return false;
   for (size_t dim = 0; dim + 1 < t.strides.size(); ++dim)
-    if (t.strides[dim] * element % 4 != 0) return false;
+    if (t.strides[dim] % 2 != 0) return false;
   return true;
+}
+
+// The query rows of one K/V head rounded up to a power of two: the kernel's GROUP_ROWS.
+int decode_group_rows(int rows) {
+  int group_rows = 1;
+  while (group_rows < rows) group_rows *= 2;
+  return group_rows;
 }
 
 }  // namespace
 
 int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
-  int group_rows = 1;
-  while (group_rows < rows) group_rows *= 2;
+  const int group_rows = decode_group_rows(rows);
   // The kernel's capacity is set by its compiled (padded) head dim; rounding up to 32 here
   // gives a capacity no larger than any kernel serving this head dim has.
   const int capacity = decode_row_capacity(static_cast<int>(ceil_div(head_dim, 32) * 32));
@@ -73,15 +79,13 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   // One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
   // (batch, group of K/V heads, split); the kernel is specialised on the rows of one K/V head
   // rounded up to a power of two, which sizes its P.V accumulators.
-  int group_rows = 1;
-  while (group_rows < rows) group_rows *= 2;
   KernelVariant variant = choose_variant(
       q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int) {
         const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
         // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block, factors.
         return sizeof(float) * (2 * r * d + 2 * r * lanes + kDecodeBlockKeys * lanes + lanes);
       });
-  variant.block_m = group_rows;
+  variant.block_m = decode_group_rows(rows);
   variant.block_n = kDecodeBlockKeys;
   // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
   if (q.dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
