@@ -13,7 +13,7 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.reference import attention_reference
+from ipex_flash.reference import attention_reference, flash_attn_reference
 
 from conftest import assert_matches_reference, random_qkv
 
@@ -124,18 +124,110 @@ def test_bad_mode_is_rejected(matrix_mode):
         ipex_flash.attention(q, k, v)
 
 
+def decode_case(layout, batch, capacity, heads_kv, head_dim, page_size):
+    """A bfloat16 cache for flash_attn_with_kvcache: (k, v, extra kwargs, (k, v) as contiguous
+    (B, N, H, D) for the reference)."""
+    if layout == "head_major":
+        k, v = (torch.randn(batch, heads_kv, capacity, head_dim, dtype=torch.bfloat16)
+                .transpose(1, 2) for _ in range(2))
+    else:
+        k, v = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=torch.bfloat16)
+                for _ in range(2))
+    if layout != "paged":
+        return k, v, {}, (k, v)
+    per_seq = capacity // page_size
+    table = torch.randperm(batch * per_seq).reshape(batch, per_seq).to(torch.int32)
+    k_pages, v_pages = (torch.empty(batch * per_seq, page_size, heads_kv, head_dim,
+                                    dtype=torch.bfloat16) for _ in range(2))
+    for b in range(batch):
+        for i in range(per_seq):
+            k_pages[table[b, i]] = k[b, i * page_size:(i + 1) * page_size]
+            v_pages[table[b, i]] = v[b, i * page_size:(i + 1) * page_size]
+    return k_pages, v_pages, {"block_table": table}, (k, v)
+
+
+# Decode with the scores on the matrix engine (flash_decode.hpp, MATRIX_M > 0): K tiles read in
+# place (contiguous or head-major caches, pages: powers of two >= 16, so whole key blocks) or
+# staged through SLM (a partial last block, head dim 80 padded to 96); several K/V heads
+# per Q^T tile (GQA 4: four heads' rows fill its 16 columns), a partial head group (6 heads
+# at head dim 256), 3 new tokens x GQA 4 = 12 rows; the score options.
+DECODE_CASES = {
+    "contiguous_partial_group": dict(layout="contiguous", heads=(24, 6), head_dim=256),
+    "head_major": dict(layout="head_major", heads=(32, 8), head_dim=128),
+    "padded_dim": dict(layout="contiguous", heads=(8, 2), head_dim=80),
+    "pages_of_16": dict(layout="paged", heads=(8, 2), head_dim=64, page_size=16),
+    "three_tokens_causal": dict(layout="contiguous", heads=(8, 2), head_dim=64, new_tokens=3,
+                                options=dict(causal=True)),
+    "softcap_alibi_window": dict(layout="contiguous", heads=(8, 2), head_dim=128,
+                                 options=dict(causal=True, softcap=5.0, window_size=(100, 0),
+                                              alibi=True)),
+}
+
+
+def run_decode_case(case):
+    lengths = [37, 300]
+    heads_q, heads_kv = case["heads"]
+    k, v, paging, (k_ref, v_ref) = decode_case(case["layout"], len(lengths), 336, heads_kv,
+                                               case["head_dim"], case.get("page_size", 16))
+    options = dict(case.get("options", {}))
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = torch.rand(len(lengths), heads_q) * 0.2
+    q = torch.randn(len(lengths), case.get("new_tokens", 1), heads_q, case["head_dim"],
+                    dtype=torch.bfloat16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    out, lse = ipex_flash.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,
+                                                  return_softmax_lse=True, **paging, **options)
+    for b, length in enumerate(lengths):
+        ref_out, ref_lse = flash_attn_reference(q[b:b + 1], k_ref[b:b + 1, :length],
+                                                v_ref[b:b + 1, :length], **options_for(options, b))
+        assert_matches_reference(out[b:b + 1], lse[b:b + 1], ref_out, ref_lse, torch.bfloat16)
+    return out, lse
+
+
+def options_for(options, b):
+    """The options of sequence b alone (ALiBi slopes are per sequence)."""
+    if "alibi_slopes" not in options:
+        return options
+    return {**options, "alibi_slopes": options["alibi_slopes"][b:b + 1]}
+
+
+@needs_engine
+@pytest.mark.parametrize("mode", TILE_MODES + ["0"])
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_decode_matches_reference(matrix_mode, mode, case):
+    matrix_mode(mode)
+    torch.manual_seed(0)
+    run_decode_case(DECODE_CASES[case])
+
+
+@needs_engine
+def test_decode_takes_matrix_path(matrix_mode):
+    """Forced on and off on the same inputs: both match the reference, and their log-sum-exps
+    differ in the last bits (another summation order), so the forced mode was not ignored."""
+    results = []
+    for mode in ("16", "0"):
+        matrix_mode(mode)
+        torch.manual_seed(0)
+        results.append(run_decode_case(DECODE_CASES["head_major"]))
+    assert not torch.equal(results[0][1], results[1][1])
+
+
 def test_matrix_kernel_compiles():
     """The kernel source goes through the full DPC++ front end for this machine's SYCL CPU
     device, in a child process: where the CPU runtime targets AMX it must build and yield
     the kernel; elsewhere (SYCL_RUNTIME.md: no AMX) the build must pass the front end (a type
     error fails it) even though the bundle then holds no kernel."""
-    names = [f"ipex_flash::flash_fwd_matrix_kernel<ipex_flash::bfloat16_bits, {d}, 64, 64, {f}, {m}, {k}>"
+    names = [("flash_fwd_matrix.hpp",
+              f"ipex_flash::flash_fwd_matrix_kernel<ipex_flash::bfloat16_bits, {d}, 64, 64, {f}, {m}, {k}>")
              for d, f, m, k in [(64, 0, 16, 32), (80, 3, 8, 16), (128, 1, 8, 16)]]
+    names += [("flash_decode.hpp",
+               f"ipex_flash::flash_decode_kernel<ipex_flash::bfloat16_bits, {d}, {r}, 16, {f}, {m}, {k}>")
+              for d, r, f, m, k in [(128, 4, 0, 16, 32), (96, 16, 3, 8, 16)]]
     script = textwrap.dedent(f"""
         from ipex_flash._runtime import C
-        for name in {names!r}:
+        for source, name in {names!r}:
             try:
-                C.build_kernel("flash_fwd_matrix.hpp", name)
+                C.build_kernel(source, name)
                 print("BUILT", name)
             except RuntimeError as e:
                 print("FAILED", name, str(e))

@@ -13,7 +13,9 @@
 //   keys sit in a group of consecutive lanes); P.V broadcasts the probabilities from SLM;
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
 //   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
-// No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses.
+// No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses. The
+// score pass also reads the V rows ahead of P.V (RowVectors::touch). 16-bit inputs on a device
+// with a matrix engine compute the scores there (MATRIX_M > 0, below).
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
 #pragma once
@@ -25,6 +27,7 @@
 
 #include "block_schedule.hpp"
 #include "mask.hpp"
+#include "matrix_tile.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
@@ -55,7 +58,14 @@ constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {
 // MAX_HEADS), visiting each key block for all of them before moving on: with a (B, N, H, D)
 // cache a key's heads are neighbours in memory, so the group reads one contiguous run per key
 // instead of H runs a page apart, which the CPU's prefetchers cannot follow.
-template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES>
+//
+// MATRIX_M > 0 (16-bit inputs on a device with a matrix engine): the scores of a key block
+// come from the matrix engine instead, S^T (keys, columns) = K (keys, d) . Q^T (d, columns),
+// with K tiles loaded straight from the cache (any row stride) and Q^T packed in SLM, whose 16
+// columns are the rows of HEADS_PER_SET heads; each head's product uses its own columns. The
+// softmax and P.V are the same code.
+template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
+          int MATRIX_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 void flash_decode_kernel(DecodeParams p) {
@@ -70,6 +80,12 @@ void flash_decode_kernel(DecodeParams p) {
   static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
   static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
   static_assert(D_VECS % PV_VECS == 0 && PV_VECS % PER_LOAD == 0, "whole P.V passes");
+  constexpr bool MATRIX = MATRIX_M > 0;
+  constexpr int HEADS_PER_SET = LANES / GROUP_ROWS;  // heads sharing one Q^T tile
+  constexpr int SETS = (MAX_HEADS + HEADS_PER_SET - 1) / HEADS_PER_SET;
+  static_assert(!MATRIX || (LANES == MATRIX_N && BLOCK_N % MATRIX_M == 0 &&
+                            HEAD_DIM % MATRIX_K == 0 && sizeof(T) == 2),
+                "matrix tile shape");
   // Q (* prescale) and O of every row the group serves, in vector order (i = vi * LANES + lane,
   // column Row::column(vi, lane)); the running softmax of each head's rows, per lane.
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> q_slm;
@@ -77,6 +93,12 @@ void flash_decode_kernel(DecodeParams p) {
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> max_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> sum_slm;
   static syclexp::work_group_static<float[STEPS][LANES]> p_slm;  // (t, r * KEYS_PER_STEP + j)
+  // Matrix scores only (one element otherwise): Q^T packed per head set (word [d / 2][column],
+  // column = head in set * GROUP_ROWS + r), the block's S^T, and a K block staged in SLM when it
+  // cannot be read in place (a partial last block, pages that split it, padded head dims).
+  static syclexp::work_group_static<uint32_t[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES]> qt_slm;
+  static syclexp::work_group_static<float[MATRIX ? BLOCK_N : 1][LANES]> st_slm;
+  static syclexp::work_group_static<T[MATRIX ? BLOCK_N : 1][HEAD_DIM]> k_stage_slm;
   static syclexp::work_group_static<float[LANES]> row_factor_slm;  // per lane, as the softmax
   float(&q_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = q_slm;
   float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
@@ -84,6 +106,9 @@ void flash_decode_kernel(DecodeParams p) {
   float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
   float(&probs)[STEPS][LANES] = p_slm;
   float(&row_factor)[LANES] = row_factor_slm;
+  uint32_t(&q_t)[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES] = qt_slm;
+  float(&s_t)[MATRIX ? BLOCK_N : 1][LANES] = st_slm;
+  T(&k_stage)[MATRIX ? BLOCK_N : 1][HEAD_DIM] = k_stage_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -122,7 +147,8 @@ void flash_decode_kernel(DecodeParams p) {
                    (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);
-        q_all[hk][r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
+        if constexpr (!MATRIX)
+          q_all[hk][r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
         acc_all[hk][r][i] = 0.f;
       }
     }
@@ -130,10 +156,28 @@ void flash_decode_kernel(DecodeParams p) {
     row_max[hk][lid] = fresh.row_max;
     row_sum[hk][lid] = fresh.row_sum;
   }
+  if constexpr (MATRIX) {  // lane = column
+    const int hk = lid / GROUP_ROWS, r = lid % GROUP_ROWS;
+    for (int set = 0; set * HEADS_PER_SET < group_heads; ++set) {
+      const bool col_ok = r < rows && set * HEADS_PER_SET + hk < group_heads;
+      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch +
+                   query_head(head0 + (col_ok ? set * HEADS_PER_SET + hk : 0), col_ok ? r : 0) *
+                       p.q_stride.head +
+                   (seq.q_row0 + (col_ok ? r % len_q : 0)) * p.q_stride.row;
+      for (int d = 0; d < HEAD_DIM; d += 2)
+        q_t[set][d / 2][lid] = pack_pair(col_ok && d < head_dim ? q[d] : tile_zero<T>(),
+                                         col_ok && d + 1 < head_dim ? q[d + 1] : tile_zero<T>());
+    }
+  }
   sycl::group_barrier(group);
+  // Matrix scores read K tiles in place when the key block's rows are whole and evenly spaced
+  // (pages, powers of two >= 16 keys, hold whole blocks), else from a copy in SLM.
+  const bool k_in_place =
+      head_dim == HEAD_DIM && (c.seq.block_table == nullptr || c.seq.page_size % BLOCK_N == 0);
   // K and V rows as block loads, unless the head dim is padded.
   const bool whole_rows = head_dim == HEAD_DIM;
 
+  uint32_t touched = 0;  // RowVectors::touch
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
     for (int hk = 0; hk < group_heads; ++hk) {
@@ -142,6 +186,30 @@ void flash_decode_kernel(DecodeParams p) {
       const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
       float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
+      const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // matrix: this head's columns
+
+      if constexpr (MATRIX) {  // S^T of the whole block, into s_t
+        const bool in_place = k_in_place && kv_begin + BLOCK_N <= kv_end;
+        if (!in_place) {
+          load_tile<BLOCK_N, HEAD_DIM>(k_stage, k, kv_begin, block_keys, head_dim, lid, LANES);
+          sycl::group_barrier(group);
+        }
+        const uint32_t* q_tile = &q_t[hk / HEADS_PER_SET][0][0];
+#pragma unroll
+        for (int m0 = 0; m0 < BLOCK_N; m0 += MATRIX_M) {
+          MatrixAcc<MATRIX_M> s_tile;
+          jm::joint_matrix_fill(sg, s_tile, 0.f);
+          if (in_place)
+            matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM, sycl::access::address_space::global_space>(
+                sg, s_tile, k.row(kv_begin + m0), k.row_stride, q_tile, LANES);
+          else
+            matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, s_tile, &k_stage[m0][0], HEAD_DIM,
+                                                        q_tile, LANES);
+          jm::joint_matrix_store(sg, s_tile, local_ptr(&s_t[m0][0]), LANES,
+                                 jm::layout::row_major);
+        }
+        sycl::group_barrier(group);
+      }
 
       // Scores: lane l of step t ends with (row l / KEYS_PER_STEP, key t * KEYS_PER_STEP + l %
       // KEYS_PER_STEP), kept in probs until the softmax turns them into probabilities. Keys
@@ -151,21 +219,37 @@ void flash_decode_kernel(DecodeParams p) {
           ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0));
       float block_max = NEG_INF;
       for (int t = 0; t < STEPS; ++t) {
-        float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-        for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
+        float score[1];
+        if constexpr (MATRIX) {
+          score[0] = c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row];
+        } else {
+          float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
+          for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
+#pragma unroll
+            for (int j = 0; j < KEYS_PER_STEP; ++j) {
+              float k_vec[PER_LOAD];  // (vi + u)
+              Row::load(sg,
+                        k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
+                        vi, whole_rows, head_dim, lid, k_vec);
+#pragma unroll
+              for (int u = 0; u < PER_LOAD; ++u)
+#pragma unroll
+                for (int r = 0; r < GROUP_ROWS; ++r)
+                  partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
+            }
+          }
+          score[0] = transpose_sum<LANES>(sg, partial, lid);
+        }
+        // Read the step's V rows now, while the K misses are in flight, so that P.V finds
+        // them in cache: P.V alone issues too few misses at a time to keep memory busy
+        // (bf16 decode +20-30 %, NOTES.md).
+        if (whole_rows) {
 #pragma unroll
           for (int j = 0; j < KEYS_PER_STEP; ++j) {
-            float k_vec[PER_LOAD];  // (vi + u)
-            Row::load(sg, k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
-                      vi, whole_rows, head_dim, lid, k_vec);
-#pragma unroll
-            for (int u = 0; u < PER_LOAD; ++u)
-#pragma unroll
-              for (int r = 0; r < GROUP_ROWS; ++r)
-                partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
+            const int64_t key_j = std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1);
+            touched ^= Row::template touch<HEAD_DIM>(sg, v.row(key_j));
           }
         }
-        float score[1] = {transpose_sum<LANES>(sg, partial, lid)};
         const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
         if constexpr (FEATURES != 0) {
           float unused_grad[1];
@@ -223,6 +307,9 @@ void flash_decode_kernel(DecodeParams p) {
     }
   }
 
+  // Never true (heads_per_group >= 1), but the compiler cannot know: keeps the reads of
+  // RowVectors::touch from being dropped as dead.
+  if (p.heads_per_group < 0) p.partial_lse[lid] = static_cast<float>(touched);
   // Row statistics live in the row's lanes; the output is written with lanes along d.
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;

@@ -37,10 +37,13 @@ inline auto local_ptr(T* p) {
                                   sycl::access::decorated::no>(p);
 }
 
-template <typename T>
+// A tile operand's address as joint_matrix_load takes it: in SLM, or (SPACE global_space) read
+// straight from global memory (the decode kernel's K rows).
+template <sycl::access::address_space SPACE = sycl::access::address_space::local_space,
+          typename T>
 inline auto matrix_ptr(const T* p) {
   using E = typename MatrixElement<T>::type;
-  return local_ptr(reinterpret_cast<const E*>(p));
+  return sycl::address_space_cast<SPACE, sycl::access::decorated::no>(reinterpret_cast<const E*>(p));
 }
 
 template <typename T, int M, int K>
@@ -57,17 +60,18 @@ using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator,
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
 // (pack_pair, dtypes.hpp).
 //
-// acc (M x 16) += A (M x DEPTH) . B (DEPTH x 16), both in SLM: A row-major with row stride lda
-// (elements), B packed as words b[k / 2][n] with row stride ldb (words).
-template <typename T, int M, int K, int DEPTH>
-inline void matrix_mad(sycl::sub_group sg, MatrixAcc<M>& acc, const T* a, int lda,
+// acc (M x 16) += A (M x DEPTH) . B (DEPTH x 16): A row-major with row stride lda (elements),
+// in SLM or in A_SPACE; B packed as words b[k / 2][n] with row stride ldb (words), in SLM.
+template <typename T, int M, int K, int DEPTH,
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
+inline void matrix_mad(sycl::sub_group sg, MatrixAcc<M>& acc, const T* a, int64_t lda,
                        const uint32_t* b, int ldb) {
   static_assert(DEPTH % K == 0, "whole reduction steps");
   MatrixA<T, M, K> a_tile;
   MatrixB<T, K> b_tile;
 #pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
-    jm::joint_matrix_load(sg, a_tile, matrix_ptr(a + k), lda);
+    jm::joint_matrix_load(sg, a_tile, matrix_ptr<A_SPACE>(a + k), static_cast<size_t>(lda));
     jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
                           2 * ldb);
     jm::joint_matrix_mad(sg, acc, a_tile, b_tile, acc);

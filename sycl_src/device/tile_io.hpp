@@ -199,6 +199,23 @@ struct RowVectors {
       out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
     }
   }
+
+  // Reads a whole row of COLS columns (whole 32-bit words) and returns its words xor-ed: a
+  // load issued early so that a later pass finds the row in cache, where the device's own
+  // prefetch compiled to a runtime call per line on the CPU device (NOTES.md). The caller must
+  // keep the result alive.
+  template <int COLS>
+  static inline uint32_t touch(sycl::sub_group sg, const T* row) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(row);
+    uint32_t all = 0;
+#pragma unroll
+    for (int w = 0; w < COLS * static_cast<int>(sizeof(T)) / 4; w += LANES) {
+      uint32_t word;
+      sycl::ext::oneapi::experimental::group_load(sg, words + w, word);
+      all ^= word;
+    }
+    return all;
+  }
 };
 
 }  // namespace ipex_flash

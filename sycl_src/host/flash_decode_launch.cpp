@@ -8,6 +8,7 @@
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "host/matrix_path.hpp"
 #include "host/variants.hpp"
 
 namespace ipex_flash {
@@ -82,14 +83,22 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   KernelVariant variant = choose_variant(
       q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int) {
         const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
-        // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block, factors.
-        return sizeof(float) * (2 * r * d + 2 * r * lanes + kDecodeBlockKeys * lanes + lanes);
+        const size_t keys = kDecodeBlockKeys;
+        // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
+        // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
+        // S^T, a staged K block (16-bit).
+        return sizeof(float) * (2 * r * d + 2 * r * lanes + keys * lanes + lanes) +
+               2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
       });
   variant.block_m = decode_group_rows(rows);
   variant.block_n = kDecodeBlockKeys;
   // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
   if (q.dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
   variant.features = features_of(options);
+  // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
+  const MatrixTile tile = matrix_tile(queue.get_device(), q.dtype, variant.head_dim);
+  variant.matrix_m = tile.m;
+  variant.matrix_k = tile.k;
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
@@ -102,7 +111,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
 
   const std::vector<sycl::kernel> kernels = get_kernels(
       queue, "flash_decode.hpp",
-      {variant.instantiate("ipex_flash::flash_decode_kernel"),
+      {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
        "ipex_flash::flash_decode_merge_kernel<" + device_type_name(q.dtype) + ">"});
   submit_kernel(queue, kernels[0], params,
                 block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group),

@@ -17,12 +17,12 @@ int padded_head_dim(int head_dim) {
   return (head_dim + step - 1) / step * step;
 }
 
-std::string KernelVariant::instantiate(const std::string& kernel) const {
+std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_args) const {
   return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +
          std::to_string(block_m) + ", " + std::to_string(block_n) + ", " +
          std::to_string(features) +
-         (matrix_m > 0 ? ", " + std::to_string(matrix_m) + ", " + std::to_string(matrix_k)
-                       : std::string()) +
+         (matrix_args ? ", " + std::to_string(matrix_m) + ", " + std::to_string(matrix_k)
+                      : std::string()) +
          ">";
 }
 

@@ -21,7 +21,12 @@ struct KernelVariant {
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
   // signature, with ", MATRIX_M, MATRIX_K" appended for the matrix-engine kernels.
-  std::string instantiate(const std::string& kernel) const;
+  std::string instantiate(const std::string& kernel) const {
+    return instantiate(kernel, matrix_m > 0);
+  }
+  // The same, with the matrix arguments always (matrix_args) or never appended: for a kernel
+  // template that takes them whichever products it runs (the decode kernel; 0, 0: vector).
+  std::string instantiate(const std::string& kernel, bool matrix_args) const;
 };
 
 // The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
