@@ -6,39 +6,7 @@ import torch
 import ipex_flash
 from ipex_flash.reference import flash_attn_reference
 
-from conftest import DTYPES, OUTPUT_TOLERANCE, LSE_TOLERANCE
-
-
-def make_cache(batch, capacity, heads_kv, head_dim, dtype):
-    return (torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype),
-            torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype))
-
-
-def to_paged(k_cache, v_cache, page_size):
-    """The same cache as pages in a shuffled pool, plus spare pages, and its block table."""
-    batch, capacity, heads, dim = k_cache.shape
-    per_seq = capacity // page_size
-    pool = batch * per_seq + 3
-    order = torch.randperm(pool)[: batch * per_seq].reshape(batch, per_seq).to(torch.int32)
-    k_pages = torch.randn(pool, page_size, heads, dim, dtype=k_cache.dtype)
-    v_pages = torch.randn(pool, page_size, heads, dim, dtype=v_cache.dtype)
-    for b in range(batch):
-        for p in range(per_seq):
-            k_pages[order[b, p]] = k_cache[b, p * page_size:(p + 1) * page_size]
-            v_pages[order[b, p]] = v_cache[b, p * page_size:(p + 1) * page_size]
-    return k_pages, v_pages, order
-
-
-def check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype, **options):
-    rtol, atol = OUTPUT_TOLERANCE[dtype]
-    for b, length in enumerate(lengths):
-        ref_out, ref_lse = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :length],
-                                                v_cache[b:b + 1, :length], **options)
-        torch.testing.assert_close(out[b:b + 1].double(), ref_out, rtol=rtol, atol=atol)
-        finite = ~torch.isneginf(ref_lse)
-        assert torch.equal(torch.isneginf(lse[b:b + 1]), ~finite)
-        torch.testing.assert_close(lse[b:b + 1].double()[finite], ref_lse[finite],
-                                   rtol=LSE_TOLERANCE[0], atol=LSE_TOLERANCE[1])
+from conftest import DTYPES, cache_in_layout, check_against_reference, make_cache, to_paged
 
 
 @pytest.mark.parametrize("lengths", [[1, 1], [1, 64, 65], [300, 7, 2049], [4000]])
@@ -52,19 +20,6 @@ def test_decode_one_token(dtype, heads_q, heads_kv, lengths):
     out, lse = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
                                                   return_softmax_lse=True)
     check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype)
-
-
-def cache_in_layout(layout, batch, capacity, heads_kv, head_dim, dtype):
-    """A (B, N, H, D) cache view: contiguous, head-major memory seen through a transpose, or
-    starting one element into its storage (16-bit rows then miss 4-byte alignment)."""
-    if layout == "head_major":
-        return (torch.randn(batch, heads_kv, capacity, head_dim, dtype=dtype).transpose(1, 2),
-                torch.randn(batch, heads_kv, capacity, head_dim, dtype=dtype).transpose(1, 2))
-    if layout == "offset":
-        size = batch * capacity * heads_kv * head_dim
-        return tuple(torch.randn(size + 1, dtype=dtype)[1:].view(batch, capacity, heads_kv, head_dim)
-                     for _ in range(2))
-    return make_cache(batch, capacity, heads_kv, head_dim, dtype)
 
 
 # How the decode kernel reads the cache: several K/V heads per work-group (head dim 256 fits

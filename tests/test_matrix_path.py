@@ -13,9 +13,10 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.reference import attention_reference, flash_attn_reference
+from ipex_flash.reference import attention_reference
 
-from conftest import assert_matches_reference, random_qkv
+from conftest import (assert_matches_reference, cache_in_layout, check_against_reference,
+                      random_qkv, to_paged)
 
 HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
 needs_engine = pytest.mark.skipif(
@@ -124,25 +125,14 @@ def test_bad_mode_is_rejected(matrix_mode):
         ipex_flash.attention(q, k, v)
 
 
-def decode_case(layout, batch, capacity, heads_kv, head_dim, page_size):
+def decode_cache(layout, batch, capacity, heads_kv, head_dim, page_size):
     """A bfloat16 cache for flash_attn_with_kvcache: (k, v, extra kwargs, (k, v) as contiguous
     (B, N, H, D) for the reference)."""
-    if layout == "head_major":
-        k, v = (torch.randn(batch, heads_kv, capacity, head_dim, dtype=torch.bfloat16)
-                .transpose(1, 2) for _ in range(2))
-    else:
-        k, v = (torch.randn(batch, capacity, heads_kv, head_dim, dtype=torch.bfloat16)
-                for _ in range(2))
+    k, v = cache_in_layout("head_major" if layout == "head_major" else "contiguous", batch,
+                           capacity, heads_kv, head_dim, torch.bfloat16)
     if layout != "paged":
         return k, v, {}, (k, v)
-    per_seq = capacity // page_size
-    table = torch.randperm(batch * per_seq).reshape(batch, per_seq).to(torch.int32)
-    k_pages, v_pages = (torch.empty(batch * per_seq, page_size, heads_kv, head_dim,
-                                    dtype=torch.bfloat16) for _ in range(2))
-    for b in range(batch):
-        for i in range(per_seq):
-            k_pages[table[b, i]] = k[b, i * page_size:(i + 1) * page_size]
-            v_pages[table[b, i]] = v[b, i * page_size:(i + 1) * page_size]
+    k_pages, v_pages, table = to_paged(k, v, page_size)
     return k_pages, v_pages, {"block_table": table}, (k, v)
 
 
@@ -167,28 +157,21 @@ DECODE_CASES = {
 def run_decode_case(case):
     lengths = [37, 300]
     heads_q, heads_kv = case["heads"]
-    k, v, paging, (k_ref, v_ref) = decode_case(case["layout"], len(lengths), 336, heads_kv,
-                                               case["head_dim"], case.get("page_size", 16))
+    k, v, paging, (k_ref, v_ref) = decode_cache(case["layout"], len(lengths), 336, heads_kv,
+                                                case["head_dim"], case.get("page_size", 16))
     options = dict(case.get("options", {}))
-    if options.pop("alibi", False):
-        options["alibi_slopes"] = torch.rand(len(lengths), heads_q) * 0.2
+    slopes = torch.rand(len(lengths), heads_q) * 0.2 if options.pop("alibi", False) else None
     q = torch.randn(len(lengths), case.get("new_tokens", 1), heads_q, case["head_dim"],
                     dtype=torch.bfloat16)
     seqlens = torch.tensor(lengths, dtype=torch.int32)
     out, lse = ipex_flash.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,
-                                                  return_softmax_lse=True, **paging, **options)
-    for b, length in enumerate(lengths):
-        ref_out, ref_lse = flash_attn_reference(q[b:b + 1], k_ref[b:b + 1, :length],
-                                                v_ref[b:b + 1, :length], **options_for(options, b))
-        assert_matches_reference(out[b:b + 1], lse[b:b + 1], ref_out, ref_lse, torch.bfloat16)
+                                                  return_softmax_lse=True, alibi_slopes=slopes,
+                                                  **paging, **options)
+    for b, length in enumerate(lengths):  # ALiBi slopes are per sequence
+        check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_ref[b:b + 1],
+                                v_ref[b:b + 1], [length], torch.bfloat16, **options,
+                                alibi_slopes=None if slopes is None else slopes[b:b + 1])
     return out, lse
-
-
-def options_for(options, b):
-    """The options of sequence b alone (ALiBi slopes are per sequence)."""
-    if "alibi_slopes" not in options:
-        return options
-    return {**options, "alibi_slopes": options["alibi_slopes"][b:b + 1]}
 
 
 @needs_engine

@@ -132,6 +132,12 @@ void flash_decode_kernel(DecodeParams p) {
   const bool valid_row = my_row < rows;
   const int64_t token = valid_row ? my_row % len_q : 0;
   const auto query_head = [&](int h_kv, int r) { return h_kv * c.dims.heads_per_kv + r / len_q; };
+  // Q row r of the group's K/V head hk (a padding row reads the group's first row instead).
+  const auto q_row = [&](int hk, int r, bool ok) {
+    return static_cast<const T*>(p.q) + b * p.q_stride.batch +
+           query_head(head0 + (ok ? hk : 0), ok ? r : 0) * p.q_stride.head +
+           (seq.q_row0 + (ok ? r % len_q : 0)) * p.q_stride.row;
+  };
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
   // This split's keys, cut to what any of the rows can see.
@@ -142,9 +148,7 @@ void flash_decode_kernel(DecodeParams p) {
   for (int hk = 0; hk < group_heads; ++hk) {
     for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d from here on
       const bool row_ok = r < rows;
-      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch +
-                   query_head(head0 + hk, row_ok ? r : 0) * p.q_stride.head +
-                   (seq.q_row0 + (row_ok ? r % len_q : 0)) * p.q_stride.row;
+      const T* q = q_row(hk, r, row_ok);
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);
         if constexpr (!MATRIX)
@@ -160,22 +164,19 @@ void flash_decode_kernel(DecodeParams p) {
     const int hk = lid / GROUP_ROWS, r = lid % GROUP_ROWS;
     for (int set = 0; set * HEADS_PER_SET < group_heads; ++set) {
       const bool col_ok = r < rows && set * HEADS_PER_SET + hk < group_heads;
-      const T* q = static_cast<const T*>(p.q) + b * p.q_stride.batch +
-                   query_head(head0 + (col_ok ? set * HEADS_PER_SET + hk : 0), col_ok ? r : 0) *
-                       p.q_stride.head +
-                   (seq.q_row0 + (col_ok ? r % len_q : 0)) * p.q_stride.row;
+      const T* q = q_row(set * HEADS_PER_SET + hk, r, col_ok);
       for (int d = 0; d < HEAD_DIM; d += 2)
         q_t[set][d / 2][lid] = pack_pair(col_ok && d < head_dim ? q[d] : tile_zero<T>(),
                                          col_ok && d + 1 < head_dim ? q[d + 1] : tile_zero<T>());
     }
   }
   sycl::group_barrier(group);
+  // K and V rows as block loads, unless the head dim is padded.
+  const bool whole_rows = head_dim == HEAD_DIM;
   // Matrix scores read K tiles in place when the key block's rows are whole and evenly spaced
   // (pages, powers of two >= 16 keys, hold whole blocks), else from a copy in SLM.
   const bool k_in_place =
-      head_dim == HEAD_DIM && (c.seq.block_table == nullptr || c.seq.page_size % BLOCK_N == 0);
-  // K and V rows as block loads, unless the head dim is padded.
-  const bool whole_rows = head_dim == HEAD_DIM;
+      whole_rows && (c.seq.block_table == nullptr || c.seq.page_size % BLOCK_N == 0);
 
   uint32_t touched = 0;  // RowVectors::touch
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
@@ -187,6 +188,10 @@ void flash_decode_kernel(DecodeParams p) {
       float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
       const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // matrix: this head's columns
+      // The cache row of key j of step t, clamped to the last key (see the scores below).
+      const auto step_row = [&](const KvRows<T>& rows_of, int t, int j) {
+        return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
+      };
 
       if constexpr (MATRIX) {  // S^T of the whole block, into s_t
         const bool in_place = k_in_place && kv_begin + BLOCK_N <= kv_end;
@@ -228,9 +233,7 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
             for (int j = 0; j < KEYS_PER_STEP; ++j) {
               float k_vec[PER_LOAD];  // (vi + u)
-              Row::load(sg,
-                        k.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1)),
-                        vi, whole_rows, head_dim, lid, k_vec);
+              Row::load(sg, step_row(k, t, j), vi, whole_rows, head_dim, lid, k_vec);
 #pragma unroll
               for (int u = 0; u < PER_LOAD; ++u)
 #pragma unroll
@@ -245,10 +248,8 @@ void flash_decode_kernel(DecodeParams p) {
         // (bf16 decode +20-30 %, NOTES.md).
         if (whole_rows) {
 #pragma unroll
-          for (int j = 0; j < KEYS_PER_STEP; ++j) {
-            const int64_t key_j = std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1);
-            touched ^= Row::template touch<HEAD_DIM>(sg, v.row(key_j));
-          }
+          for (int j = 0; j < KEYS_PER_STEP; ++j)
+            touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
         }
         const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
         if constexpr (FEATURES != 0) {
