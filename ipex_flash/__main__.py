@@ -53,14 +53,20 @@ def demo(args) -> None:
 
 
 def warmup(args) -> None:
-    builders = {"forward": C.warmup_fwd, "backward": C.warmup_bwd}
+    # Decode kernels are specialised on the query rows per K/V head (GQA group size x new
+    # tokens), so each --decode-rows value is a variant of its own.
+    builds = {"forward": lambda dtype, d: [C.warmup_fwd(dtype, d, 0)],
+              "backward": lambda dtype, d: [C.warmup_bwd(dtype, d, 0)],
+              "decode": lambda dtype, d: [C.warmup_decode(dtype, d, rows, 0)
+                                          for rows in args.decode_rows]}
     C.set_warmup_mode(True)  # leave the cache in the state later processes load fastest from
     for dtype in args.dtypes:
         for head_dim in args.head_dims:
             for direction in args.directions:
                 start = time.perf_counter()
-                variant = builders[direction](dtype, head_dim, 0)
-                print(f"{direction} {variant}: ready in {time.perf_counter() - start:.2f} s")
+                variants = builds[direction](dtype, head_dim)
+                names = ", ".join(str(variant) for variant in variants)
+                print(f"{direction} {names}: ready in {time.perf_counter() - start:.2f} s")
 
 
 def info(_args) -> None:
@@ -87,8 +93,12 @@ def main() -> None:
     p = commands.add_parser("warmup", help="build kernel variants into the persistent cache")
     p.add_argument("--dtypes", nargs="+", choices=sorted(_DTYPES), default=sorted(_DTYPES))
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
-    p.add_argument("--directions", nargs="+", choices=["forward", "backward"],
-                   default=["forward", "backward"])
+    p.add_argument("--directions", nargs="+", choices=["forward", "backward", "decode"],
+                   default=["forward", "backward", "decode"])
+    p.add_argument("--decode-rows", nargs="+", type=int, default=[1, 4, 8],
+                   choices=range(1, C.MAX_DECODE_ROWS + 1), metavar="ROWS",
+                   help="query rows per K/V head to build decode kernels for (GQA group "
+                        "size x new tokens; default 1 4 8)")
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)

@@ -6,7 +6,7 @@ import ipex_flash
 from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference
 
-from conftest import DTYPES, assert_matches_reference, random_qkv
+from conftest import DTYPES, assert_matches_reference, check_against_reference, make_cache, random_qkv
 
 
 def sample_inputs():
@@ -60,3 +60,26 @@ def test_kernel_cache_reuses_builds():
     after = C.kernel_cache_stats()
     assert after["builds"] == before["builds"]
     assert after["hits"] == before["hits"] + 3
+
+
+def test_warmup_decode_builds_the_kernels_decode_runs():
+    """`python -m ipex_flash warmup` builds decode kernels per (dtype, head dim, rows per K/V
+    head): a decode call of that shape afterwards builds nothing."""
+    variant = C.warmup_decode("bfloat16", 96, 4, 0)
+    assert (variant.head_dim, variant.block_m) == (96, 4)
+    before = C.kernel_cache_stats()
+    # GQA 8/2 with one new token: 4 query rows per K/V head.
+    q = torch.randn(2, 1, 8, 96, dtype=torch.bfloat16)
+    k_cache, v_cache = make_cache(2, 70, 2, 96, torch.bfloat16)
+    lengths = [70, 33]
+    out, lse = ipex_flash.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+        return_softmax_lse=True)
+    assert C.kernel_cache_stats()["builds"] == before["builds"]
+    check_against_reference(out, lse, q, k_cache, v_cache, lengths, torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [0, C.MAX_DECODE_ROWS + 1])
+def test_warmup_decode_rejects_rows_out_of_range(rows):
+    with pytest.raises(ValueError, match="rows must be in"):
+        C.warmup_decode("float32", 64, rows, 0)

@@ -95,6 +95,8 @@ PYBIND11_MODULE(_C, m) {
         "partial_lse"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
   m.def("decode_num_splits", &decode_num_splits, "batch"_a, "heads_kv"_a, "rows"_a,
         "head_dim"_a, "max_len_k"_a, "queue"_a);
+  m.def("warmup_decode", &warmup_decode, "dtype"_a, "head_dim"_a, "rows"_a, "queue"_a,
+        py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());

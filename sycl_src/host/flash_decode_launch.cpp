@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "host/device_queue.hpp"
@@ -33,6 +34,40 @@ int decode_group_rows(int rows) {
   int group_rows = 1;
   while (group_rows < rows) group_rows *= 2;
   return group_rows;
+}
+
+// The decode variant serving `rows` query rows per K/V head (GQA group size x new tokens).
+// One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
+// (batch, group of K/V heads, split); the kernel is specialised on those rows rounded up to
+// a power of two, which sizes its P.V accumulators.
+KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
+                             const sycl::device& device) {
+  KernelVariant variant = choose_variant(dtype, head_dim, device, [](int head_dim, int, int) {
+    const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
+    const size_t keys = kDecodeBlockKeys;
+    // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
+    // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
+    // S^T, a staged K block (16-bit).
+    return sizeof(float) * (2 * r * d + 2 * r * lanes + keys * lanes + lanes) +
+           2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
+  });
+  variant.block_m = decode_group_rows(rows);
+  variant.block_n = kDecodeBlockKeys;
+  // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
+  if (dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
+  // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
+  const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
+  variant.matrix_m = tile.m;
+  variant.matrix_k = tile.k;
+  return variant;
+}
+
+// The split kernel and the merge kernel, built together from one program.
+std::vector<sycl::kernel> decode_kernels(sycl::queue& queue, const KernelVariant& variant) {
+  return get_kernels(
+      queue, "flash_decode.hpp",
+      {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
+       "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"});
 }
 
 }  // namespace
@@ -77,28 +112,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     return;
   }
   sycl::queue& queue = queue_from_handle(queue_handle);
-  // One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
-  // (batch, group of K/V heads, split); the kernel is specialised on the rows of one K/V head
-  // rounded up to a power of two, which sizes its P.V accumulators.
-  KernelVariant variant = choose_variant(
-      q.dtype, c.dims.head_dim, queue.get_device(), [](int head_dim, int, int) {
-        const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
-        const size_t keys = kDecodeBlockKeys;
-        // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
-        // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
-        // S^T, a staged K block (16-bit).
-        return sizeof(float) * (2 * r * d + 2 * r * lanes + keys * lanes + lanes) +
-               2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
-      });
-  variant.block_m = decode_group_rows(rows);
-  variant.block_n = kDecodeBlockKeys;
-  // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
-  if (q.dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
+  KernelVariant variant = decode_variant(q.dtype, c.dims.head_dim, rows, queue.get_device());
   variant.features = features_of(options);
-  // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
-  const MatrixTile tile = matrix_tile(queue.get_device(), q.dtype, variant.head_dim);
-  variant.matrix_m = tile.m;
-  variant.matrix_k = tile.k;
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
   params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
@@ -109,10 +124,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       ceil_div(ceil_div(std::max(c.dims.len_k, 1), c.num_blocks), variant.block_n) *
       variant.block_n);
 
-  const std::vector<sycl::kernel> kernels = get_kernels(
-      queue, "flash_decode.hpp",
-      {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
-       "ipex_flash::flash_decode_merge_kernel<" + device_type_name(q.dtype) + ">"});
+  const std::vector<sycl::kernel> kernels = decode_kernels(queue, variant);
   submit_kernel(queue, kernels[0], params,
                 block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group),
                             c.num_blocks, kMaxDecodeRows),
@@ -122,6 +134,17 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                                    block_range(1, ceil_div(query_rows, kMergeGroup), kMergeGroup),
                                    "flash_decode_merge");
   finish_launch(queue, queue_handle, done, "flash_decode");
+}
+
+KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
+                            std::uintptr_t queue_handle) {
+  if (rows < 1 || rows > kMaxDecodeRows)
+    throw std::invalid_argument("ipex_flash: warmup_decode: rows must be in [1, " +
+                                std::to_string(kMaxDecodeRows) + "], got " + std::to_string(rows));
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  const KernelVariant variant = decode_variant(dtype, head_dim, rows, queue.get_device());
+  decode_kernels(queue, variant);
+  return variant;
 }
 
 }  // namespace ipex_flash

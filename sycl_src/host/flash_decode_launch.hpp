@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
+#include "host/variants.hpp"
 
 namespace ipex_flash {
 
@@ -29,5 +31,10 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,
                   const TensorView& partial_lse, const AttentionOptions& options,
                   std::uintptr_t queue_handle);
+
+// Builds the decode kernels serving `rows` query rows per K/V head (GQA group size x new
+// tokens, 1..kMaxDecodeRows) without running them (python -m ipex_flash warmup).
+KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
+                            std::uintptr_t queue_handle);
 
 }  // namespace ipex_flash
