@@ -106,8 +106,8 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
-    C.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
-                ops.queue_handle(q.device))
+    ops.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
+                  q.device)
     return out, lse
 
 

@@ -143,7 +143,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     q_v, out_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, out, k_cache, v_cache))
     queue = ops.queue_handle(q.device)
     rows = (heads_q // heads_kv) * len_q  # query rows per K/V head
-    if rows <= C.MAX_DECODE_ROWS:
+    if C.flash_decode_supported(q_v, k_v, v_v):
         splits = C.decode_num_splits(batch, heads_kv, rows, head_dim, max_len_k, queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
                                   device=q.device)
@@ -151,8 +151,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                                   device=q.device)
         C.flash_decode(q_v, k_v, v_v, out_v, ops.view(lse), ops.view(partial_out),
                        ops.view(partial_lse), options, queue)
-    else:  # many new tokens (chunked prefill): the general kernel reads the cache too
-        C.flash_fwd(q_v, k_v, v_v, out_v, ops.view(lse), options, queue)
+    else:  # many new tokens (chunked prefill), or a 16-bit cache with rows not word-aligned:
+        # the general kernel reads the cache too
+        ops.flash_fwd(q_v, k_v, v_v, out_v, ops.view(lse), options, q.device)
     return out, lse
 
 

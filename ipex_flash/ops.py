@@ -41,6 +41,17 @@ def view(t: Tensor) -> "C.TensorView":
                         list(t.stride()))
 
 
+def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
+              lse: "C.TensorView", options: "C.AttentionOptions", device: torch.device) -> None:
+    """C.flash_fwd on (B, H, N, D) views, with the scratch it asks for: the matrix-engine
+    kernel reads K and V from a copy packed in tile order (as large as K and V), allocated here
+    so that torch's allocator keeps it alive until the kernel has run on an XPU stream."""
+    queue = queue_handle(device)
+    scratch = torch.empty(C.fwd_scratch_bytes(q, k, options, queue), dtype=torch.uint8,
+                          device=device)
+    C.flash_fwd(q, k, v, out, lse, view(scratch), options, queue)
+
+
 def with_contiguous_last_dim(t: Tensor) -> Tensor:
     # The kernels read rows as contiguous vectors; other layouts pay one copy.
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
@@ -92,8 +103,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     check_dropout(_FN, dropout_p, dropout_seed)
     q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
-    C.flash_fwd(view(q), view(k), view(v), view(out), view(lse),
-                sdpa_options(q, causal, scale, dropout_p, dropout_seed), queue_handle(q.device))
+    flash_fwd(view(q), view(k), view(v), view(out), view(lse),
+              sdpa_options(q, causal, scale, dropout_p, dropout_seed), q.device)
     return out, lse
 
 

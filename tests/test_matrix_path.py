@@ -225,3 +225,25 @@ def test_matrix_kernel_compiles():
         assert "Device compilation failed" not in line, line
         if HAS_MATRIX_ENGINE:
             assert line.startswith("BUILT"), line
+
+
+@needs_engine
+def test_forward_scratch_is_checked(matrix_mode):
+    """The matrix kernel reads K and V from a packed copy in the scratch Python allocates
+    (ops.flash_fwd): its size follows from the problem, and a short one is refused before
+    anything runs."""
+    from ipex_flash import ops
+    matrix_mode("16")
+    q, k, v = random_qkv(2, 4, 2, 30, 100, 40, torch.bfloat16)
+    options = ops.sdpa_options(q, False, None, 0.0, None)
+    views = [ops.view(t) for t in (q, k, v)]
+    # 2 sequences x 2 K/V heads x 2 blocks of 64 keys x (K + V^T) x 64 x 48 (head dim padded to
+    # 48) x 2 bytes.
+    assert C.fwd_scratch_bytes(views[0], views[1], options, 0) == 2 * 2 * 2 * 2 * 64 * 48 * 2
+    out, lse = torch.zeros_like(q), torch.zeros(2, 4, 30)
+    short = torch.empty(2 * 2 * 2 * 2 * 64 * 48 * 2 - 1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="scratch must be a uint8 tensor of at least"):
+        C.flash_fwd(*views, ops.view(out), ops.view(lse), ops.view(short), options, 0)
+    assert not out.any()
+    matrix_mode("0")
+    assert C.fwd_scratch_bytes(views[0], views[1], options, 0) == 0

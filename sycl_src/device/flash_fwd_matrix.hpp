@@ -11,8 +11,14 @@
 // Everything is computed transposed, with the query row as the fastest index, so that the
 // softmax work-items (one per row) read and write consecutive addresses: the scores S^T, the
 // probabilities P^T (packed two keys to a word, the layout the matrix engine takes for B) and
-// the accumulator O^T, which the online softmax rescales. The price is V^T: each K/V block's V
-// is transposed into SLM once per work-group. Q^T is packed once.
+// the accumulator O^T, which the online softmax rescales. Q^T is packed once.
+//
+// The price is V^T. flash_fwd_pack_kv_kernel (below) runs first and writes every K/V block once
+// in the order the products read it: K (kv, d) and V^T (d, kv), zero-padded to whole blocks
+// and the compiled head dim, one contiguous run per block (PackedKv). The main kernel loads
+// its A tiles straight from there; transposing V per work-group instead (64 times per K/V
+// block at N = 4096) took a third of the kernel's time. With nothing of K or V in SLM, the
+// sub-groups never wait on each other: there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
 #pragma once
 
@@ -36,6 +42,24 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 constexpr int MATRIX_SUB_GROUP = 16;  // query rows per sub-group = accumulator columns
 constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
 
+// Accumulator tiles multiplied together (matrix_mad_strips) out of `tiles`: up to 4, which with
+// their shared B tile and an A tile fit AMX's 8 tile registers.
+constexpr int matrix_strips(int tiles) { return tiles % 4 == 0 ? 4 : tiles % 2 == 0 ? 2 : 1; }
+
+// The packed K/V copy: per (batch, K/V head) kv_blocks blocks, each K (BLOCK_N x HEAD_DIM)
+// followed by V^T (HEAD_DIM x BLOCK_N), in the input dtype.
+template <typename T, int HEAD_DIM, int BLOCK_N>
+struct PackedKv {
+  static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
+
+  // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM.
+  static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
+    const int64_t heads_kv = p.common.dims.heads_q / p.common.dims.heads_per_kv;
+    const int64_t index = (batch * heads_kv + head_kv) * p.kv_blocks + blk;
+    return static_cast<T*>(p.kv_packed) + index * BLOCK_ELEMENTS;
+  }
+};
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -48,21 +72,16 @@ void flash_fwd_matrix_kernel(FwdParams p) {
                     HEAD_DIM % MATRIX_M == 0,
                 "tile shape");
   static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
-  static syclexp::work_group_static<T[BLOCK_N][HEAD_DIM]> k_slm;             // (kv, d)
-  static syclexp::work_group_static<T[HEAD_DIM][BLOCK_N]> v_slm;             // (d, kv)
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;          // (kv, q) scores
   static syclexp::work_group_static<uint32_t[BLOCK_N / 2][BLOCK_M]> p_slm;   // (kv/2, q) packed
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> acc_slm;       // (d, q) unnormalised O
   uint32_t(&q_t)[HEAD_DIM / 2][BLOCK_M] = q_slm;
-  T(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
-  T(&v_t)[HEAD_DIM][BLOCK_N] = v_slm;
   float(&s_t)[BLOCK_N][BLOCK_M] = s_slm;
   uint32_t(&p_t)[BLOCK_N / 2][BLOCK_M] = p_slm;
   float(&acc_t)[HEAD_DIM][BLOCK_M] = acc_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const auto group = item.get_group();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
@@ -71,10 +90,11 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  const ForwardOperands<T> operands = forward_operands<T>(p, block);
-  const T* q = operands.q;
-  const KvRows<T>& k = operands.k;
-  const KvRows<T>& v = operands.v;
+  const T* q = forward_operands<T>(p, block).q;
+  using Packed = PackedKv<T, HEAD_DIM, BLOCK_N>;
+  constexpr auto GLOBAL = sycl::access::address_space::global_space;
+  constexpr int S_STRIPS = matrix_strips(BLOCK_N / MATRIX_M);
+  constexpr int O_STRIPS = matrix_strips(HEAD_DIM / MATRIX_M);
 
   // Q stays in its dtype (the matrix engine reads it as is); the softmax scale is applied to
   // the fp32 scores instead.
@@ -90,25 +110,22 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   OnlineSoftmaxRow softmax;
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    {
-      const int rows = static_cast<int>(sycl::min<int64_t>(BLOCK_N, seq.len_k - kv_begin));
-      sycl::group_barrier(group);
-      load_tile<BLOCK_N, HEAD_DIM>(k_tile, k, kv_begin, rows, c.dims.head_dim, lid, BLOCK_M);
-      load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v, kv_begin, rows, c.dims.head_dim, lid,
-                                              BLOCK_M);
-      sycl::group_barrier(group);
-    }
+    const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+    const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
-    // S^T for this sub-group's rows: MATRIX_M keys at a time.
-    for (int j0 = 0; j0 < BLOCK_N; j0 += MATRIX_M) {
-      MatrixAcc<MATRIX_M> scores_tile;
-      jm::joint_matrix_fill(sg, scores_tile, 0.f);
-      matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, scores_tile, &k_tile[j0][0], HEAD_DIM,
-                                                  &q_t[0][r0], BLOCK_M);
-      jm::joint_matrix_store(sg, scores_tile, local_ptr(&s_t[j0][r0]), BLOCK_M,
-                             jm::layout::row_major);
+    // S^T for this sub-group's rows: S_STRIPS x MATRIX_M keys at a time.
+    for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M) {
+      MatrixAcc<MATRIX_M> scores_tile[S_STRIPS];
+#pragma unroll
+      for (int s = 0; s < S_STRIPS; ++s) jm::joint_matrix_fill(sg, scores_tile[s], 0.f);
+      matrix_mad_strips<T, MATRIX_M, MATRIX_K, HEAD_DIM, S_STRIPS, GLOBAL>(
+          sg, scores_tile, k_tile + j0 * HEAD_DIM, HEAD_DIM, &q_t[0][r0], BLOCK_M);
+#pragma unroll
+      for (int s = 0; s < S_STRIPS; ++s)
+        jm::joint_matrix_store(sg, scores_tile[s], local_ptr(&s_t[j0 + s * MATRIX_M][r0]),
+                               BLOCK_M, jm::layout::row_major);
     }
     sycl::group_barrier(sg);
 
@@ -155,20 +172,51 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] *= rescale;
     sycl::group_barrier(sg);
 
-    // O^T += V^T . P^T for this sub-group's rows, MATRIX_M head-dim rows at a time.
-    for (int d0 = 0; d0 < HEAD_DIM; d0 += MATRIX_M) {
-      MatrixAcc<MATRIX_M> out_tile;
-      jm::joint_matrix_load(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
-                            jm::layout::row_major);
-      matrix_mad<T, MATRIX_M, MATRIX_K, BLOCK_N>(sg, out_tile, &v_t[d0][0], BLOCK_N, &p_t[0][r0],
-                                                 BLOCK_M);
-      jm::joint_matrix_store(sg, out_tile, local_ptr(&acc_t[d0][r0]), BLOCK_M,
-                             jm::layout::row_major);
+    // O^T += V^T . P^T for this sub-group's rows, O_STRIPS x MATRIX_M head-dim rows at a time.
+    for (int d0 = 0; d0 < HEAD_DIM; d0 += O_STRIPS * MATRIX_M) {
+      MatrixAcc<MATRIX_M> out_tile[O_STRIPS];
+#pragma unroll
+      for (int s = 0; s < O_STRIPS; ++s)
+        jm::joint_matrix_load(sg, out_tile[s], local_ptr(&acc_t[d0 + s * MATRIX_M][r0]), BLOCK_M,
+                              jm::layout::row_major);
+      matrix_mad_strips<T, MATRIX_M, MATRIX_K, BLOCK_N, O_STRIPS, GLOBAL>(
+          sg, out_tile, v_t + d0 * BLOCK_N, BLOCK_N, &p_t[0][r0], BLOCK_M);
+#pragma unroll
+      for (int s = 0; s < O_STRIPS; ++s)
+        jm::joint_matrix_store(sg, out_tile[s], local_ptr(&acc_t[d0 + s * MATRIX_M][r0]),
+                               BLOCK_M, jm::layout::row_major);
     }
     sycl::group_barrier(sg);
   }
 
   write_output_row<T>(p, block, lid, acc_t, softmax);
+}
+
+// Writes one block of the packed K/V copy (PackedKv): K and V^T of BLOCK_N keys of one
+// (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
+// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's.
+template <typename T, int HEAD_DIM, int BLOCK_N>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void flash_fwd_pack_kv_kernel(FwdParams p) {
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const int64_t group = static_cast<int64_t>(item.get_group(0));
+  const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  const int64_t blk = group % p.kv_blocks;
+  const int head_kv = static_cast<int>(group / p.kv_blocks % heads_kv);
+  const int batch = static_cast<int>(group / p.kv_blocks / heads_kv);
+  const SeqInfo seq = seq_info(c, batch);
+  const int64_t kv_begin = blk * BLOCK_N;
+  const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
+  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, blk);
+  T* v_block = k_block + BLOCK_N * HEAD_DIM;
+  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
+                               kv_rows<T>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
+                               rows, c.dims.head_dim, lid, BLOCK_N);
+  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
+                                          kv_rows<T>(p.v, p.v_stride, c, seq, batch, head_kv),
+                                          kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
 }
 
 }  // namespace ipex_flash

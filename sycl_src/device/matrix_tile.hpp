@@ -78,4 +78,29 @@ inline void matrix_mad(sycl::sub_group sg, MatrixAcc<M>& acc, const T* a, int64_
   }
 }
 
+// STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B for A_s the s-th M-row
+// strip of a (rows a + s * M * lda). Each B step is loaded once for all strips, and the strips'
+// accumulators are independent, so consecutive multiplies do not wait on one another (a
+// matrix multiply's latency is several times its issue interval: a single accumulator chain
+// leaves the engine idle in between).
+template <typename T, int M, int K, int DEPTH, int STRIPS,
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
+inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
+                              int64_t lda, const uint32_t* b, int ldb) {
+  static_assert(DEPTH % K == 0, "whole reduction steps");
+  MatrixA<T, M, K> a_tile;
+  MatrixB<T, K> b_tile;
+#pragma unroll
+  for (int k = 0; k < DEPTH; k += K) {
+    jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
+                          2 * ldb);
+#pragma unroll
+    for (int s = 0; s < STRIPS; ++s) {
+      jm::joint_matrix_load(sg, a_tile, matrix_ptr<A_SPACE>(a + s * M * lda + k),
+                            static_cast<size_t>(lda));
+      jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
+    }
+  }
+}
+
 }  // namespace ipex_flash

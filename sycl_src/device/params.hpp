@@ -113,6 +113,10 @@ struct FwdParams {
   BhndStrides v_stride;
   BhndStrides out_stride;
   AttentionCommon common;
+  // Matrix-engine kernel only: K and V^T in tile order (flash_fwd_matrix.hpp), written by its
+  // pack kernel; kv_blocks per (batch, K/V head).
+  void* kv_packed;
+  int32_t kv_blocks;
 };
 
 // The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per

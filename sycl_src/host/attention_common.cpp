@@ -14,21 +14,26 @@ const P* data_of(const std::optional<TensorView>& t) {
 
 }  // namespace
 
-AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
-                            const AttentionOptions& o) {
+AttentionDims make_dims(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
   const int64_t heads_q = q.size(1), heads_kv = k.size(1);
   if (heads_kv <= 0 || heads_q % heads_kv != 0)
     throw std::invalid_argument("ipex_flash: query heads must be a multiple of key/value heads");
-  AttentionCommon c{};
-  c.dims = AttentionDims{static_cast<int32_t>(q.size(0)), static_cast<int32_t>(heads_q),
-                         static_cast<int32_t>(heads_q / heads_kv), static_cast<int32_t>(q.size(2)),
-                         static_cast<int32_t>(k.size(2)), static_cast<int32_t>(q.size(3))};
+  AttentionDims dims{static_cast<int32_t>(q.size(0)), static_cast<int32_t>(heads_q),
+                     static_cast<int32_t>(heads_q / heads_kv), static_cast<int32_t>(q.size(2)),
+                     static_cast<int32_t>(k.size(2)), static_cast<int32_t>(q.size(3))};
   if (o.cu_seqlens_q) {
-    c.dims.batch = static_cast<int32_t>(o.cu_seqlens_q->size(0) - 1);
-    c.dims.len_q = o.max_seqlen_q;
+    dims.batch = static_cast<int32_t>(o.cu_seqlens_q->size(0) - 1);
+    dims.len_q = o.max_seqlen_q;
   }
-  if (o.cu_seqlens_k || o.seqlens_k) c.dims.len_k = o.max_seqlen_k;
-  if (o.seqlens_k) c.dims.batch = static_cast<int32_t>(o.seqlens_k->size(0));
+  if (o.cu_seqlens_k || o.seqlens_k) dims.len_k = o.max_seqlen_k;
+  if (o.seqlens_k) dims.batch = static_cast<int32_t>(o.seqlens_k->size(0));
+  return dims;
+}
+
+AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
+                            const AttentionOptions& o) {
+  AttentionCommon c{};
+  c.dims = make_dims(q, k, o);
 
   c.seq = SeqLayout{data_of<int32_t>(o.cu_seqlens_q), data_of<int32_t>(o.cu_seqlens_k),
                     data_of<int32_t>(o.seqlens_k), data_of<int32_t>(o.block_table),

@@ -26,6 +26,9 @@ struct AttentionOptions {
   int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
 };
 
+// The problem's sizes (AttentionDims) from q, k and the options; see make_common.
+AttentionDims make_dims(const TensorView& q, const TensorView& k, const AttentionOptions& options);
+
 // q (B, Hq, Nq, D) or packed (1, Hq, total_q, D); k likewise, or the KV cache
 // (B, Hkv, capacity, D), or its pages (num_pages, Hkv, page_size, D). lse (B, Hq, Nq), or
 // (Hq, total_q) when packed. num_blocks is left for the launcher.

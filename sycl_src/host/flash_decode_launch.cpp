@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "host/device_queue.hpp"
-#include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
 #include "host/matrix_path.hpp"
@@ -93,6 +92,14 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
 }
 
+bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v) {
+  const int64_t heads_kv = k.size(1);
+  if (heads_kv <= 0 || (q.size(1) / heads_kv) * q.size(2) > kMaxDecodeRows) return false;
+  // The decode kernel reads 16-bit rows a 32-bit word at a time.
+  return q.dtype == "float32" ||
+         (word_aligned_rows(k) && word_aligned_rows(v) && q.size(3) % 2 == 0);
+}
+
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,
                   const TensorView& partial_lse, const AttentionOptions& options,
@@ -100,17 +107,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   DecodeParams params{};
   params.common = make_common(q, k, lse, options);
   AttentionCommon& c = params.common;
+  if (!flash_decode_supported(q, k, v))
+    throw std::invalid_argument(
+        "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
+        "than 16 query rows per K/V head, or a 16-bit cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
-  if (rows > kMaxDecodeRows)
-    throw std::invalid_argument("ipex_flash: flash_decode serves at most 16 query rows per K/V head");
   if (c.dims.batch == 0 || rows == 0) return;
-  // The decode kernel reads 16-bit rows a 32-bit word at a time; a cache whose rows do not
-  // start on a word boundary, or an odd head dim, goes to the general forward kernel.
-  if (q.dtype != "float32" &&
-      (!word_aligned_rows(k) || !word_aligned_rows(v) || c.dims.head_dim % 2 != 0)) {
-    flash_fwd(q, k, v, out, lse, options, queue_handle);
-    return;
-  }
   sycl::queue& queue = queue_from_handle(queue_handle);
   KernelVariant variant = decode_variant(q.dtype, c.dims.head_dim, rows, queue.get_device());
   variant.features = features_of(options);

@@ -1,5 +1,10 @@
 #include "host/flash_fwd_launch.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -15,10 +20,10 @@ size_t fwd_slm_bytes(int head_dim, int block_m, int block_n) {
 }
 
 size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
-  // Q (d, q), K and V (kv, d) and P (kv, q) in the 16-bit input dtype; scores (kv, q) and
-  // the output accumulator (d, q) in float32.
+  // Q (d, q) and P (kv, q) in the 16-bit input dtype; scores (kv, q) and the output
+  // accumulator (d, q) in float32. K and V are read from the packed copy in global memory.
   const size_t hd = head_dim, bm = block_m, bn = block_n;
-  return 2 * (hd * bm + 2 * bn * hd + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
+  return 2 * (hd * bm + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
 }
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, const sycl::device& device) {
@@ -30,19 +35,38 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, const sycl::de
   return variant;
 }
 
-sycl::kernel fwd_kernel(sycl::queue& queue, const KernelVariant& variant) {
+// The forward kernel, and for the matrix-engine kernel the kernel packing K and V for it
+// (built from one program).
+std::vector<sycl::kernel> fwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
   if (variant.matrix_m > 0)
     return get_kernels(queue, "flash_fwd_matrix.hpp",
-                       {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel")})[0];
+                       {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
+                        "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) +
+                            ", " + std::to_string(variant.head_dim) + ", " +
+                            std::to_string(variant.block_n) + ">"});
   return get_kernels(queue, "flash_fwd.hpp",
-                     {variant.instantiate("ipex_flash::flash_fwd_kernel")})[0];
+                     {variant.instantiate("ipex_flash::flash_fwd_kernel")});
+}
+
+// Blocks of BLOCK_N keys per (batch, K/V head) in the packed K/V copy.
+int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant) {
+  return ceil_div(std::max(dims.len_k, 1), variant.block_n);
+}
+
+// Bytes of the packed K/V copy (flash_fwd_matrix.hpp): K and V^T of every block, in the
+// input's 16-bit dtype; 0 for the vector kernel, which reads K and V in place.
+int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant) {
+  if (variant.matrix_m == 0) return 0;
+  const int64_t heads_kv = dims.heads_q / dims.heads_per_kv;
+  return static_cast<int64_t>(dims.batch) * heads_kv * packed_kv_blocks(dims, variant) * 2 *
+         variant.block_n * variant.head_dim * 2;
 }
 
 }  // namespace
 
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const TensorView& lse, const AttentionOptions& options,
-               std::uintptr_t queue_handle) {
+               const TensorView& out, const TensorView& lse, const TensorView& scratch,
+               const AttentionOptions& options, std::uintptr_t queue_handle) {
   FwdParams params{};
   params.common = make_common(q, k, lse, options);
   AttentionCommon& c = params.common;
@@ -57,18 +81,40 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   if (options.cu_seqlens_k) params.k_stride.batch = params.v_stride.batch = 0;
   c.num_blocks = static_cast<int32_t>(ceil_div(c.dims.len_q, variant.block_m));
 
-  sycl::kernel kernel = fwd_kernel(queue, variant);
+  const std::vector<sycl::kernel> kernels = fwd_kernels(queue, variant);
   const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
-  sycl::event done = submit_kernel(queue, kernel, params,
+  if (variant.matrix_m > 0) {
+    const int64_t needed = packed_kv_bytes(c.dims, variant);
+    const int64_t given = scratch.sizes.empty() ? 0 : scratch.size(0);
+    if (scratch.dtype != "uint8" || given < needed)
+      throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
+                                  std::to_string(needed) + " bytes (fwd_scratch_bytes), got " +
+                                  std::to_string(given) + " " + scratch.dtype);
+    params.kv_packed = reinterpret_cast<void*>(scratch.data);
+    params.kv_blocks = static_cast<int32_t>(packed_kv_blocks(c.dims, variant));
+    const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+    submit_kernel(queue, kernels[1], params,
+                  block_range(static_cast<int64_t>(c.dims.batch) * heads_kv, params.kv_blocks,
+                              variant.block_n),
+                  "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
+  }
+  sycl::event done = submit_kernel(queue, kernels[0], params,
                                    block_range(batch_heads, c.num_blocks, variant.block_m),
                                    "flash_fwd");
   finish_launch(queue, queue_handle, done, "flash_fwd");
 }
 
+int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
+                          const AttentionOptions& options, std::uintptr_t queue_handle) {
+  const AttentionDims dims = make_dims(q, k, options);
+  const sycl::device device = queue_from_handle(queue_handle).get_device();
+  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, device));
+}
+
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
   KernelVariant variant = fwd_variant(dtype, head_dim, queue.get_device());
-  fwd_kernel(queue, variant);
+  fwd_kernels(queue, variant);
   return variant;
 }
 

@@ -12,10 +12,16 @@ namespace ipex_flash {
 
 // out = softmax(modified, masked q k^T * scale, with dropout) v, and lse = per-row
 // log-sum-exp, on the queue named by queue_handle (0 = the SYCL CPU device). Layouts: see
-// make_common; out is laid out like q.
+// make_common; out is laid out like q. scratch: a uint8 tensor of at least
+// fwd_scratch_bytes(q, k, options) bytes on the same device (the matrix-engine kernel's
+// packed copy of K and V), free to reuse once this launch has run.
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const TensorView& lse, const AttentionOptions& options,
-               std::uintptr_t queue_handle);
+               const TensorView& out, const TensorView& lse, const TensorView& scratch,
+               const AttentionOptions& options, std::uintptr_t queue_handle);
+
+// The scratch bytes flash_fwd needs for this problem (0 on the vector kernel).
+int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
+                          const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // Builds (or loads from the disk cache) the forward variant for (dtype, head_dim).
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);
