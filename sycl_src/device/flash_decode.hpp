@@ -202,16 +202,13 @@ void flash_decode_kernel(DecodeParams p) {
         const uint32_t* q_tile = &q_t[hk / HEADS_PER_SET][0][0];
 #pragma unroll
         for (int m0 = 0; m0 < BLOCK_N; m0 += MATRIX_M) {
-          MatrixAcc<MATRIX_M> s_tile;
-          jm::joint_matrix_fill(sg, s_tile, 0.f);
           if (in_place)
-            matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM, sycl::access::address_space::global_space>(
-                sg, s_tile, k.row(kv_begin + m0), k.row_stride, q_tile, LANES);
+            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, 1, /*ACCUMULATE=*/false,
+                                  sycl::access::address_space::global_space>(
+                sg, &s_t[m0][0], LANES, k.row(kv_begin + m0), k.row_stride, q_tile, LANES);
           else
-            matrix_mad<T, MATRIX_M, MATRIX_K, HEAD_DIM>(sg, s_tile, &k_stage[m0][0], HEAD_DIM,
-                                                        q_tile, LANES);
-          jm::joint_matrix_store(sg, s_tile, local_ptr(&s_t[m0][0]), LANES,
-                                 jm::layout::row_major);
+            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, 1, /*ACCUMULATE=*/false>(
+                sg, &s_t[m0][0], LANES, &k_stage[m0][0], HEAD_DIM, q_tile, LANES);
         }
         sycl::group_barrier(group);
       }

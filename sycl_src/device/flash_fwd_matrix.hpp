@@ -116,17 +116,10 @@ void flash_fwd_matrix_kernel(FwdParams p) {
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
     // S^T for this sub-group's rows: S_STRIPS x MATRIX_M keys at a time.
-    for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M) {
-      MatrixAcc<MATRIX_M> scores_tile[S_STRIPS];
-#pragma unroll
-      for (int s = 0; s < S_STRIPS; ++s) jm::joint_matrix_fill(sg, scores_tile[s], 0.f);
-      matrix_mad_strips<T, MATRIX_M, MATRIX_K, HEAD_DIM, S_STRIPS, GLOBAL>(
-          sg, scores_tile, k_tile + j0 * HEAD_DIM, HEAD_DIM, &q_t[0][r0], BLOCK_M);
-#pragma unroll
-      for (int s = 0; s < S_STRIPS; ++s)
-        jm::joint_matrix_store(sg, scores_tile[s], local_ptr(&s_t[j0 + s * MATRIX_M][r0]),
-                               BLOCK_M, jm::layout::row_major);
-    }
+    for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M)
+      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, S_STRIPS, /*ACCUMULATE=*/false,
+                            GLOBAL>(sg, &s_t[j0][r0], BLOCK_M, k_tile + j0 * HEAD_DIM, HEAD_DIM,
+                                    &q_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);
 
     // Pass 1: finished scores (scale, modifiers, mask) back in place, and their max.
@@ -173,19 +166,10 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     sycl::group_barrier(sg);
 
     // O^T += V^T . P^T for this sub-group's rows, O_STRIPS x MATRIX_M head-dim rows at a time.
-    for (int d0 = 0; d0 < HEAD_DIM; d0 += O_STRIPS * MATRIX_M) {
-      MatrixAcc<MATRIX_M> out_tile[O_STRIPS];
-#pragma unroll
-      for (int s = 0; s < O_STRIPS; ++s)
-        jm::joint_matrix_load(sg, out_tile[s], local_ptr(&acc_t[d0 + s * MATRIX_M][r0]), BLOCK_M,
-                              jm::layout::row_major);
-      matrix_mad_strips<T, MATRIX_M, MATRIX_K, BLOCK_N, O_STRIPS, GLOBAL>(
-          sg, out_tile, v_t + d0 * BLOCK_N, BLOCK_N, &p_t[0][r0], BLOCK_M);
-#pragma unroll
-      for (int s = 0; s < O_STRIPS; ++s)
-        jm::joint_matrix_store(sg, out_tile[s], local_ptr(&acc_t[d0 + s * MATRIX_M][r0]),
-                               BLOCK_M, jm::layout::row_major);
-    }
+    for (int d0 = 0; d0 < HEAD_DIM; d0 += O_STRIPS * MATRIX_M)
+      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, BLOCK_N, O_STRIPS, /*ACCUMULATE=*/true,
+                            GLOBAL>(sg, &acc_t[d0][r0], BLOCK_M, v_t + d0 * BLOCK_N, BLOCK_N,
+                                    &p_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);
   }
 

@@ -38,7 +38,7 @@ inline auto local_ptr(T* p) {
 }
 
 // A tile operand's address as joint_matrix_load takes it: in SLM, or (SPACE global_space) read
-// straight from global memory (the decode kernel's K rows).
+// straight from global memory (the decode kernel's K rows, the forward's packed K and V^T).
 template <sycl::access::address_space SPACE = sycl::access::address_space::local_space,
           typename T>
 inline auto matrix_ptr(const T* p) {
@@ -60,29 +60,12 @@ using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator,
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
 // (pack_pair, dtypes.hpp).
 //
-// acc (M x 16) += A (M x DEPTH) . B (DEPTH x 16): A row-major with row stride lda (elements),
-// in SLM or in A_SPACE; B packed as words b[k / 2][n] with row stride ldb (words), in SLM.
-template <typename T, int M, int K, int DEPTH,
-          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
-inline void matrix_mad(sycl::sub_group sg, MatrixAcc<M>& acc, const T* a, int64_t lda,
-                       const uint32_t* b, int ldb) {
-  static_assert(DEPTH % K == 0, "whole reduction steps");
-  MatrixA<T, M, K> a_tile;
-  MatrixB<T, K> b_tile;
-#pragma unroll
-  for (int k = 0; k < DEPTH; k += K) {
-    jm::joint_matrix_load(sg, a_tile, matrix_ptr<A_SPACE>(a + k), static_cast<size_t>(lda));
-    jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
-                          2 * ldb);
-    jm::joint_matrix_mad(sg, acc, a_tile, b_tile, acc);
-  }
-}
-
-// STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B for A_s the s-th M-row
-// strip of a (rows a + s * M * lda). Each B step is loaded once for all strips, and the strips'
-// accumulators are independent, so consecutive multiplies do not wait on one another (a
-// matrix multiply's latency is several times its issue interval: a single accumulator chain
-// leaves the engine idle in between).
+// STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B, for A_s the s-th M-row
+// strip of A, row-major with row stride lda (elements), in SLM or in A_SPACE; B (DEPTH x 16)
+// packed as words b[k / 2][n] with row stride ldb (words), in SLM. Each B step is loaded once
+// for all strips, and the strips' accumulators are independent, so consecutive multiplies do
+// not wait on one another (a matrix multiply's latency is several times its issue interval: a
+// single accumulator chain leaves the engine idle in between).
 template <typename T, int M, int K, int DEPTH, int STRIPS,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
 inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
@@ -101,6 +84,26 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], c
       jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
     }
   }
+}
+
+// C (STRIPS * M x 16, row-major in SLM with row stride ldc) = A . B, or += with ACCUMULATE:
+// matrix_mad_strips with its accumulators read from (or zeroed) and written back to C.
+template <typename T, int M, int K, int DEPTH, int STRIPS, bool ACCUMULATE,
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
+inline void matrix_product_to_slm(sycl::sub_group sg, float* c, int ldc, const T* a,
+                                  int64_t lda, const uint32_t* b, int ldb) {
+  MatrixAcc<M> acc[STRIPS];
+#pragma unroll
+  for (int s = 0; s < STRIPS; ++s) {
+    if constexpr (ACCUMULATE)
+      jm::joint_matrix_load(sg, acc[s], local_ptr(c + s * M * ldc), ldc, jm::layout::row_major);
+    else
+      jm::joint_matrix_fill(sg, acc[s], 0.f);
+  }
+  matrix_mad_strips<T, M, K, DEPTH, STRIPS, A_SPACE>(sg, acc, a, lda, b, ldb);
+#pragma unroll
+  for (int s = 0; s < STRIPS; ++s)
+    jm::joint_matrix_store(sg, acc[s], local_ptr(c + s * M * ldc), ldc, jm::layout::row_major);
 }
 
 }  // namespace ipex_flash
