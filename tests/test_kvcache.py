@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import ipex_flash
+from ipex_flash._runtime import C
 from ipex_flash.reference import flash_attn_reference
 
 from conftest import DTYPES, cache_in_layout, check_against_reference, make_cache, to_paged
@@ -162,3 +163,24 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.ipex_flash.kvcache_append.default,
                           (k_cache, v_cache, torch.randn(2, 1, 2, 32), torch.randn(2, 1, 2, 32),
                            seqlens, None))
+
+
+def test_decode_kernel_refuses_what_it_does_not_serve():
+    """flash_attn_with_kvcache sends these to the general kernel (test_decode_cache_layouts);
+    called directly, the decode kernel raises instead of reading misaligned rows."""
+    from ipex_flash import ops
+    k_cache, v_cache = cache_in_layout("offset", 1, 40, 2, 64, torch.bfloat16)
+    q = torch.randn(1, 1, 8, 64, dtype=torch.bfloat16)
+    q_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, k_cache, v_cache))
+    assert not C.flash_decode_supported(q_v, k_v, v_v)
+    assert C.flash_decode_supported(*(ops.view(t.float().transpose(1, 2))
+                                      for t in (q, k_cache, v_cache)))
+    many_rows = ops.view(torch.randn(1, 8, 5, 64, dtype=torch.bfloat16))  # 4 x 5 = 20 rows
+    aligned = [ops.view(t.transpose(1, 2)) for t in make_cache(1, 40, 2, 64, torch.bfloat16)]
+    assert not C.flash_decode_supported(many_rows, *aligned)
+    out, lse = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 8, 1)
+    scratch = torch.empty(1, 8, 1, 1, 64)
+    with pytest.raises(ValueError, match="flash_decode does not serve this problem"):
+        C.flash_decode(q_v, k_v, v_v, ops.view(out), ops.view(lse), ops.view(scratch),
+                       ops.view(scratch[..., 0]), C.AttentionOptions(), 0)
+    assert not out.any()

@@ -110,7 +110,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   if (!flash_decode_supported(q, k, v))
     throw std::invalid_argument(
         "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
-        "than 16 query rows per K/V head, or a 16-bit cache whose rows are not word-aligned");
+        "than " + std::to_string(kMaxDecodeRows) +
+        " query rows per K/V head, or a 16-bit cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
