@@ -180,7 +180,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto group = item.get_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  const int heads_kv = c.dims.heads_kv();
   // Lowest K blocks first: under a causal mask they are seen by the most query rows.
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        heads_kv, /*reverse_blocks=*/false);

@@ -115,7 +115,7 @@ void flash_decode_kernel(DecodeParams p) {
   const auto group = item.get_group();
   const sycl::sub_group sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  const int heads_kv = c.dims.heads_kv();
   const int head_groups = (heads_kv + p.heads_per_group - 1) / p.heads_per_group;
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        head_groups, /*reverse_blocks=*/false);

@@ -54,8 +54,8 @@ struct PackedKv {
 
   // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM.
   static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
-    const int64_t heads_kv = p.common.dims.heads_q / p.common.dims.heads_per_kv;
-    const int64_t index = (batch * heads_kv + head_kv) * p.kv_blocks + blk;
+    const int64_t index =
+        (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + blk;
     return static_cast<T*>(p.kv_packed) + index * BLOCK_ELEMENTS;
   }
 };
@@ -185,15 +185,13 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int64_t group = static_cast<int64_t>(item.get_group(0));
-  const int heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
-  const int64_t blk = group % p.kv_blocks;
-  const int head_kv = static_cast<int>(group / p.kv_blocks % heads_kv);
-  const int batch = static_cast<int>(group / p.kv_blocks / heads_kv);
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.kv_blocks,
+                                       c.dims.heads_kv(), /*reverse_blocks=*/false);
+  const int batch = coord.batch, head_kv = coord.head;
   const SeqInfo seq = seq_info(c, batch);
-  const int64_t kv_begin = blk * BLOCK_N;
+  const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
-  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, blk);
+  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, coord.block);
   T* v_block = k_block + BLOCK_N * HEAD_DIM;
   load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
                                kv_rows<T>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,

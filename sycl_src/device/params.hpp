@@ -81,6 +81,8 @@ struct AttentionDims {
   int32_t len_q;         // Nq (max)
   int32_t len_k;         // Nk (max)
   int32_t head_dim;      // D, at most the kernel's compiled HEAD_DIM
+
+  inline int32_t heads_kv() const { return heads_q / heads_per_kv; }  // Hkv
 };
 
 // The log-sum-exp of row r of (b, h) is at lse[b * batch + h * head + row0(b) + r].

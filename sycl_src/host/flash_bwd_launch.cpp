@@ -76,7 +76,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   if (options.cu_seqlens_k)
     params.k_stride.batch = params.v_stride.batch = params.dk_stride.batch =
         params.dv_stride.batch = 0;
-  const int64_t heads_kv = dims.heads_q / dims.heads_per_kv;
+  const int64_t heads_kv = dims.heads_kv();
   if (dims.batch == 0 || heads_kv == 0 || dims.len_k <= 0) return;
 
   const BwdKernels kernels = bwd_kernels(queue, variant);

@@ -118,7 +118,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   KernelVariant variant = decode_variant(q.dtype, c.dims.head_dim, rows, queue.get_device());
   variant.features = features_of(options);
   set_forward_tensors(params, q, k, v, out, lse);
-  const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
+  const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);

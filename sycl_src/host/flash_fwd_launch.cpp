@@ -57,8 +57,7 @@ int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant
 // input's 16-bit dtype; 0 for the vector kernel, which reads K and V in place.
 int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
-  const int64_t heads_kv = dims.heads_q / dims.heads_per_kv;
-  return static_cast<int64_t>(dims.batch) * heads_kv * packed_kv_blocks(dims, variant) * 2 *
+  return static_cast<int64_t>(dims.batch) * dims.heads_kv() * packed_kv_blocks(dims, variant) * 2 *
          variant.block_n * variant.head_dim * 2;
 }
 
@@ -92,9 +91,8 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                                   std::to_string(given) + " " + scratch.dtype);
     params.kv_packed = reinterpret_cast<void*>(scratch.data);
     params.kv_blocks = static_cast<int32_t>(packed_kv_blocks(c.dims, variant));
-    const int64_t heads_kv = c.dims.heads_q / c.dims.heads_per_kv;
     submit_kernel(queue, kernels[1], params,
-                  block_range(static_cast<int64_t>(c.dims.batch) * heads_kv, params.kv_blocks,
+                  block_range(static_cast<int64_t>(c.dims.batch) * c.dims.heads_kv(), params.kv_blocks,
                               variant.block_n),
                   "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
   }
