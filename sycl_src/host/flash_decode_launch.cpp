@@ -16,7 +16,22 @@ namespace {
 
 constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge than it saves
 constexpr int kMergeGroup = 64;
-constexpr int kDecodeBlockKeys = 16;  // keys per online-softmax update (BLOCK_N)
+// Keys per online-softmax update (BLOCK_N): as many as make one K/V head's rows of a block
+// about 8 KB (16 fp32 rows of d = 128, 32 bf16 ones), within [16, 64] and a power of two (a
+// multiple of the matrix tile's 16 rows). The work paid once per block (lane reductions of the
+// softmax, the score tile, barriers) then costs the same per byte read for every dtype and
+// head dim, and a block's K and V rows stay in L1 between the scores and P.V. Measured on the
+// 2-core CPU device (NOTES.md, decode session 6): bf16 d = 128 0.58 -> 0.66x copy with 32 keys
+// instead of 16; fp32 d = 128 loses with 64, bf16 d = 64 gains with 64.
+constexpr int kDecodeBlockBytes = 8192;
+constexpr int kMinDecodeBlockKeys = 16, kMaxDecodeBlockKeys = 64;
+
+int decode_block_keys(const std::string& dtype, int head_dim) {
+  const int row_bytes = head_dim * (dtype == "float32" ? 4 : 2);
+  int keys = kMinDecodeBlockKeys;
+  while (keys < kMaxDecodeBlockKeys && 2 * keys * row_bytes <= kDecodeBlockBytes) keys *= 2;
+  return keys;
+}
 
 // Whether every row of a 16-bit K/V cache (or page pool) starts on a 4-byte boundary: its
 // data pointer, and every stride but the contiguous last one, in whole 4-byte words (an even
@@ -41,9 +56,9 @@ int decode_group_rows(int rows) {
 // a power of two, which sizes its P.V accumulators.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
                              const sycl::device& device) {
-  KernelVariant variant = choose_variant(dtype, head_dim, device, [](int head_dim, int, int) {
+  KernelVariant variant = choose_variant(dtype, head_dim, device, [&](int head_dim, int, int) {
     const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
-    const size_t keys = kDecodeBlockKeys;
+    const size_t keys = decode_block_keys(dtype, head_dim);
     // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
     // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
     // S^T, a staged K block (16-bit).
@@ -51,9 +66,9 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
            2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
   });
   variant.block_m = decode_group_rows(rows);
-  variant.block_n = kDecodeBlockKeys;
   // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
   if (dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
+  variant.block_n = decode_block_keys(dtype, variant.head_dim);
   // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
   const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
   variant.matrix_m = tile.m;
