@@ -174,7 +174,7 @@ void flash_decode_kernel(DecodeParams p) {
   // K and V rows as block loads, unless the head dim is padded.
   const bool whole_rows = head_dim == HEAD_DIM;
   // Matrix scores read K tiles in place when the key block's rows are whole and evenly spaced
-  // (pages, powers of two >= 16 keys, hold whole blocks), else from a copy in SLM.
+  // (no pages, or pages of a multiple of the block's keys), else from a copy in SLM.
   const bool k_in_place =
       whole_rows && (c.seq.block_table == nullptr || c.seq.page_size % BLOCK_N == 0);
 
