@@ -137,7 +137,7 @@ def decode_cache(layout, batch, capacity, heads_kv, head_dim, page_size):
 
 
 # Decode with the scores on the matrix engine (flash_decode.hpp, MATRIX_M > 0): K tiles read in
-# place (contiguous or head-major caches, pages: powers of two >= 16, so whole key blocks) or
+# place (contiguous or head-major caches, pages: powers of two >= 16, so whole 16-row tiles) or
 # staged through SLM (a partial last block, head dim 80 padded to 96); several K/V heads
 # per Q^T tile (GQA 4: four heads' rows fill its 16 columns), a partial head group (6 heads
 # at head dim 256), 3 new tokens x GQA 4 = 12 rows; the score options.

@@ -173,10 +173,11 @@ void flash_decode_kernel(DecodeParams p) {
   sycl::group_barrier(group);
   // K and V rows as block loads, unless the head dim is padded.
   const bool whole_rows = head_dim == HEAD_DIM;
-  // Matrix scores read K tiles in place when the key block's rows are whole and evenly spaced
-  // (no pages, or pages of a multiple of the block's keys), else from a copy in SLM.
-  const bool k_in_place =
-      whole_rows && (c.seq.block_table == nullptr || c.seq.page_size % BLOCK_N == 0);
+  // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
+  // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
+  // SLM. A tile starts at a multiple of MATRIX_M keys.
+  const bool k_in_place = whole_rows && (c.seq.block_table == nullptr ||
+                                         c.seq.page_size % std::max(MATRIX_M, 1) == 0);
 
   uint32_t touched = 0;  // RowVectors::touch
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
