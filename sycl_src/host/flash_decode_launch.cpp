@@ -43,6 +43,12 @@ bool word_aligned_rows(const TensorView& t) {
   return true;
 }
 
+// The head dim the decode kernel is compiled for: 16-bit K/V rows are read two columns per
+// lane (RowVectors), so whole 32-column loads.
+int decode_head_dim(const std::string& dtype, int padded_head_dim) {
+  return dtype == "float32" ? padded_head_dim : static_cast<int>(ceil_div(padded_head_dim, 32) * 32);
+}
+
 // The query rows of one K/V head rounded up to a power of two: the kernel's GROUP_ROWS.
 int decode_group_rows(int rows) {
   int group_rows = 1;
@@ -56,9 +62,10 @@ int decode_group_rows(int rows) {
 // a power of two, which sizes its P.V accumulators.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
                              const sycl::device& device) {
-  KernelVariant variant = choose_variant(dtype, head_dim, device, [&](int head_dim, int, int) {
-    const size_t d = head_dim, r = decode_row_capacity(head_dim), lanes = DECODE_LANES;
-    const size_t keys = decode_block_keys(dtype, head_dim);
+  KernelVariant variant = choose_variant(dtype, head_dim, device, [&](int padded, int, int) {
+    const int compiled = decode_head_dim(dtype, padded);
+    const size_t d = compiled, r = decode_row_capacity(compiled), lanes = DECODE_LANES;
+    const size_t keys = decode_block_keys(dtype, compiled);
     // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
     // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
     // S^T, a staged K block (16-bit).
@@ -66,8 +73,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
            2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
   });
   variant.block_m = decode_group_rows(rows);
-  // 16-bit K/V rows are read two columns per lane (RowVectors): whole 32-column loads.
-  if (dtype != "float32") variant.head_dim = static_cast<int>(ceil_div(variant.head_dim, 32) * 32);
+  variant.head_dim = decode_head_dim(dtype, variant.head_dim);
   variant.block_n = decode_block_keys(dtype, variant.head_dim);
   // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
   const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
