@@ -9,12 +9,15 @@
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
-#include "host/matrix_path.hpp"
+#include "host/device_limits.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace ipex_flash {
+
+void bind_variant_plans(py::module_& m);  // variant_plans.cpp
+
 namespace {
 
 py::dict device_info(std::uintptr_t queue_handle) {
@@ -29,7 +32,7 @@ py::dict device_info(std::uintptr_t queue_handle) {
   info["local_mem_size"] = device.get_info<sycl::info::device::local_mem_size>();
   info["max_work_group_size"] = device.get_info<sycl::info::device::max_work_group_size>();
   info["sub_group_sizes"] = device.get_info<sycl::info::device::sub_group_sizes>();
-  info["matrix_engine"] = has_matrix_engine(device);
+  info["matrix_engine"] = !device_limits(device).matrix.empty();
   return info;
 }
 
@@ -63,6 +66,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("block_n", &KernelVariant::block_n)
       .def_readonly("matrix_m", &KernelVariant::matrix_m)
       .def_readonly("matrix_k", &KernelVariant::matrix_k)
+      .def_readonly("features", &KernelVariant::features)
+      .def_readonly("slm_bytes", &KernelVariant::slm_bytes)
       .def("__repr__", [](const KernelVariant& v) { return v.instantiate("KernelVariant"); });
 
   py::class_<DropoutParams>(m, "DropoutParams")
@@ -120,10 +125,11 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "build_kernel",
       [](const std::string& header, const std::string& kernel_name, std::uintptr_t queue) {
-        get_kernels(queue_from_handle(queue), header, {kernel_name});
+        get_kernels(queue_from_handle(queue), KernelProgram{header, {kernel_name}});
       },
       "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);
+  bind_variant_plans(m);
   m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
   m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
   m.def("kernel_cache_stats", [] {

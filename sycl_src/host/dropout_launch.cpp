@@ -20,6 +20,10 @@ DropoutParams make_dropout(double p, uint64_t seed, uint64_t offset) {
                        static_cast<float>(1.0 / (1.0 - p)), p > 0.0 ? 1 : 0};
 }
 
+KernelProgram dropout_mask_program() {
+  return {"dropout_mask.hpp", {"ipex_flash::dropout_mask_kernel"}};
+}
+
 void dropout_mask(const TensorView& keep, const DropoutParams& dropout,
                   std::uintptr_t queue_handle) {
   if (keep.sizes.size() != 4 || keep.dtype != "uint8")
@@ -34,7 +38,7 @@ void dropout_mask(const TensorView& keep, const DropoutParams& dropout,
   if (elements == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
   sycl::kernel kernel =
-      get_kernels(queue, "dropout_mask.hpp", {"ipex_flash::dropout_mask_kernel"})[0];
+      get_kernels(queue, dropout_mask_program())[0];
   constexpr int kGroup = 64;
   sycl::event done = submit_kernel(queue, kernel, params,
                                    block_range(1, (elements + kGroup - 1) / kGroup, kGroup),

@@ -5,11 +5,15 @@
 
 #include "device/params.hpp"
 #include "host/tensor_view.hpp"
+#include "host/variants.hpp"
 
 namespace ipex_flash {
 
 // p in [0, 1); seed and offset drawn by the caller from torch's generator.
 DropoutParams make_dropout(double p, uint64_t seed, uint64_t offset);
+
+// The program of the keep-mask kernel.
+KernelProgram dropout_mask_program();
 
 // keep (B, Hq, Nq, Nk) uint8, contiguous: 1 where the kernels keep the probability.
 void dropout_mask(const TensorView& keep, const DropoutParams& dropout,

@@ -22,24 +22,30 @@ size_t bwd_slm_bytes(int head_dim, int block_m, int block_n) {
   return sizeof(float) * std::max(dq, dkdv);
 }
 
-KernelVariant bwd_variant(const std::string& dtype, int head_dim, const sycl::device& device) {
-  return choose_variant(dtype, head_dim, device, bwd_slm_bytes);
-}
-
 struct BwdKernels {
   sycl::kernel preprocess, dkdv, dq;
 };
 
 BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
-  const std::vector<sycl::kernel> kernels = get_kernels(
-      queue, "flash_bwd.hpp",
-      {"ipex_flash::flash_bwd_preprocess_kernel<" + device_type_name(variant.dtype) + ">",
-       variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
-       variant.instantiate("ipex_flash::flash_bwd_dq_kernel")});
+  const std::vector<sycl::kernel> kernels = get_kernels(queue, bwd_program(variant));
   return BwdKernels{kernels[0], kernels[1], kernels[2]};
 }
 
 }  // namespace
+
+KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
+                          const DeviceLimits& limits) {
+  KernelVariant variant = choose_variant(dtype, head_dim, limits, bwd_slm_bytes);
+  variant.features = features;
+  return variant;
+}
+
+KernelProgram bwd_program(const KernelVariant& variant) {
+  return {"flash_bwd.hpp",
+          {"ipex_flash::flash_bwd_preprocess_kernel<" + device_type_name(variant.dtype) + ">",
+           variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
+           variant.instantiate("ipex_flash::flash_bwd_dq_kernel")}};
+}
 
 void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
                std::uintptr_t queue_handle) {
@@ -50,8 +56,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   AttentionCommon& c = params.common;
   const AttentionDims& dims = c.dims;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, queue.get_device());
-  variant.features = features_of(options);
+  const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, features_of(options),
+                                            device_limits(queue.get_device()));
   params.q = reinterpret_cast<const void*>(t.q.data);
   params.k = reinterpret_cast<const void*>(t.k.data);
   params.v = reinterpret_cast<const void*>(t.v.data);
@@ -105,7 +111,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  KernelVariant variant = bwd_variant(dtype, head_dim, queue.get_device());
+  const KernelVariant variant = bwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()));
   bwd_kernels(queue, variant);
   return variant;
 }

@@ -20,6 +20,12 @@ struct BwdTensors {
 void flash_bwd(const BwdTensors& tensors, const AttentionOptions& options,
                std::uintptr_t queue_handle);
 
+// The backward variant for a problem on a device with these limits, and the program holding
+// its kernels (preprocess, dK/dV, dQ).
+KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
+                          const DeviceLimits& limits);
+KernelProgram bwd_program(const KernelVariant& variant);
+
 // Builds (or loads from the disk cache) the backward kernels for (dtype, head_dim).
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);
 

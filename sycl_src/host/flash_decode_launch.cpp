@@ -56,41 +56,62 @@ int decode_group_rows(int rows) {
   return group_rows;
 }
 
-// The decode variant serving `rows` query rows per K/V head (GQA group size x new tokens).
-// One work-group of kMaxDecodeRows work-items (one sub-group on the CPU device) per
-// (batch, group of K/V heads, split); the kernel is specialised on those rows rounded up to
-// a power of two, which sizes its P.V accumulators.
-KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows,
-                             const sycl::device& device) {
-  KernelVariant variant = choose_variant(dtype, head_dim, device, [&](int padded, int, int) {
-    const int compiled = decode_head_dim(dtype, padded);
-    const size_t d = compiled, r = decode_row_capacity(compiled), lanes = DECODE_LANES;
-    const size_t keys = decode_block_keys(dtype, compiled);
-    // Q and O (rows, d), softmax state (heads, lanes), probabilities of a key block,
-    // factors; for matrix scores at most: Q^T packed (16-bit, columns padded to the lanes),
-    // S^T, a staged K block (16-bit).
-    return sizeof(float) * (2 * r * d + 2 * r * lanes + keys * lanes + lanes) +
-           2 * (r + lanes) * d + sizeof(float) * keys * lanes + 2 * keys * d;
-  });
-  variant.block_m = decode_group_rows(rows);
-  variant.head_dim = decode_head_dim(dtype, variant.head_dim);
+// Bytes of local memory the decode kernel declares (flash_decode.hpp, its work_group_static
+// arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size; the matrix-score
+// buffers only when `matrix`.
+size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_bytes,
+                        bool matrix) {
+  const size_t d = head_dim, lanes = DECODE_LANES, keys = block_n;
+  const size_t max_heads = decode_row_capacity(head_dim) / group_rows;
+  const size_t sets = ceil_div(max_heads, lanes / group_rows);
+  const size_t floats = 2 * max_heads * group_rows * d  // Q and O
+                        + 2 * max_heads * lanes         // running max and sum
+                        + keys * group_rows             // probabilities of a block
+                        + lanes;                        // per-row factors
+  const size_t matrix_bytes = matrix ? sizeof(uint32_t) * sets * (d / 2) * lanes  // Q^T packed
+                                           + sizeof(float) * keys * lanes         // S^T
+                                           + elem_bytes * keys * d                // staged K
+                                     : sizeof(uint32_t) + sizeof(float) + elem_bytes;
+  return sizeof(float) * floats + matrix_bytes;
+}
+
+}  // namespace
+
+// One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
+// split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
+// P.V accumulators. Scores go to the matrix engine where the forward would use it and the
+// local memory holds its buffers.
+KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
+                             const DeviceLimits& limits, const std::string& mode) {
+  if (head_dim < 1 || head_dim > 256)
+    throw std::invalid_argument("ipex_flash: head dim must be in [1, 256], got " +
+                                std::to_string(head_dim));
+  KernelVariant variant{dtype, decode_head_dim(dtype, padded_head_dim(head_dim)),
+                        decode_group_rows(rows), 0, features};
   variant.block_n = decode_block_keys(dtype, variant.head_dim);
-  // Scores on the matrix engine where the forward kernel uses it (16-bit inputs).
-  const MatrixTile tile = matrix_tile(device, dtype, variant.head_dim);
-  variant.matrix_m = tile.m;
-  variant.matrix_k = tile.k;
+  const size_t elem_bytes = dtype == "float32" ? 4 : 2;
+  const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
+  const size_t matrix_slm =
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true);
+  if (tile.m > 0 && matrix_slm <= limits.local_mem_bytes) {
+    variant.matrix_m = tile.m;
+    variant.matrix_k = tile.k;
+  }
+  variant.slm_bytes = decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n,
+                                       elem_bytes, variant.matrix_m > 0);
+  if (variant.slm_bytes > limits.local_mem_bytes)
+    throw std::runtime_error("ipex_flash: the decode kernel needs " +
+                             std::to_string(variant.slm_bytes) + " bytes of local memory, " +
+                             limits.name + " has " + std::to_string(limits.local_mem_bytes));
   return variant;
 }
 
 // The split kernel and the merge kernel, built together from one program.
-std::vector<sycl::kernel> decode_kernels(sycl::queue& queue, const KernelVariant& variant) {
-  return get_kernels(
-      queue, "flash_decode.hpp",
-      {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
-       "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"});
+KernelProgram decode_program(const KernelVariant& variant) {
+  return {"flash_decode.hpp",
+          {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
+           "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"}};
 }
-
-}  // namespace
 
 int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
   const int group_rows = decode_group_rows(rows);
@@ -102,9 +123,8 @@ int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
 
 int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
                       std::uintptr_t queue_handle) {
-  const sycl::device device = queue_from_handle(queue_handle).get_device();
-  const int64_t target_groups =
-      4 * static_cast<int64_t>(device.get_info<sycl::info::device::max_compute_units>());
+  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
+  const int64_t target_groups = 4 * static_cast<int64_t>(limits.compute_units);
   const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim);
   const int64_t groups = std::max<int64_t>(
       1, static_cast<int64_t>(batch) * ceil_div(heads_kv, heads_per_group));
@@ -136,8 +156,9 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  KernelVariant variant = decode_variant(q.dtype, c.dims.head_dim, rows, queue.get_device());
-  variant.features = features_of(options);
+  const DeviceLimits& limits = device_limits(queue.get_device());
+  const KernelVariant variant =
+      decode_variant(q.dtype, c.dims.head_dim, rows, features_of(options), limits, matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
@@ -148,7 +169,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       ceil_div(ceil_div(std::max(c.dims.len_k, 1), c.num_blocks), variant.block_n) *
       variant.block_n);
 
-  const std::vector<sycl::kernel> kernels = decode_kernels(queue, variant);
+  const std::vector<sycl::kernel> kernels = get_kernels(queue, decode_program(variant));
   submit_kernel(queue, kernels[0], params,
                 block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group),
                             c.num_blocks, kMaxDecodeRows),
@@ -166,8 +187,9 @@ KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
     throw std::invalid_argument("ipex_flash: warmup_decode: rows must be in [1, " +
                                 std::to_string(kMaxDecodeRows) + "], got " + std::to_string(rows));
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = decode_variant(dtype, head_dim, rows, queue.get_device());
-  decode_kernels(queue, variant);
+  const KernelVariant variant = decode_variant(dtype, head_dim, rows, 0,
+                                               device_limits(queue.get_device()), matrix_mode());
+  get_kernels(queue, decode_program(variant));
   return variant;
 }
 

@@ -37,6 +37,13 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& partial_lse, const AttentionOptions& options,
                   std::uintptr_t queue_handle);
 
+// The decode variant serving `rows` query rows per K/V head on a device with these limits,
+// under IPEX_FLASH_MATRIX mode `mode`, and the program holding its kernels (split, merge).
+// Throws std::runtime_error when the device's local memory cannot hold the kernel's.
+KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
+                             const DeviceLimits& limits, const std::string& mode);
+KernelProgram decode_program(const KernelVariant& variant);
+
 // Builds the decode kernels serving `rows` query rows per K/V head (GQA group size x new
 // tokens, 1..kMaxDecodeRows) without running them (python -m ipex_flash warmup).
 KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,

@@ -26,27 +26,6 @@ size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
   return 2 * (hd * bm + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
 }
 
-KernelVariant fwd_variant(const std::string& dtype, int head_dim, const sycl::device& device) {
-  const MatrixTile tile = matrix_tile(device, dtype, padded_head_dim(head_dim));
-  KernelVariant variant = choose_variant(dtype, head_dim, device,
-                                         tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
-  variant.matrix_m = tile.m;
-  variant.matrix_k = tile.k;
-  return variant;
-}
-
-// The forward kernel, and for the matrix-engine kernel the kernel packing K and V for it
-// (built from one program).
-std::vector<sycl::kernel> fwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
-  if (variant.matrix_m > 0)
-    return get_kernels(queue, "flash_fwd_matrix.hpp",
-                       {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
-                        "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) +
-                            ", " + std::to_string(variant.head_dim) + ", " +
-                            std::to_string(variant.block_n) + ">"});
-  return get_kernels(queue, "flash_fwd.hpp",
-                     {variant.instantiate("ipex_flash::flash_fwd_kernel")});
-}
 
 // Blocks of BLOCK_N keys per (batch, K/V head) in the packed K/V copy.
 int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant) {
@@ -63,6 +42,26 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant)
 
 }  // namespace
 
+KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
+                          const DeviceLimits& limits, const std::string& mode) {
+  const MatrixTile tile = matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
+  KernelVariant variant = choose_variant(dtype, head_dim, limits,
+                                         tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
+  variant.matrix_m = tile.m;
+  variant.matrix_k = tile.k;
+  variant.features = features;
+  return variant;
+}
+
+KernelProgram fwd_program(const KernelVariant& variant) {
+  if (variant.matrix_m > 0)
+    return {"flash_fwd_matrix.hpp",
+            {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
+             "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
+                 std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) + ">"}};
+  return {"flash_fwd.hpp", {variant.instantiate("ipex_flash::flash_fwd_kernel")}};
+}
+
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const TensorView& lse, const TensorView& scratch,
                const AttentionOptions& options, std::uintptr_t queue_handle) {
@@ -72,15 +71,15 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, queue.get_device());
-  variant.features = features_of(options);
+  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, features_of(options),
+                                            device_limits(queue.get_device()), matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
   if (options.cu_seqlens_q) params.q_stride.batch = params.out_stride.batch = 0;
   if (options.cu_seqlens_k) params.k_stride.batch = params.v_stride.batch = 0;
   c.num_blocks = static_cast<int32_t>(ceil_div(c.dims.len_q, variant.block_m));
 
-  const std::vector<sycl::kernel> kernels = fwd_kernels(queue, variant);
+  const std::vector<sycl::kernel> kernels = get_kernels(queue, fwd_program(variant));
   const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
   if (variant.matrix_m > 0) {
     const int64_t needed = packed_kv_bytes(c.dims, variant);
@@ -105,14 +104,16 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, options);
-  const sycl::device device = queue_from_handle(queue_handle).get_device();
-  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, device));
+  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
+  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, features_of(options), limits,
+                                           matrix_mode()));
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  KernelVariant variant = fwd_variant(dtype, head_dim, queue.get_device());
-  fwd_kernels(queue, variant);
+  const KernelVariant variant =
+      fwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()), matrix_mode());
+  get_kernels(queue, fwd_program(variant));
   return variant;
 }
 

@@ -23,6 +23,12 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
                           const AttentionOptions& options, std::uintptr_t queue_handle);
 
+// The forward variant for a problem on a device with these limits, under IPEX_FLASH_MATRIX
+// mode `mode` (matrix_path.hpp), and the program holding its kernels.
+KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
+                          const DeviceLimits& limits, const std::string& mode);
+KernelProgram fwd_program(const KernelVariant& variant);
+
 // Builds (or loads from the disk cache) the forward variant for (dtype, head_dim).
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle);
 

@@ -52,29 +52,44 @@ constexpr double kReportBuildSeconds = 1.0;
 
 std::atomic<bool> warmup_mode{false};
 
-sycl::kernel_bundle<sycl::bundle_state::executable> compile_bundle(
-    sycl::queue& queue, const std::string& header, const std::vector<std::string>& kernel_names,
-    std::string& log) {
+sycl::kernel_bundle<sycl::bundle_state::ext_oneapi_source> source_bundle(
+    sycl::queue& queue, const KernelProgram& program) {
   syclex::include_files includes;
   for (const auto& [name, text] : device_sources()) includes.add(name, text);
-  const std::string source = "#include \"" + header + "\"\n";
-  auto source_bundle = syclex::create_kernel_bundle_from_source(
+  const std::string source = "#include \"" + program.header + "\"\n";
+  return syclex::create_kernel_bundle_from_source(
       queue.get_context(), syclex::source_language::sycl, source, syclex::properties{includes});
-  return syclex::build(
-      source_bundle, std::vector<sycl::device>{queue.get_device()},
-      syclex::properties{syclex::registered_names{kernel_names}, syclex::save_log{&log}});
 }
 
-std::vector<sycl::kernel> build_kernels(sycl::queue& queue, const std::string& header,
-                                        const std::vector<std::string>& kernel_names) {
-  std::string joined_names;
-  for (const std::string& name : kernel_names) joined_names += (joined_names.empty() ? "" : ", ") + name;
+sycl::kernel_bundle<sycl::bundle_state::executable> compile_bundle(sycl::queue& queue,
+                                                                   const KernelProgram& program,
+                                                                   std::string& log) {
+  auto source = source_bundle(queue, program);
+  return syclex::build(
+      source, std::vector<sycl::device>{queue.get_device()},
+      syclex::properties{syclex::registered_names{program.kernels}, syclex::save_log{&log}});
+}
+
+std::string joined_names(const KernelProgram& program) {
+  std::string joined;
+  for (const std::string& name : program.kernels) joined += (joined.empty() ? "" : ", ") + name;
+  return joined;
+}
+
+std::runtime_error build_error(sycl::queue& queue, const KernelProgram& program,
+                               const sycl::exception& e, const std::string& log) {
+  return std::runtime_error("ipex_flash: building SYCL kernel " + joined_names(program) +
+                            " for " + device_description(queue.get_device()) + " failed: " +
+                            e.what() + (log.empty() ? std::string() : "\nbuild log:\n" + log));
+}
+
+std::vector<sycl::kernel> build_kernels(sycl::queue& queue, const KernelProgram& program) {
   std::string log;
   const auto start = std::chrono::steady_clock::now();
   try {
-    auto bundle = compile_bundle(queue, header, kernel_names, log);
+    auto bundle = compile_bundle(queue, program, log);
     std::vector<sycl::kernel> kernels;
-    for (const std::string& name : kernel_names) kernels.push_back(bundle.ext_oneapi_get_kernel(name));
+    for (const std::string& name : program.kernels) kernels.push_back(bundle.ext_oneapi_get_kernel(name));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (seconds > kReportBuildSeconds && warmup_mode.load()) {
@@ -83,30 +98,27 @@ std::vector<sycl::kernel> build_kernels(sycl::queue& queue, const std::string& h
       // rebuilding from the IR. Building once more here goes the later processes' way and
       // stores the binary they will find.
       std::string unused_log;
-      compile_bundle(queue, header, kernel_names, unused_log);
+      compile_bundle(queue, program, unused_log);
     }
     if (seconds > kReportBuildSeconds && std::getenv("IPEX_FLASH_QUIET") == nullptr) {
       std::fprintf(stderr,
                    "ipex_flash: compiled %s for %s in %.1f s (first use; kept in the "
                    "persistent kernel cache for later runs)\n",
-                   joined_names.c_str(), device_description(queue.get_device()).c_str(),
+                   joined_names(program).c_str(), device_description(queue.get_device()).c_str(),
                    seconds);
     }
     return kernels;
   } catch (const sycl::exception& e) {
-    throw std::runtime_error("ipex_flash: building SYCL kernel " + joined_names + " for " +
-                             device_description(queue.get_device()) + " failed: " + e.what() +
-                             (log.empty() ? std::string() : "\nbuild log:\n" + log));
+    throw build_error(queue, program, e, log);
   }
 }
 
 }  // namespace
 
-std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& header,
-                                      const std::vector<std::string>& kernel_names) {
+std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const KernelProgram& program) {
   KernelCache& c = cache();
-  std::string joined = header;
-  for (const std::string& name : kernel_names) joined += "|" + name;
+  std::string joined = program.header;
+  for (const std::string& name : program.kernels) joined += "|" + name;
   CacheKey key{queue.get_context(), queue.get_device(), joined};
   // Held across the build: concurrent first calls of one variant build it once.
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -115,10 +127,23 @@ std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& hea
     ++c.stats.hits;
     return it->second;
   }
-  std::vector<sycl::kernel> kernels = build_kernels(queue, header, kernel_names);
+  std::vector<sycl::kernel> kernels = build_kernels(queue, program);
   ++c.stats.builds;
   c.kernels.emplace(std::move(key), kernels);
   return kernels;
+}
+
+std::string compile_to_spirv(sycl::queue& queue, const KernelProgram& program) {
+  std::string log;
+  try {
+    auto source = source_bundle(queue, program);
+    syclex::compile(source, std::vector<sycl::device>{queue.get_device()},
+                    syclex::properties{syclex::registered_names{program.kernels},
+                                       syclex::save_log{&log}});
+  } catch (const sycl::exception& e) {
+    throw build_error(queue, program, e, log);
+  }
+  return log;
 }
 
 void set_warmup_mode(bool on) { warmup_mode.store(on); }

@@ -9,14 +9,21 @@
 #include <string>
 #include <vector>
 
+#include "host/variants.hpp"
+
 namespace ipex_flash {
 
-// The kernels `kernel_names` (template instantiations such as
-// "ipex_flash::flash_fwd_kernel<float, 64, 64, 64>") from the device header `header`, built
-// together (one compiler run) for the queue's device. Thread-safe. Throws std::runtime_error
-// carrying the compiler's message and build log when the build fails.
-std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const std::string& header,
-                                      const std::vector<std::string>& kernel_names);
+// The kernels of `program` (template instantiations such as
+// "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>" from one device header), built together
+// (one compiler run) for the queue's device, in the program's order. Thread-safe. Throws
+// std::runtime_error carrying the compiler's message and build log when the build fails.
+std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const KernelProgram& program);
+
+// Runs the kernel compiler's front end on `program` for the queue's device without building
+// device code (no kernel cache): with SYCL_DUMP_IMAGES=1 in the environment the runtime writes
+// the program's SPIR-V into the working directory, which gpu-check hands to Intel's offline
+// compiler for GPUs this machine does not have. Returns the build log; throws like get_kernels.
+std::string compile_to_spirv(sycl::queue& queue, const KernelProgram& program);
 
 // Warm-up mode (python -m ipex_flash warmup): every kernel compiled from source is built a
 // second time, from the IR just cached, so that the persistent cache also holds the device

@@ -26,15 +26,15 @@ std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_ar
          ">";
 }
 
-KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,
+KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
                              const SlmBytes& slm_bytes) {
   if (head_dim < 1 || head_dim > kMaxHeadDim)
     throw std::invalid_argument("ipex_flash: head dim must be in [1, 256], got " +
                                 std::to_string(head_dim));
   device_type_name(dtype);  // validates the dtype
   KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
-  const size_t slm_limit = device.get_info<sycl::info::device::local_mem_size>();
-  const size_t wg_limit = device.get_info<sycl::info::device::max_work_group_size>();
+  const size_t slm_limit = limits.local_mem_bytes;
+  const size_t wg_limit = limits.max_work_group;
   while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)
     variant.block_m /= 2;
   while (variant.block_n > kMinBlock && static_cast<size_t>(variant.block_n) > wg_limit)
@@ -47,6 +47,7 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl:
     else throw std::runtime_error("ipex_flash: device local memory too small for head dim " +
                                   std::to_string(head_dim));
   }
+  variant.slm_bytes = slm_bytes(variant.head_dim, variant.block_m, variant.block_n);
   return variant;
 }
 

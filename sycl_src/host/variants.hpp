@@ -1,12 +1,13 @@
 // Kernel variants: what is fixed when a kernel is compiled (dtype, padded head dim, tile
-// sizes), chosen per problem from the device's properties.
+// sizes), chosen per problem from the device's limits (device_limits.hpp).
 #pragma once
-
-#include <sycl/sycl.hpp>
 
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "host/device_limits.hpp"
 
 namespace ipex_flash {
 
@@ -18,6 +19,7 @@ struct KernelVariant {
   int features = 0;   // FEATURE_* bits (params.hpp): softcap, ALiBi
   int matrix_m = 0;   // matrix-engine kernels: tile height (matrix_path.hpp); 0 otherwise
   int matrix_k = 0;   // and reduction step
+  size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
   // signature, with ", MATRIX_M, MATRIX_K" appended for the matrix-engine kernels.
@@ -29,6 +31,12 @@ struct KernelVariant {
   std::string instantiate(const std::string& kernel, bool matrix_args) const;
 };
 
+// Kernels built together from one device header (one compiler run).
+struct KernelProgram {
+  std::string header;                // e.g. "flash_fwd.hpp"
+  std::vector<std::string> kernels;  // template instantiations, as registered_names
+};
+
 // The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
 int padded_head_dim(int head_dim);
 
@@ -38,7 +46,7 @@ using SlmBytes = std::function<size_t(int head_dim, int block_m, int block_n)>;
 // The variant serving `head_dim`: head dim rounded up to a compiled size (multiples of 16 up
 // to 128, of 32 beyond), 64x64 tiles shrunk until they fit the device's local memory and
 // work-group limits. Throws std::invalid_argument for head dims outside [1, 256].
-KernelVariant choose_variant(const std::string& dtype, int head_dim, const sycl::device& device,
+KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
                              const SlmBytes& slm_bytes);
 
 }  // namespace ipex_flash

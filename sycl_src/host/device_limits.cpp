@@ -1,0 +1,201 @@
+#include "host/device_limits.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include "host/device_queue.hpp"
+
+namespace ipex_flash {
+namespace {
+
+namespace syclex = sycl::ext::oneapi::experimental;
+using syclex::matrix::matrix_type;
+using syclex::architecture;
+
+std::atomic<bool> cpu_amx{false};
+
+// A dimension of a matrix_combinations entry takes `size` when fixed to it, or when bounded
+// (fixed size 0) by at least it.
+bool dimension_takes(int fixed, int bound, int size) {
+  return fixed == size || (fixed == 0 && bound >= size);
+}
+
+// Intel GPU profiles. Local memory per work-group from compute-runtime's tables; compute units
+// as Level Zero reports them (vector engines) for the named part; matrix shapes as the
+// runtime's matrix_combinations lists them for bf16 and fp16 with float32 accumulators.
+std::vector<MatrixShape> xmx_shapes(int n) {
+  std::vector<MatrixShape> shapes;
+  for (const char* dtype : {"bfloat16", "float16"})
+    shapes.push_back(MatrixShape{dtype, 0, n, 16, 8, 0, 0});  // M <= 8, N = n, K = 16
+  return shapes;
+}
+
+DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_device,
+                         size_t local_kib, std::vector<int> sub_groups, int compute_units,
+                         std::vector<MatrixShape> matrix, bool large_grf) {
+  DeviceLimits limits;
+  limits.name = name;
+  limits.ocloc_device = ocloc_device;
+  limits.local_mem_bytes = local_kib * 1024;
+  limits.max_work_group = 1024;
+  limits.sub_group_sizes = std::move(sub_groups);
+  limits.compute_units = compute_units;
+  limits.matrix = std::move(matrix);
+  limits.large_grf = large_grf;
+  return limits;
+}
+
+const std::map<std::string, DeviceLimits>& profiles() {
+  static const std::map<std::string, DeviceLimits> table = {
+      // Data Center GPU Max 1100 (Xe-HPC): XMX with sub-group 16, 8x16x16 tiles.
+      {"pvc", gpu_profile("pvc", "pvc", 128, {16, 32}, 448, xmx_shapes(16), true)},
+      // Arc B580 / Pro B60 (Xe2-HPG).
+      {"bmg", gpu_profile("bmg", "bmg", 128, {16, 32}, 160, xmx_shapes(16), true)},
+      // Arc A770 / A380 (Xe-HPG): XMX only with sub-group 8, N = 8; 64 KiB of SLM.
+      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false)},
+      // Lunar Lake's Arc 140V (Xe2-LPG).
+      {"lnl", gpu_profile("lnl", "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true)},
+      // Meteor Lake's Arc (Xe-LPG): no XMX.
+      {"mtl", gpu_profile("mtl", "mtl-h", 64, {8, 16, 32}, 128, {}, false)},
+      // Arrow Lake-H's Arc 140T (Xe-LPG+): DPAS with DG2's shape.
+      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false)},
+  };
+  return table;
+}
+
+std::vector<MatrixShape> matrix_shapes_of(const sycl::device& device) {
+  std::vector<MatrixShape> shapes;
+  const bool usable = device.has(sycl::aspect::ext_intel_matrix) &&
+                      (!device.is_cpu() || cpu_amx.load());
+  if (!usable) return shapes;
+  for (const auto& combo : device.get_info<syclex::info::device::matrix_combinations>()) {
+    if (combo.atype != combo.btype || combo.ctype != matrix_type::fp32) continue;
+    const char* dtype = combo.atype == matrix_type::bf16   ? "bfloat16"
+                        : combo.atype == matrix_type::fp16 ? "float16"
+                                                           : nullptr;
+    if (dtype == nullptr) continue;
+    shapes.push_back(MatrixShape{dtype, static_cast<int>(combo.msize),
+                                 static_cast<int>(combo.nsize), static_cast<int>(combo.ksize),
+                                 static_cast<int>(combo.max_msize),
+                                 static_cast<int>(combo.max_nsize),
+                                 static_cast<int>(combo.max_ksize)});
+  }
+  return shapes;
+}
+
+bool has_large_grf(const sycl::device& device) {
+  if (!device.is_gpu()) return false;
+  try {
+    const architecture arch = device.get_info<syclex::info::device::architecture>();
+    return arch == architecture::intel_gpu_pvc || arch == architecture::intel_gpu_pvc_vg ||
+           arch == architecture::intel_gpu_bmg_g21 || arch == architecture::intel_gpu_bmg_g31 ||
+           arch == architecture::intel_gpu_lnl_m;
+  } catch (const sycl::exception&) {
+    return false;  // an architecture this runtime does not know
+  }
+}
+
+DeviceLimits limits_of(const sycl::device& device) {
+  DeviceLimits limits;
+  limits.name = device.get_info<sycl::info::device::name>();
+  limits.is_cpu = device.is_cpu();
+  limits.local_mem_bytes = device.get_info<sycl::info::device::local_mem_size>();
+  limits.max_work_group = device.get_info<sycl::info::device::max_work_group_size>();
+  for (size_t size : device.get_info<sycl::info::device::sub_group_sizes>())
+    limits.sub_group_sizes.push_back(static_cast<int>(size));
+  limits.compute_units = static_cast<int>(device.get_info<sycl::info::device::max_compute_units>());
+  limits.matrix = matrix_shapes_of(device);
+  // Only the CPU device's matrix path (AMX) has run; on GPUs it is opt-in (IPEX_FLASH_MATRIX).
+  limits.matrix_by_default = limits.is_cpu && !limits.matrix.empty();
+  limits.large_grf = has_large_grf(device);
+  return limits;
+}
+
+// A GPU profile as the CPU device runs it: the GPU's tiles and shapes, with only the matrix
+// shapes the CPU's own engine also takes (none without AMX).
+DeviceLimits profile_on_cpu(const DeviceLimits& profile, const DeviceLimits& cpu) {
+  DeviceLimits limits = profile;
+  limits.matrix.clear();
+  for (const MatrixShape& shape : profile.matrix) {
+    const int m = shape.m > 0 ? shape.m : shape.max_m;
+    if (cpu.takes_matrix_tile(shape.dtype, m, shape.n, shape.k)) limits.matrix.push_back(shape);
+  }
+  return limits;
+}
+
+struct LimitsCache {
+  std::mutex mutex;
+  // A process sees a device or two: a list (stable references) searched in order.
+  std::list<std::pair<sycl::device, DeviceLimits>> own;
+  std::string profile;       // set_device_profile
+  DeviceLimits profile_cpu;  // that profile as the CPU device runs it
+
+  const DeviceLimits& own_limits(const sycl::device& device) {  // with mutex held
+    for (const auto& [known, limits] : own)
+      if (known == device) return limits;
+    return own.emplace_back(device, limits_of(device)).second;
+  }
+};
+
+LimitsCache& limits_cache() {
+  static LimitsCache* cache = new LimitsCache();  // never destroyed, like the queue
+  return *cache;
+}
+
+}  // namespace
+
+bool MatrixShape::takes(int tile_m, int tile_n, int tile_k) const {
+  return dimension_takes(m, max_m, tile_m) && dimension_takes(n, max_n, tile_n) &&
+         dimension_takes(k, max_k, tile_k);
+}
+
+bool DeviceLimits::takes_matrix_tile(const std::string& dtype, int m, int n, int k) const {
+  return std::any_of(matrix.begin(), matrix.end(), [&](const MatrixShape& shape) {
+    return shape.dtype == dtype && shape.takes(m, n, k);
+  });
+}
+
+bool DeviceLimits::takes_sub_group(int size) const {
+  return std::find(sub_group_sizes.begin(), sub_group_sizes.end(), size) !=
+         sub_group_sizes.end();
+}
+
+const DeviceLimits& device_limits(const sycl::device& device) {
+  LimitsCache& cache = limits_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (device.is_cpu() && !cache.profile.empty()) return cache.profile_cpu;
+  return cache.own_limits(device);
+}
+
+DeviceLimits profile_limits(const std::string& name) {
+  auto it = profiles().find(name);
+  if (it == profiles().end()) {
+    std::string known;
+    for (const std::string& n : profile_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("ipex_flash: unknown GPU profile '" + name + "' (known: " +
+                                known + ")");
+  }
+  return it->second;
+}
+
+std::vector<std::string> profile_names() {
+  // In the order README's tables list them: data center, discrete, integrated.
+  return {"pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"};
+}
+
+void set_device_profile(const std::string& name) {
+  LimitsCache& cache = limits_cache();
+  DeviceLimits profile = name.empty() ? DeviceLimits{} : profile_limits(name);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.profile = name;
+  if (!name.empty())
+    cache.profile_cpu = profile_on_cpu(profile, cache.own_limits(cpu_queue().get_device()));
+}
+
+void set_cpu_matrix_engine(bool available) { cpu_amx.store(available); }
+
+}  // namespace ipex_flash
