@@ -1,8 +1,11 @@
-"""python -m ipex_flash [demo|warmup|info]
+"""python -m ipex_flash [demo|warmup|info|gpu-check|selftest]
 
-demo    attention on the default device: error against torch SDPA, time next to SDPA's
-warmup  build the common kernel variants into the persistent cache ahead of time
-info    the SYCL device and the kernel cache location
+demo       attention on the default device: error against torch SDPA, time next to SDPA's
+warmup     build the common kernel variants into the persistent cache ahead of time
+info       the SYCL device, its limits and the kernel cache location
+gpu-check  compile every kernel an Intel GPU would run to its native code (needs ocloc:
+           scripts/install_ocloc.sh) and check registers, spills, local memory and XMX use
+selftest   about a minute of correctness checks of every kernel family on a device
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
+from ipex_flash import gpu_check
 from ipex_flash._runtime import C, default_cache_dir
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -72,6 +76,7 @@ def warmup(args) -> None:
 def info(_args) -> None:
     for key, value in C.device_info().items():
         print(f"{key}: {value}")
+    print(f"limits: {C.device_limits()}")
     print(f"cpu target: {os.environ.get('CL_CONFIG_CPU_TARGET_ARCH', 'detected by the runtime')}")
     print(f"matrix path (IPEX_FLASH_MATRIX): {os.environ.get('IPEX_FLASH_MATRIX', 'auto')}")
     print(f"kernel cache: {os.environ.get('SYCL_CACHE_DIR', default_cache_dir())}")
@@ -102,10 +107,13 @@ def main() -> None:
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)
+    p = commands.add_parser("gpu-check", help="native-code checks for Intel GPUs (ocloc)")
+    gpu_check.add_arguments(p)
+    p.set_defaults(func=gpu_check.main)
     args = parser.parse_args()
     if args.command is None:
         args = parser.parse_args(["demo"])
-    args.func(args)
+    raise SystemExit(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,11 @@ inline void dropout_factors_for_rows(const DropoutParams& dropout, int64_t batch
   for (int i = 0; i < N; ++i) {
     uint32_t words[4];
     dropout_words(dropout, batch_head, row0 + i, key / 4, words);
-    factor[i] = words[key % 4] >= dropout.threshold ? dropout.keep_scale : 0.f;
+    // Selected, not indexed: a private array indexed at run time lives in scratch memory on
+    // GPUs.
+    const uint32_t word = (key & 2) != 0 ? ((key & 1) != 0 ? words[3] : words[2])
+                                         : ((key & 1) != 0 ? words[1] : words[0]);
+    factor[i] = word >= dropout.threshold ? dropout.keep_scale : 0.f;
   }
 }
 

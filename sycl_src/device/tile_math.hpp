@@ -10,6 +10,18 @@ namespace ipex_flash {
 
 constexpr int D_UNROLL = 8;  // independent accumulators per lane: hides FMA latency
 
+// The key loop of accumulate_rows indexes the work-item's weights. On GPUs it is unrolled: a
+// private array indexed at run time lives in scratch memory there (IGC's private_size), and
+// unrolled it stays in registers. On the SYCL CPU device it is kept rolled: unrolled, that
+// device's compiler packs it into gathers in the backward kernels (seen in their assembly), and
+// they ran 3x slower. The host defines IPEX_FLASH_CPU_LOOPS when it compiles for the CPU device
+// (KernelProgram::options).
+#if defined(IPEX_FLASH_CPU_LOOPS)
+#define IPEX_FLASH_KEY_LOOP _Pragma("nounroll")
+#else
+#define IPEX_FLASH_KEY_LOOP _Pragma("unroll")
+#endif
+
 template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
 inline void dot_rows(float (&out)[CHUNK], const float (&own_t)[HEAD_DIM][LANES], int lane,
                      const float (&rows)[ROWS][HEAD_DIM], int row0) {
@@ -31,9 +43,7 @@ inline void accumulate_rows(float (&acc_t)[HEAD_DIM][LANES], int lane,
     float acc[D_UNROLL];  // (d)
 #pragma unroll
     for (int u = 0; u < D_UNROLL; ++u) acc[u] = acc_t[d0 + u][lane] * rescale;
-    // Kept rolled: unrolled, the CPU device's compiler packs the j loop into gathers in the
-    // backward kernels (seen in their assembly) and they ran 3x slower.
-#pragma nounroll
+    IPEX_FLASH_KEY_LOOP
     for (int j = 0; j < CHUNK; ++j)
 #pragma unroll
       for (int u = 0; u < D_UNROLL; ++u) acc[u] += weight[j] * rows[row0 + j][d0 + u];

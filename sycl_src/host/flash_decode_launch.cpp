@@ -89,6 +89,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   KernelVariant variant{dtype, decode_head_dim(dtype, padded_head_dim(head_dim)),
                         decode_group_rows(rows), 0, features};
   variant.block_n = decode_block_keys(dtype, variant.head_dim);
+  variant.cpu_device = limits.is_cpu;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
   const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
@@ -110,7 +111,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
 KernelProgram decode_program(const KernelVariant& variant) {
   return {"flash_decode.hpp",
           {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
-           "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"}};
+           "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
+          program_options(variant.cpu_device)};
 }
 
 int decode_heads_per_group(int heads_kv, int rows, int head_dim) {

@@ -20,7 +20,7 @@ namespace syclex = sycl::ext::oneapi::experimental;
 struct CacheKey {
   sycl::context context;
   sycl::device device;
-  std::string kernel_names;  // header and names, joined
+  std::string kernel_names;  // header, names and build options, joined
   bool operator==(const CacheKey& o) const {
     return context == o.context && device == o.device && kernel_names == o.kernel_names;
   }
@@ -67,7 +67,8 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile_bundle(sycl::queue& 
   auto source = source_bundle(queue, program);
   return syclex::build(
       source, std::vector<sycl::device>{queue.get_device()},
-      syclex::properties{syclex::registered_names{program.kernels}, syclex::save_log{&log}});
+      syclex::properties{syclex::build_options{program.options},
+                         syclex::registered_names{program.kernels}, syclex::save_log{&log}});
 }
 
 std::string joined_names(const KernelProgram& program) {
@@ -119,6 +120,7 @@ std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const KernelProgram& p
   KernelCache& c = cache();
   std::string joined = program.header;
   for (const std::string& name : program.kernels) joined += "|" + name;
+  for (const std::string& option : program.options) joined += " " + option;
   CacheKey key{queue.get_context(), queue.get_device(), joined};
   // Held across the build: concurrent first calls of one variant build it once.
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -138,7 +140,8 @@ std::string compile_to_spirv(sycl::queue& queue, const KernelProgram& program) {
   try {
     auto source = source_bundle(queue, program);
     syclex::compile(source, std::vector<sycl::device>{queue.get_device()},
-                    syclex::properties{syclex::registered_names{program.kernels},
+                    syclex::properties{syclex::build_options{program.options},
+                                       syclex::registered_names{program.kernels},
                                        syclex::save_log{&log}});
   } catch (const sycl::exception& e) {
     throw build_error(queue, program, e, log);

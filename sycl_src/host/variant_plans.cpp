@@ -56,11 +56,14 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     program = decode_program(variant);
   } else if (family == "dropout_mask") {
     program = dropout_mask_program();
+    variant.cpu_device = limits.is_cpu;
+    program.options = program_options(limits.is_cpu);
   } else {
     throw std::invalid_argument("ipex_flash: unknown kernel family '" + family + "'");
   }
   return py::dict("variant"_a = variant, "header"_a = program.header,
-                  "kernels"_a = program.kernels, "slm_bytes"_a = variant.slm_bytes);
+                  "kernels"_a = program.kernels, "options"_a = program.options,
+                  "slm_bytes"_a = variant.slm_bytes);
 }
 
 }  // namespace
@@ -77,10 +80,11 @@ void bind_variant_plans(py::module_& m) {
         "rows"_a = 1, "mode"_a = "auto");
   m.def(
       "compile_to_spirv",
-      [](const std::string& header, const std::vector<std::string>& kernels) {
-        return compile_to_spirv(cpu_queue(), KernelProgram{header, kernels});
+      [](const std::string& header, const std::vector<std::string>& kernels,
+         const std::vector<std::string>& options) {
+        return compile_to_spirv(cpu_queue(), KernelProgram{header, kernels, options});
       },
-      "header"_a, "kernels"_a, py::call_guard<py::gil_scoped_release>());
+      "header"_a, "kernels"_a, "options"_a, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace ipex_flash

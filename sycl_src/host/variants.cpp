@@ -26,6 +26,11 @@ std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_ar
          ">";
 }
 
+std::vector<std::string> program_options(bool cpu_device) {
+  if (cpu_device) return {"-DIPEX_FLASH_CPU_LOOPS"};
+  return {};
+}
+
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
                              const SlmBytes& slm_bytes) {
   if (head_dim < 1 || head_dim > kMaxHeadDim)
@@ -33,6 +38,7 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const Devic
                                 std::to_string(head_dim));
   device_type_name(dtype);  // validates the dtype
   KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
+  variant.cpu_device = limits.is_cpu;
   const size_t slm_limit = limits.local_mem_bytes;
   const size_t wg_limit = limits.max_work_group;
   while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)

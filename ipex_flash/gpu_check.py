@@ -1,0 +1,211 @@
+"""python -m ipex_flash gpu-check: the native code every Intel GPU would run, without a GPU.
+
+For each target (a named GPU profile, sycl_src/host/device_limits.cpp) it asks the host module
+which kernel variants that GPU would build for a grid of calls reaching every kernel, has our
+own kernel-compiler path write their SPIR-V, compiles it with Intel's offline compiler (ocloc,
+with IGC; scripts/install_ocloc.sh) for that GPU, and reads the result: SIMD width, registers,
+local memory, spills, private (scratch) memory, DPAS instructions. Then it applies the rules
+(gpu_rules.py) and prints a table; --json keeps every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ipex_flash import gpu_grid, gpu_native
+from ipex_flash._runtime import C
+from ipex_flash.gpu_rules import check_rules
+
+DEFAULT_TARGETS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
+
+
+@dataclass
+class KernelReport:
+    """One kernel of one variant, compiled for one target."""
+    target: str
+    family: str
+    dtype: str
+    head_dim: int
+    features: int
+    rows: int
+    mode: str           # IPEX_FLASH_MATRIX mode the variant was chosen under
+    variant: str
+    kernel: str
+    matrix: bool        # a joint_matrix (XMX) kernel
+    slm_estimate: int   # the host's local-memory estimate for the variant
+    slm_limit: int
+    built: bool = False
+    error: str = ""
+    simd: int = 0
+    grf: int = 0
+    slm: int = 0
+    spill: int = 0
+    private: int = 0
+    dpas: int = 0
+    instructions: int = 0
+    dpas_share: float = 0.0
+    violations: list = field(default_factory=list)
+
+
+def _module_id(header: str, kernels: list, options: list) -> str:
+    text = "\n".join([header, *kernels, *options])
+    return Path(header).stem + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def _spirv_worker(work_dir: str) -> None:
+    """Child process: compiles the modules listed in modules.json to SPIR-V. The runtime
+    dumps every device image of a program it compiles into the working directory, one file
+    per image (a program's kernels are split into images by the device features they use,
+    e.g. fp16), as sycl_spir64.spv, sycl_spir64_1.spv, ..."""
+    from ipex_flash._runtime import C
+    os.chdir(work_dir)
+    modules = json.loads(Path("modules.json").read_text())
+    for module_id, (header, kernels, options) in modules.items():
+        for stale in Path(".").glob("sycl_spir64*.spv"):
+            stale.unlink()
+        try:
+            C.compile_to_spirv(header, kernels, options)
+            for i, image in enumerate(sorted(Path(".").glob("sycl_spir64*.spv"))):
+                image.rename(f"{module_id}.part{i}.spv")
+        except Exception as e:  # recorded per module; the others still build
+            Path(f"{module_id}.error").write_text(str(e))
+
+
+def build_spirv(modules: dict, work: Path) -> None:
+    """SPIR-V of every module not yet in `work`, through the kernel compiler in a child
+    process (the dump is switched on by the environment before the SYCL runtime starts)."""
+    todo = {m: spec for m, spec in modules.items()
+            if not any(work.glob(f"{m}.part*.spv")) and not (work / f"{m}.error").exists()}
+    if not todo:
+        return
+    (work / "modules.json").write_text(json.dumps(todo))
+    env = dict(os.environ, SYCL_DUMP_IMAGES="1", SYCL_CACHE_PERSISTENT="0",
+               IPEX_FLASH_QUIET="1")
+    subprocess.run([sys.executable, "-c",
+                    "import sys; from ipex_flash.gpu_check import _spirv_worker; "
+                    "_spirv_worker(sys.argv[1])", str(work)], env=env, check=True)
+
+
+def group_modules(programs: list) -> dict:
+    """One module per target, header and build options, holding every kernel of that target
+    from that header: one front-end run and one ocloc run serve many variants, and a
+    compiler crash on one target hides nothing of another. Identical modules of different
+    targets (same kernels) share their SPIR-V."""
+    kernels = {}
+    for p in programs:
+        if p.error:
+            continue
+        names = kernels.setdefault((p.target, p.header, tuple(p.options)), [])
+        names.extend(k for k in p.kernels if k not in names)
+    modules = {}
+    for (target, header, options), names in kernels.items():
+        module_id = _module_id(header, sorted(names), list(options))
+        modules[module_id] = (header, sorted(names), list(options))
+        for p in programs:
+            if (p.target, p.header, tuple(p.options)) == (target, header, options):
+                p.module = module_id
+    return modules
+
+
+def kernel_reports(programs: list, native: dict) -> list:
+    """One KernelReport per kernel a target builds (the first call that selected it), and one
+    per call the host refused to plan."""
+    reports, seen = [], set()
+    for p in programs:
+        base = dict(target=p.target, family=p.family, dtype=p.dtype, head_dim=p.head_dim,
+                    features=p.features, rows=p.rows, mode=p.mode, variant=p.variant,
+                    matrix=p.matrix, slm_estimate=p.slm_estimate, slm_limit=p.slm_limit)
+        if p.error:
+            reports.append(KernelReport(kernel=p.family, error=p.error, **base))
+            continue
+        result = native[(p.target, p.module)]
+        by_key = {gpu_grid.mangled_key(name): figures
+                  for name, figures in result.get("kernels", {}).items()}
+        for kernel in p.kernels:
+            if (p.target, kernel) in seen:
+                continue
+            seen.add((p.target, kernel))
+            report = KernelReport(kernel=kernel, **base)
+            figures = by_key.get(gpu_grid.registered_key(kernel))
+            if figures is None:
+                report.error = result.get("error", "kernel missing from the binary")
+            else:
+                report.built = True
+                for name in ("simd", "grf", "slm", "spill", "private", "dpas", "instructions"):
+                    setattr(report, name, figures[name])
+                report.dpas_share = figures["dpas"] / max(figures["instructions"], 1)
+            reports.append(report)
+    return reports
+
+
+def run(targets: list, full: bool = False, json_path: str | None = None,
+        spirv_dir: str | None = None, jobs: int = 2) -> int:
+    """Checks `targets`; returns 0 when every rule holds, 1 otherwise, 2 without ocloc."""
+    ocloc = gpu_native.find_ocloc()
+    if ocloc is None:
+        print("gpu-check: ocloc not found; install it with scripts/install_ocloc.sh "
+              "(or name it in IPEX_FLASH_OCLOC)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    programs = [p for target in targets for p in gpu_grid.plan_target(target, full)]
+    work = Path(spirv_dir) if spirv_dir else Path(tempfile.mkdtemp(prefix="ipex_flash_gpu_"))
+    work.mkdir(parents=True, exist_ok=True)
+    modules = group_modules(programs)
+    build_spirv(modules, work)
+    pairs = sorted({(p.target, p.module) for p in programs if not p.error})
+
+    def compile_pair(pair):
+        target, module_id = pair
+        return pair, gpu_native.compile_module(ocloc, work, module_id,
+                                               gpu_grid.ocloc_device(target),
+                                               work / f"{module_id}.{target}")
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        native = dict(pool.map(compile_pair, pairs))
+    reports = kernel_reports(programs, native)
+    check_rules(reports)
+    seconds = time.perf_counter() - start
+    failed = [r for r in reports if r.violations]
+    gpu_native.print_table(reports)
+    print(f"\n{len(reports)} kernels over {len(targets)} targets ({', '.join(targets)}) in "
+          f"{seconds:.0f} s: {len(failed)} break a rule")
+    if json_path:
+        Path(json_path).write_text(json.dumps(
+            {"targets": targets, "full": full, "seconds": round(seconds, 1),
+             "ocloc": gpu_native.ocloc_version(ocloc),
+             "limits": {t: C.profile_limits(t) for t in targets},
+             "kernels": [asdict(r) for r in reports]}, indent=1))
+    if not spirv_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                        help="comma-separated GPU profiles (default: all six)")
+    parser.add_argument("--full", action="store_true",
+                        help="every head-dim bucket and feature combination (slower)")
+    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--spirv-dir", help="keep SPIR-V, binaries and disassembly here")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="ocloc processes at once")
+
+
+def main(args) -> int:
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = [t for t in targets if t not in C.profile_names()]
+    if unknown:
+        print(f"gpu-check: unknown targets {unknown}; known: {C.profile_names()}",
+              file=sys.stderr)
+        return 2
+    return run(targets, args.full, args.json, args.spirv_dir, args.jobs)

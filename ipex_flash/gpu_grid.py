@@ -1,0 +1,122 @@
+"""The calls gpu-check plans for each GPU, and the kernel programs they select.
+
+The grid reaches every kernel: forward (vector, and matrix with its K/V pack where the GPU
+takes XMX tiles), backward (preprocess, dK/dV, dQ), decode (split and merge) and the dropout
+mask, over float32/float16/bfloat16, head-dim buckets and the compile-time score features.
+Variants are chosen by the host module from the target's device-limits record, the same code
+that chooses for a real device (C.plan). The KV-cache append has no kernel of its own (it is a
+tensor copy in ipex_flash/kvcache.py), so it has nothing to compile.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ipex_flash._runtime import C
+
+DTYPES = ["float32", "float16", "bfloat16"]
+COMMON_HEAD_DIMS = [64, 128]  # the rules on spills and scratch memory apply to these
+ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one per bucket
+FEATURE_SETS = {"quick": [0, 3], "full": [0, 1, 2, 3]}  # bits: 1 softcap, 2 ALiBi
+DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
+
+
+@dataclass
+class Program:
+    """Kernels built together for one target, and the call that selected them."""
+    target: str
+    family: str
+    dtype: str
+    head_dim: int
+    features: int
+    rows: int
+    mode: str
+    variant: str
+    matrix: bool
+    header: str
+    kernels: list
+    options: list
+    slm_estimate: int
+    slm_limit: int
+    module: str = ""
+    error: str = ""  # the host refused to plan this call (e.g. local memory)
+
+
+def _calls(full: bool):
+    size = "full" if full else "quick"
+    head_dims = ALL_HEAD_DIMS if full else COMMON_HEAD_DIMS
+    for dtype in DTYPES:
+        # "auto" is what runs by default; "1" is the opt-in XMX path (16-bit only).
+        modes = ["auto"] if dtype == "float32" else ["auto", "1"]
+        for head_dim in head_dims:
+            for features in FEATURE_SETS[size]:
+                for mode in modes:
+                    yield "forward", dtype, head_dim, features, 1, mode
+                    for rows in DECODE_ROWS[size]:
+                        yield "decode", dtype, head_dim, features, rows, mode
+                yield "backward", dtype, head_dim, features, 1, "auto"
+    yield "dropout_mask", "float32", 64, 0, 1, "auto"
+
+
+def plan_target(target: str, full: bool) -> list:
+    """The distinct programs `target` would build for the grid."""
+    limits = C.profile_limits(target)
+    programs, seen = [], set()
+    for family, dtype, head_dim, features, rows, mode in _calls(full):
+        base = dict(target=target, family=family, dtype=dtype, head_dim=head_dim,
+                    features=features, rows=rows, mode=mode,
+                    slm_limit=limits["local_mem_bytes"])
+        try:
+            plan = C.plan(family, target, dtype, head_dim, features, rows, mode)
+        except Exception as e:  # a call this GPU cannot serve: a finding, not a crash
+            programs.append(Program(variant="", matrix=False, header="", kernels=[], options=[],
+                                    slm_estimate=0, error=str(e), **base))
+            continue
+        key = (plan["header"], tuple(plan["kernels"]), tuple(plan["options"]))
+        if key in seen:
+            continue
+        seen.add(key)
+        variant = plan["variant"]
+        programs.append(Program(variant=repr(variant).replace("KernelVariant", family),
+                                matrix=variant.matrix_m > 0, header=plan["header"],
+                                kernels=list(plan["kernels"]), options=list(plan["options"]),
+                                slm_estimate=plan["slm_bytes"], **base))
+    return programs
+
+
+def ocloc_device(target: str) -> str:
+    return C.profile_limits(target)["ocloc_device"]
+
+
+# Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>";
+# the binary lists the mangled "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64E...".
+# Both reduce to (name, element type, integer arguments).
+def _type_class(text: str) -> str:
+    if "bfloat16" in text:
+        return "bfloat16"
+    if "half" in text:
+        return "float16"
+    return "float32"
+
+
+def registered_key(name: str) -> tuple:
+    base, _, args = name.partition("<")
+    parts = [a.strip() for a in args.rstrip(">").split(",")] if args else []
+    dtype = _type_class(parts[0]) if parts else ""
+    return base.split("::")[-1], dtype, tuple(int(a) for a in parts[1:])
+
+
+_MANGLED = re.compile(r"__sycl_kernel_ipex_flash(\d+)")
+
+
+def mangled_key(mangled: str) -> tuple:
+    match = _MANGLED.search(mangled)
+    if match is None:
+        return (mangled, "", ())
+    length, start = int(match.group(1)), match.end()
+    base, rest = mangled[start:start + length], mangled[start + length:]
+    if not rest.startswith("I"):  # not a template
+        return base, "", ()
+    end = rest.find("EEEv")  # the template's closing E, then the parameter list
+    args = rest[1:end + 1] if end >= 0 else rest[1:]
+    return base, _type_class(args), tuple(int(x) for x in re.findall(r"Li(\d+)E", args))
