@@ -105,16 +105,20 @@ def test_float32_never_takes_it(matrix_mode):
 
 
 def test_forced_on_float16_runs_or_says_why(matrix_mode):
-    """float16 tiles need AMX-FP16 (Granite Rapids) or an Intel GPU. Forced on, the call either
-    runs the matrix kernel correctly or raises an error that names the missing engine."""
-    matrix_mode("1")
+    """float16 tiles need AMX-FP16 (Granite Rapids) or an Intel GPU. With a tile height named
+    (IPEX_FLASH_MATRIX=16) the call either runs the matrix kernel correctly or raises an error
+    that names the missing engine; with "1" it runs, on the vector kernel where the engine is
+    missing."""
     q, k, v = random_qkv(1, 2, 1, 40, 50, 32, torch.float16)
+    ref_out, _ = attention_reference(q, k, v)
+    matrix_mode("1")
+    assert_matches_reference(ipex_flash.attention(q, k, v), None, ref_out, None, torch.float16)
+    matrix_mode("16")
     try:
         out = ipex_flash.attention(q, k, v)
     except RuntimeError as e:
-        assert "IPEX_FLASH_MATRIX=1" in str(e) and "no matrix engine for float16" in str(e)
+        assert "IPEX_FLASH_MATRIX=16" in str(e) and "no matrix engine for float16" in str(e)
         return
-    ref_out, _ = attention_reference(q, k, v)
     assert_matches_reference(out, None, ref_out, None, torch.float16)
 
 

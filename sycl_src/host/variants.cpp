@@ -50,8 +50,11 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const Devic
   while (slm_bytes(variant.head_dim, variant.block_m, variant.block_n) > slm_limit) {
     if (variant.block_n > kMinBlock) variant.block_n /= 2;
     else if (variant.block_m > kMinBlock) variant.block_m /= 2;
-    else throw std::runtime_error("ipex_flash: device local memory too small for head dim " +
-                                  std::to_string(head_dim));
+    else throw std::runtime_error(
+        "ipex_flash: device local memory too small for head dim " + std::to_string(head_dim) +
+        ": " + limits.name + " has " + std::to_string(slm_limit) + " bytes per work-group, " +
+        "the smallest tiles need " +
+        std::to_string(slm_bytes(variant.head_dim, variant.block_m, variant.block_n)));
   }
   variant.slm_bytes = slm_bytes(variant.head_dim, variant.block_m, variant.block_n);
   return variant;
