@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import gpu_check
+from ipex_flash import gpu_check, selftest
 from ipex_flash._runtime import C, default_cache_dir
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -110,6 +110,9 @@ def main() -> None:
     p = commands.add_parser("gpu-check", help="native-code checks for Intel GPUs (ocloc)")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.main)
+    p = commands.add_parser("selftest", help="correctness checks of every kernel family")
+    selftest.add_arguments(p)
+    p.set_defaults(func=lambda a: selftest.run(a.device, a.quick, a.json))
     args = parser.parse_args()
     if args.command is None:
         args = parser.parse_args(["demo"])

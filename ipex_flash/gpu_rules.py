@@ -5,14 +5,16 @@
   estimate is what chose the tiles);
 - at the common head dims (gpu_grid.COMMON_HEAD_DIMS) it neither spills nor uses private
   (scratch) memory; at other head dims these are reported, not enforced;
-- an XMX kernel contains DPAS instructions.
+- an XMX kernel contains DPAS instructions;
+- a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 """
 from __future__ import annotations
 
 from ipex_flash.gpu_grid import COMMON_HEAD_DIMS
 
-# Kernels of a matrix program that do no matrix products themselves.
-_NO_PRODUCTS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel")
+# Kernels of a program that do no matrix products, and ask for no register file, themselves.
+_HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",
+            "flash_bwd_preprocess_kernel", "dropout_mask_kernel")
 
 
 def kernel_violations(r) -> list:
@@ -27,8 +29,11 @@ def kernel_violations(r) -> list:
         found.append(f"spills {r.spill} bytes")
     if r.head_dim in COMMON_HEAD_DIMS and r.private > 0:
         found.append(f"private memory {r.private} bytes")
-    if r.matrix and not any(name in r.kernel for name in _NO_PRODUCTS) and r.dpas == 0:
+    main_kernel = not any(name in r.kernel for name in _HELPERS)
+    if r.matrix and main_kernel and r.dpas == 0:
         found.append("XMX variant without DPAS")
+    if r.large_grf and main_kernel and r.grf != 256:
+        found.append(f"large register file asked for, {r.grf} registers given")
     return found
 
 

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "block_schedule.hpp"
+#include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "mask.hpp"
 #include "params.hpp"
@@ -64,6 +65,7 @@ void flash_bwd_preprocess_kernel(BwdParams p) {
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dq_kernel(BwdParams p) {
   static_assert(BLOCK_N % BWD_CHUNK == 0, "tile shape");
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;   // (d, q) * q_prescale
@@ -123,9 +125,7 @@ void flash_bwd_dq_kernel(BwdParams p) {
       dot_rows(prob, q_t, lid, k_tile, c0);
       float softcap_grad[BWD_CHUNK];  // (c) d score / d raw score
       if constexpr (FEATURES != 0) {
-        score_mod.apply<FEATURES>(prob, softcap_grad, [&](int j) {
-          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
-        });
+        score_mod.apply<FEATURES>(prob, softcap_grad, row, kv_begin + c0, 0, 1);
       }
       if (!fully_visible) mask.apply_to_keys(prob, row, kv_begin + c0);
 #pragma unroll
@@ -157,6 +157,7 @@ void flash_bwd_dq_kernel(BwdParams p) {
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dkdv_kernel(BwdParams p) {
   static_assert(BLOCK_M % BWD_CHUNK == 0, "tile shape");
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;   // (d, kv) * q_prescale
@@ -237,9 +238,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
         dot_rows(prob, k_t, lid, q_tile, r0);
         float softcap_grad[BWD_CHUNK];  // (r) d score / d raw score
         if constexpr (FEATURES != 0) {
-          score_mod.apply<FEATURES>(prob, softcap_grad, [&](int i) {
-            return std::pair<int64_t, int64_t>(q_begin + r0 + i, key);
-          });
+          score_mod.apply<FEATURES>(prob, softcap_grad, q_begin + r0, key, 1, 0);
         }
         if (!fully_visible) mask.apply_to_rows(prob, q_begin + r0, key);
 #pragma unroll

@@ -26,6 +26,7 @@
 #include <limits>
 
 #include "block_schedule.hpp"
+#include "kernel_props.hpp"
 #include "mask.hpp"
 #include "matrix_tile.hpp"
 #include "online_softmax.hpp"
@@ -68,6 +69,7 @@ template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES, i
           int MATRIX_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
+IPEX_FLASH_REGISTER_FILE
 void flash_decode_kernel(DecodeParams p) {
   constexpr int LANES = DECODE_LANES;
   constexpr int MAX_HEADS = decode_row_capacity(HEAD_DIM) / GROUP_ROWS;
@@ -252,8 +254,7 @@ void flash_decode_kernel(DecodeParams p) {
         const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
         if constexpr (FEATURES != 0) {
           float unused_grad[1];
-          score_mod.apply<FEATURES>(score, unused_grad,
-                                    [&](int) { return std::pair<int64_t, int64_t>(token, key); });
+          score_mod.apply<FEATURES>(score, unused_grad, token, key, 0, 0);
         }
         // The mask, the split's end, padding rows.
         if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;

@@ -14,6 +14,7 @@
 #include <sycl/sycl.hpp>
 
 #include "block_schedule.hpp"
+#include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "fwd_block.hpp"
 #include "mask.hpp"
@@ -32,6 +33,7 @@ constexpr int FWD_KEY_CHUNK = 16;  // scores per work-item held in registers at 
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+IPEX_FLASH_REGISTER_FILE
 void flash_fwd_kernel(FwdParams p) {
   constexpr int KEY_CHUNK = FWD_KEY_CHUNK;
   static_assert(BLOCK_N % KEY_CHUNK == 0 && HEAD_DIM % D_UNROLL == 0, "tile shape");
@@ -82,9 +84,7 @@ void flash_fwd_kernel(FwdParams p) {
       dot_rows(scores, q_t, lid, k_tile, c0);
       if constexpr (FEATURES != 0) {
         float unused_grad[KEY_CHUNK];
-        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
-          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
-        });
+        score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
       }
       if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
       const float rescale = softmax.update(scores);  // scores now hold probabilities

@@ -25,6 +25,7 @@
 #include <sycl/sycl.hpp>
 
 #include "block_schedule.hpp"
+#include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "fwd_block.hpp"
 #include "mask.hpp"
@@ -64,6 +65,7 @@ template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int 
           int MATRIX_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_SUB_GROUP>))
+IPEX_FLASH_REGISTER_FILE
 void flash_fwd_matrix_kernel(FwdParams p) {
   constexpr int R = MATRIX_SUB_GROUP;
   static_assert(MATRIX_N == R, "accumulator columns are the sub-group's rows");
@@ -130,9 +132,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] = s_t[c0 + j][lid] * c.q_prescale;
       if constexpr (FEATURES != 0) {
         float unused_grad[MATRIX_KEY_CHUNK];
-        score_mod.apply<FEATURES>(scores, unused_grad, [&](int j) {
-          return std::pair<int64_t, int64_t>(row, kv_begin + c0 + j);
-        });
+        score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
       }
       if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
 #pragma unroll

@@ -2,6 +2,7 @@
 // which of those straddle a boundary (and so need the per-element test), and that test.
 #pragma once
 
+#include <algorithm>
 #include <limits>
 
 #include "params.hpp"
@@ -65,17 +66,34 @@ struct BlockMask {
 
   // Sets to -inf the scores of a register chunk that the mask hides: scores[j] of (row, key0 + j)
   // for a work-item owning a query row, or of (row0 + j, key) for one owning a key.
+  // The bounds are taken once, in 64 bits, as the range [lo, hi] of visible j (clamped to a
+  // chunk's reach); each element then compares 32-bit j: 64-bit integers are emulated on Arc
+  // A-series and Meteor Lake GPUs.
   template <int N>
   inline void apply_to_keys(float (&scores)[N], int64_t row, int64_t key0) const {
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-      if (!visible(row, key0 + j)) scores[j] = -std::numeric_limits<float>::infinity();
+    int64_t hi = len_k - 1 - key0;  // key0 + j < len_k
+    if (window_right >= 0) hi = std::min<int64_t>(hi, row + diag + window_right - key0);
+    const int64_t lo = window_left >= 0 ? row + diag - window_left - key0 : 0;
+    hide_outside(scores, lo, hi);
   }
   template <int N>
   inline void apply_to_rows(float (&scores)[N], int64_t row0, int64_t key) const {
+    // key <= row0 + j + diag + window_right  <=>  j >= key - row0 - diag - window_right
+    const int64_t lo = window_right >= 0 ? key - row0 - diag - window_right : 0;
+    const int64_t hi = key >= len_k ? -1
+                       : window_left >= 0 ? key - row0 - diag + window_left
+                                          : static_cast<int64_t>(N);
+    hide_outside(scores, lo, hi);
+  }
+
+ private:
+  template <int N>
+  static inline void hide_outside(float (&scores)[N], int64_t lo, int64_t hi) {
+    const int first = static_cast<int>(std::clamp<int64_t>(lo, 0, N));
+    const int last = static_cast<int>(std::clamp<int64_t>(hi, -1, N));
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      if (!visible(row0 + j, key)) scores[j] = -std::numeric_limits<float>::infinity();
+      if (j < first || j > last) scores[j] = -std::numeric_limits<float>::infinity();
   }
 };
 

@@ -8,7 +8,6 @@
 #include <sycl/sycl.hpp>
 
 #include <cstdint>
-#include <utility>
 
 #include "params.hpp"
 #include "seq_info.hpp"
@@ -31,9 +30,17 @@ struct ScoreMod {
 
   // Turns dot products into scores for a kernel compiled with FEATURES; softcap_grad[j]
   // receives d score / d (scale * q.k) in the natural domain (1 - tanh^2), which the backward
-  // needs when FEATURES has FEATURE_SOFTCAP. row_key(j) gives the (row, key) of element j.
-  template <int FEATURES, int N, typename RowKey>
-  inline void apply(float (&scores)[N], float (&softcap_grad)[N], RowKey row_key) const {
+  // needs when FEATURES has FEATURE_SOFTCAP. Element j is (row0 + j * row_step,
+  // key0 + j * key_step): a work-item's row against consecutive keys (0, 1), or its key against
+  // consecutive rows (1, 0).
+  template <int FEATURES, int N>
+  inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
+                    int row_step, int key_step) const {
+    // ALiBi distances in float from element 0's, taken once in 64 bits: 64-bit integers are
+    // emulated on Arc A-series and Meteor Lake GPUs, and per element they made the kernels
+    // spill there. Exact while distances stay below 2^24.
+    const float distance0 = static_cast<float>(row0 + diag - key0);
+    const float step = static_cast<float>(row_step - key_step);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
@@ -41,10 +48,8 @@ struct ScoreMod {
         softcap_grad[j] = 1.f - t * t;
         scores[j] = softcap_log2 * t;
       }
-      if constexpr ((FEATURES & FEATURE_ALIBI) != 0) {
-        const auto [row, key] = row_key(j);
-        scores[j] -= alibi_log2 * sycl::fabs(static_cast<float>(row + diag - key));
-      }
+      if constexpr ((FEATURES & FEATURE_ALIBI) != 0)
+        scores[j] -= alibi_log2 * sycl::fabs(distance0 + step * static_cast<float>(j));
     }
   }
 };

@@ -68,6 +68,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("matrix_k", &KernelVariant::matrix_k)
       .def_readonly("features", &KernelVariant::features)
       .def_readonly("slm_bytes", &KernelVariant::slm_bytes)
+      .def_readonly("large_grf", &KernelVariant::large_grf)
       .def("__repr__", [](const KernelVariant& v) { return v.instantiate("KernelVariant"); });
 
   py::class_<DropoutParams>(m, "DropoutParams")

@@ -115,10 +115,12 @@ DeviceLimits limits_of(const sycl::device& device) {
   return limits;
 }
 
-// A GPU profile as the CPU device runs it: the GPU's tiles and shapes, with only the matrix
-// shapes the CPU's own engine also takes (none without AMX).
+// A GPU profile as the CPU device runs it: the GPU's tiles, shapes and loop forms, with only
+// the matrix shapes the CPU's own engine also takes (none without AMX) and without the large
+// register file (a GPU compiler option the CPU device rejects; it changes no result).
 DeviceLimits profile_on_cpu(const DeviceLimits& profile, const DeviceLimits& cpu) {
   DeviceLimits limits = profile;
+  limits.large_grf = false;
   limits.matrix.clear();
   for (const MatrixShape& shape : profile.matrix) {
     const int m = shape.m > 0 ? shape.m : shape.max_m;

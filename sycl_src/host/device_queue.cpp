@@ -19,7 +19,7 @@ sycl::queue& cpu_queue() {
     } catch (const sycl::exception& e) {
       throw std::runtime_error(
           std::string("ipex_flash: no SYCL CPU device: ") + e.what() +
-          "\nThe OpenCL CPU runtime (pip package intel-opencl-rt==2026.1.2) must be installed, "
+          "\nThe OpenCL CPU runtime (pip package intel-opencl-rt, 2026.0.x-2026.1.x) must be installed, "
           "and OCL_ICD_FILENAMES must name its libintelocl.so before the first SYCL call "
           "(ipex_flash sets it on import when it is unset).");
     }

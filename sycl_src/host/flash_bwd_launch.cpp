@@ -45,7 +45,7 @@ KernelProgram bwd_program(const KernelVariant& variant) {
           {"ipex_flash::flash_bwd_preprocess_kernel<" + device_type_name(variant.dtype) + ">",
            variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
            variant.instantiate("ipex_flash::flash_bwd_dq_kernel")},
-          program_options(variant.cpu_device)};
+          program_options(variant)};
 }
 
 void flash_bwd(const BwdTensors& t, const AttentionOptions& options,

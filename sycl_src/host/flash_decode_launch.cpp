@@ -90,6 +90,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
                         decode_group_rows(rows), 0, features};
   variant.block_n = decode_block_keys(dtype, variant.head_dim);
   variant.cpu_device = limits.is_cpu;
+  variant.large_grf = limits.large_grf && !limits.is_cpu;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
   const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
@@ -112,7 +113,7 @@ KernelProgram decode_program(const KernelVariant& variant) {
   return {"flash_decode.hpp",
           {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
            "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
-          program_options(variant.cpu_device)};
+          program_options(variant)};
 }
 
 int decode_heads_per_group(int heads_kv, int rows, int head_dim) {

@@ -59,9 +59,9 @@ KernelProgram fwd_program(const KernelVariant& variant) {
             {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
                  std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) + ">"},
-            program_options(variant.cpu_device)};
+            program_options(variant)};
   return {"flash_fwd.hpp", {variant.instantiate("ipex_flash::flash_fwd_kernel")},
-          program_options(variant.cpu_device)};
+          program_options(variant)};
 }
 
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,

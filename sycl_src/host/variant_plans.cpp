@@ -57,7 +57,7 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
   } else if (family == "dropout_mask") {
     program = dropout_mask_program();
     variant.cpu_device = limits.is_cpu;
-    program.options = program_options(limits.is_cpu);
+    program.options = program_options(variant);
   } else {
     throw std::invalid_argument("ipex_flash: unknown kernel family '" + family + "'");
   }

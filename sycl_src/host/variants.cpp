@@ -26,9 +26,11 @@ std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_ar
          ">";
 }
 
-std::vector<std::string> program_options(bool cpu_device) {
-  if (cpu_device) return {"-DIPEX_FLASH_CPU_LOOPS"};
-  return {};
+std::vector<std::string> program_options(const KernelVariant& variant) {
+  std::vector<std::string> options;
+  if (variant.cpu_device) options.push_back("-DIPEX_FLASH_CPU_LOOPS");
+  if (variant.large_grf) options.push_back("-DIPEX_FLASH_LARGE_GRF");
+  return options;
 }
 
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
@@ -39,6 +41,7 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const Devic
   device_type_name(dtype);  // validates the dtype
   KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
   variant.cpu_device = limits.is_cpu;
+  variant.large_grf = limits.large_grf && !limits.is_cpu;
   const size_t slm_limit = limits.local_mem_bytes;
   const size_t wg_limit = limits.max_work_group;
   while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)

@@ -21,6 +21,7 @@ struct KernelVariant {
   int matrix_k = 0;   // and reduction step
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
+  bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
   // signature, with ", MATRIX_M, MATRIX_K" appended for the matrix-engine kernels.
@@ -39,8 +40,8 @@ struct KernelProgram {
   std::vector<std::string> options;  // the kernel compiler's build options (program_options)
 };
 
-// The build options of programs compiled for a device with these limits.
-std::vector<std::string> program_options(bool cpu_device);
+// The build options of a variant's program: the device's loop forms and register file.
+std::vector<std::string> program_options(const KernelVariant& variant);
 
 // The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
 int padded_head_dim(int head_dim);

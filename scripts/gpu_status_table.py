@@ -1,0 +1,90 @@
+"""The GPU status table of README.md, from a gpu-check JSON file.
+
+    python -m ipex_flash gpu-check --full --json benchmarks/gpu_check_full.json
+    python scripts/gpu_status_table.py benchmarks/gpu_check_full.json --readme README.md
+
+Prints the table, and with --readme replaces the one between the gpu-status markers there.
+"""
+import argparse
+import json
+import re
+from collections import defaultdict
+
+COMMON_HEAD_DIMS = (64, 128)
+BEGIN, END = "<!-- gpu-status:begin -->", "<!-- gpu-status:end -->"
+
+
+def xmx_state(kernels, limits):
+    """What IPEX_FLASH_MATRIX=1 gives this GPU, from the kernels it built."""
+    if not limits["matrix"]:
+        return "no XMX: vector kernels"
+    dpas = [k for k in kernels if k["matrix"] and k["dpas"] > 0]
+    if not dpas:
+        return "XMX shape (N=8, sub-group 8) not taken: vector kernels"
+    return f"opt-in, compile-verified ({len(dpas)} kernels with DPAS), not run"
+
+
+def summarize(result):
+    by_target = defaultdict(list)
+    for k in result["kernels"]:
+        by_target[k["target"]].append(k)
+    rows = []
+    for target in result["targets"]:
+        kernels, limits = by_target[target], result["limits"][target]
+        built = [k for k in kernels if k["built"]]
+        spilling = [k for k in built if k["spill"] > 0]
+        common_spills = [k for k in spilling if k["head_dim"] in COMMON_HEAD_DIMS]
+        private = [k for k in built if k["private"] > 0]
+        worst = max(spilling, key=lambda k: k["spill"], default=None)
+        rows.append({
+            "target": target, "device": limits["ocloc_device"],
+            "kernels": f"{len(built)}/{len(kernels)}",
+            "grf": "256" if limits["large_grf"] else "128",
+            "slm": f"{max((k['slm'] for k in built), default=0) // 1024}"
+                   f"/{limits['local_mem_bytes'] // 1024} KiB",
+            "spills": f"{len(common_spills)} / {len(spilling)}" + (
+                f" (worst {worst['spill']} B, d={worst['head_dim']})" if worst else ""),
+            "private": str(len(private)),
+            "xmx": xmx_state(kernels, limits),
+            "rules": "pass" if not any(k["violations"] for k in kernels) else
+                     f"{sum(1 for k in kernels if k['violations'])} fail",
+        })
+    return rows
+
+
+def markdown(result):
+    grid = "full grid: every head-dim bucket" if result["full"] else "quick grid: head dims 64, 128"
+    lines = [
+        f"gpu-check ({grid}; {result['ocloc']}; {result['seconds']:.0f} s):",
+        "",
+        "| GPU (ocloc device) | kernels built | registers | max SLM / limit | spills at d=64/128 / "
+        "anywhere | with private memory | XMX path (IPEX_FLASH_MATRIX=1) | rules |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in summarize(result):
+        lines.append(f"| {r['target']} ({r['device']}) | {r['kernels']} | {r['grf']} | {r['slm']} "
+                     f"| {r['spills']} | {r['private']} | {r['xmx']} | {r['rules']} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json_file")
+    parser.add_argument("--readme", help="README.md to update between the gpu-status markers")
+    args = parser.parse_args()
+    with open(args.json_file) as f:
+        table = markdown(json.load(f))
+    print(table)
+    if args.readme:
+        with open(args.readme) as f:
+            text = f.read()
+        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{args.readme} has no {BEGIN} ... {END} markers")
+        with open(args.readme, "w") as f:
+            f.write(pattern.sub(lambda _: f"{BEGIN}\n{table}\n{END}", text))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The lower end of the SYCL runtime range pyproject.toml accepts: intel-sycl-rt 2026.0.0, the
+# family torch 2.13.0+xpu pins. Builds ipex_flash against it in ./.venv-floor, checks the import
+# and the SYCL CPU device, runs the forward and error tests and gpu-check for one GPU of each
+# local-memory class. (scripts/test.sh tests the upper end, 2026.1.2, in full.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv-floor/bin/python ] || "$PYTHON" -m venv .venv-floor
+floor=$(mktemp)
+trap 'rm -f "$floor"' EXIT
+printf '%s\n' intel-sycl-rt==2026.0.0 intel-cmplr-lib-ur==2026.0.0 intel-cmplr-lib-rt==2026.0.0 \
+  intel-cmplr-lic-rt==2026.0.0 intel-opencl-rt==2026.0.0 >"$floor"
+# PIP_CONSTRAINT (not -c) also reaches pip's isolated build environment, so the module is
+# compiled against 2026.0.0's headers too; it replaces a machine-wide constraints file, so that
+# one is kept in the list.
+constraints="$floor"
+[ -f /etc/xdg/pip/constraints.txt ] && constraints="/etc/xdg/pip/constraints.txt $floor"
+.venv-floor/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+PIP_CONSTRAINT="$constraints" .venv-floor/bin/pip install --quiet --disable-pip-version-check ".[test]"
+.venv-floor/bin/python -c "import importlib.metadata as m; v = m.version('intel-sycl-rt'); \
+assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
+bash scripts/install_ocloc.sh .venv-floor/ocloc
+cd tests
+../.venv-floor/bin/python -m ipex_flash info
+../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg,dg2
+../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q test_forward.py \
+  test_errors.py test_gpu_profiles.py "$@"

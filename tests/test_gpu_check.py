@@ -1,0 +1,101 @@
+"""gpu-check: every kernel each Intel GPU profile would run is compiled to that GPU's native
+code by Intel's offline compiler (ocloc, installed by scripts/setup_env.sh through
+scripts/install_ocloc.sh) and must pass the rules of ipex_flash/gpu_rules.py. This is the CI
+gate for the GPU path; the parsing and the rules themselves are tested on made-up input."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from ipex_flash import gpu_grid, gpu_native
+from ipex_flash.gpu_check import KernelReport
+from ipex_flash.gpu_rules import kernel_violations
+
+ZE_INFO = """\
+version:         '1.73'
+kernels:
+  - name:            _ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE
+    execution_env:
+      grf_count:       128
+      simd_size:       32
+      slm_size:        65536
+      spill_size:      640
+      private_size:    2048
+  - name:            Intel_Symbol_Table_Void_Program
+    execution_env:
+      simd_size:       16
+kernels_misc_info:
+  - name:            _ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE
+    args_info:
+"""
+
+
+def test_ze_info_is_parsed_per_kernel():
+    kernels = gpu_native.parse_ze_info(ZE_INFO)
+    fwd = kernels["_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"]
+    assert fwd == {"grf_count": "128", "simd_size": "32", "slm_size": "65536",
+                   "spill_size": "640", "private_size": "2048"}
+    assert set(kernels) == {*kernels} and len(kernels) == 2
+
+
+@pytest.mark.parametrize("registered,mangled", [
+    ("ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_fwd_kernel<ipex_flash::bfloat16_bits, 128, 64, 64, 3>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelINS_13bfloat16_bitsELi128ELi64ELi64ELi3EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_fwd_kernel<sycl::half, 64, 64, 64, 0>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIN4sycl3_V16detail9half_impl4halfELi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
+])
+def test_kernel_names_match_their_mangled_form(registered, mangled):
+    assert gpu_grid.registered_key(registered) == gpu_grid.mangled_key(mangled)
+    other = registered.replace(", 64, 0>", ", 64, 1>").replace(", 3>", ", 2>")
+    assert gpu_grid.registered_key(other) != gpu_grid.mangled_key(mangled)
+
+
+def report(**figures):
+    base = dict(target="bmg", family="forward", dtype="bfloat16", head_dim=64, features=0,
+                rows=1, mode="auto", variant="v", kernel="ipex_flash::flash_fwd_kernel<...>",
+                matrix=False, large_grf=False, slm_estimate=65536, slm_limit=131072, built=True, simd=16,
+                grf=128, slm=65536)
+    base.update(figures)
+    return KernelReport(**base)
+
+
+def test_rules_flag_each_defect():
+    assert kernel_violations(report()) == []
+    assert kernel_violations(report(built=False, error="IGC crashed")) == ["not built: IGC crashed"]
+    assert "spills 640 bytes" in kernel_violations(report(spill=640))
+    assert "private memory 2048 bytes" in kernel_violations(report(private=2048))
+    assert kernel_violations(report(spill=640, private=64, head_dim=80)) == []  # reported only
+    assert any("> 131072" in v for v in kernel_violations(report(slm=139264, slm_estimate=139264)))
+    assert any("estimate" in v for v in kernel_violations(report(slm=70000)))
+    assert kernel_violations(report(matrix=True)) == ["XMX variant without DPAS"]
+    assert kernel_violations(report(matrix=True, dpas=64)) == []
+    assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
+    assert kernel_violations(report(large_grf=True)) == [
+        "large register file asked for, 128 registers given"]
+    assert kernel_violations(report(large_grf=True, grf=256)) == []
+
+
+def test_every_gpu_passes_gpu_check():
+    """The gate: every variant of the quick grid (head dims 64 and 128, every dtype, family,
+    feature set and matrix mode) for all six GPUs builds, fits, does not spill, has no private
+    memory, and its XMX kernels contain DPAS."""
+    ocloc = gpu_native.find_ocloc()
+    assert ocloc, "ocloc is missing: scripts/setup_env.sh installs it (scripts/install_ocloc.sh)"
+    with tempfile.TemporaryDirectory() as work:
+        result_path = os.path.join(work, "gpu_check.json")
+        result = subprocess.run(
+            [sys.executable, "-m", "ipex_flash", "gpu-check", "--json", result_path],
+            capture_output=True, text=True, cwd=work, timeout=3600)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        kernels = json.load(open(result_path))["kernels"]
+    for target in ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]:
+        mine = [k for k in kernels if k["target"] == target]
+        assert {k["family"] for k in mine} == {"forward", "backward", "decode", "dropout_mask"}
+        assert all(k["built"] and not k["violations"] for k in mine)
+        xmx = [k for k in mine if k["matrix"] and k["dpas"] > 0]
+        assert bool(xmx) == (target in {"pvc", "bmg", "lnl"}), target
