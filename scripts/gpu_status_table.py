@@ -3,6 +3,8 @@
     python -m ipex_flash gpu-check --full --json benchmarks/gpu_check_full.json
     python scripts/gpu_status_table.py benchmarks/gpu_check_full.json --readme README.md
 
+Several JSON files (runs over different targets) are merged.
+
 Prints the table, and with --readme replaces the one between the gpu-status markers there.
 """
 import argparse
@@ -67,14 +69,28 @@ def markdown(result):
     return "\n".join(lines)
 
 
+def merge(paths):
+    """One result from several gpu-check runs (e.g. per target group)."""
+    merged = {"targets": [], "limits": {}, "kernels": [], "seconds": 0.0, "full": True}
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        merged["targets"] += [t for t in result["targets"] if t not in merged["targets"]]
+        merged["limits"].update(result["limits"])
+        merged["kernels"] += result["kernels"]
+        merged["seconds"] += result["seconds"]
+        merged["full"] = merged["full"] and result["full"]
+        merged["ocloc"] = result["ocloc"]
+    return merged
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json_file")
+    parser.add_argument("json_files", nargs="+", help="gpu-check --json outputs (merged)")
     parser.add_argument("--readme", help="README.md to update between the gpu-status markers")
     args = parser.parse_args()
-    with open(args.json_file) as f:
-        table = markdown(json.load(f))
+    table = markdown(merge(args.json_files))
     print(table)
     if args.readme:
         with open(args.readme) as f:
