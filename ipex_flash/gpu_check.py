@@ -30,21 +30,9 @@ DEFAULT_TARGETS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
 
 
 @dataclass
-class KernelReport:
+class KernelReport(gpu_grid.Selection):
     """One kernel of one variant, compiled for one target."""
-    target: str
-    family: str
-    dtype: str
-    head_dim: int
-    features: int
-    rows: int
-    mode: str           # IPEX_FLASH_MATRIX mode the variant was chosen under
-    variant: str
-    kernel: str
-    matrix: bool        # a joint_matrix (XMX) kernel
-    large_grf: bool     # asks for the 256-register file (kernel_props.hpp)
-    slm_estimate: int   # the host's local-memory estimate for the variant
-    slm_limit: int
+    kernel: str = ""
     built: bool = False
     error: str = ""
     simd: int = 0
@@ -129,10 +117,7 @@ def kernel_reports(programs: list, native: dict) -> list:
     per call the host refused to plan."""
     reports, seen = [], set()
     for p in programs:
-        base = dict(target=p.target, family=p.family, dtype=p.dtype, head_dim=p.head_dim,
-                    features=p.features, rows=p.rows, mode=p.mode, variant=p.variant,
-                    matrix=p.matrix, large_grf=p.large_grf, slm_estimate=p.slm_estimate,
-                    slm_limit=p.slm_limit)
+        base = p.selection()
         if p.error:
             reports.append(KernelReport(kernel=p.family, error=p.error, **base))
             continue

@@ -10,7 +10,7 @@ tensor copy in ipex_flash/kvcache.py), so it has nothing to compile.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from ipex_flash._runtime import C
 
@@ -22,25 +22,33 @@ DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V 
 
 
 @dataclass
-class Program:
-    """Kernels built together for one target, and the call that selected them."""
+class Selection:
+    """A call planned for a target, and what the host chose for it."""
     target: str
-    family: str
+    family: str         # forward, backward, decode, dropout_mask
     dtype: str
     head_dim: int
-    features: int
-    rows: int
-    mode: str
+    features: int       # FEATURE_* bits: 1 softcap, 2 ALiBi
+    rows: int           # decode: query rows per K/V head
+    mode: str           # IPEX_FLASH_MATRIX mode the variant was chosen under
     variant: str
-    matrix: bool
-    large_grf: bool
-    header: str
-    kernels: list
-    options: list
-    slm_estimate: int
+    matrix: bool        # a joint_matrix (XMX) variant
+    large_grf: bool     # asks for the 256-register file (kernel_props.hpp)
+    slm_estimate: int   # the host's local-memory estimate for the variant
     slm_limit: int
+
+
+@dataclass
+class Program(Selection):
+    """Kernels built together for one target, and the call that selected them."""
+    header: str = ""
+    kernels: list = field(default_factory=list)
+    options: list = field(default_factory=list)
     module: str = ""
     error: str = ""  # the host refused to plan this call (e.g. local memory)
+
+    def selection(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(Selection)}
 
 
 def _calls(full: bool):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The lower end of the SYCL runtime range pyproject.toml accepts: intel-sycl-rt 2026.0.0, the
 # family torch 2.13.0+xpu pins. Builds ipex_flash against it in ./.venv-floor, checks the import
-# and the SYCL CPU device, runs the forward and error tests and gpu-check for one GPU of each
-# local-memory class. (scripts/test.sh tests the upper end, 2026.1.2, in full.)
+# and the SYCL CPU device, runs gpu-check for one GPU (its SPIR-V then comes from 2026.0.0's
+# kernel compiler) and the forward and error tests. (scripts/test.sh tests the upper end, 2026.1.2, in full.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -23,6 +23,6 @@ assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
 bash scripts/install_ocloc.sh .venv-floor/ocloc
 cd tests
 ../.venv-floor/bin/python -m ipex_flash info
-../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg,dg2
+../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg
 ../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q test_forward.py \
-  test_errors.py test_gpu_profiles.py "$@"
+  test_errors.py "$@"
