@@ -130,6 +130,8 @@ def print_table(reports: list) -> None:
     print("-" * len(header))
     for r in sorted(reports, key=lambda r: (r.target, r.family, r.dtype, r.head_dim, r.kernel)):
         status = "ok" if not r.violations else "FAIL: " + "; ".join(r.violations)
+        if not r.violations and r.spill > 0:
+            status = "ok (spill reported, not enforced: gpu_rules.py)"
         if not r.built:
             print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} not built: {r.error}")
             continue

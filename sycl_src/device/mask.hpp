@@ -71,10 +71,21 @@ struct BlockMask {
   // A-series and Meteor Lake GPUs.
   template <int N>
   inline void apply_to_keys(float (&scores)[N], int64_t row, int64_t key0) const {
-    int64_t hi = len_k - 1 - key0;  // key0 + j < len_k
+    const KeySpan span = key_span(row, key0, N);
+    hide_outside(scores, span.first, span.last);
+  }
+
+  // The offsets o in [first, last] for which key key0 + o is visible to `row`, clamped to
+  // [0, reach] (last = -1: none).
+  struct KeySpan {
+    int first, last;
+  };
+  inline KeySpan key_span(int64_t row, int64_t key0, int reach) const {
+    int64_t hi = len_k - 1 - key0;  // key0 + o < len_k
     if (window_right >= 0) hi = std::min<int64_t>(hi, row + diag + window_right - key0);
     const int64_t lo = window_left >= 0 ? row + diag - window_left - key0 : 0;
-    hide_outside(scores, lo, hi);
+    return KeySpan{static_cast<int>(std::clamp<int64_t>(lo, 0, reach)),
+                   static_cast<int>(std::clamp<int64_t>(hi, -1, reach))};
   }
   template <int N>
   inline void apply_to_rows(float (&scores)[N], int64_t row0, int64_t key) const {

@@ -36,11 +36,21 @@ struct ScoreMod {
   template <int FEATURES, int N>
   inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
                     int row_step, int key_step) const {
-    // ALiBi distances in float from element 0's, taken once in 64 bits: 64-bit integers are
-    // emulated on Arc A-series and Meteor Lake GPUs, and per element they made the kernels
-    // spill there. Exact while distances stay below 2^24.
-    const float distance0 = static_cast<float>(row0 + diag - key0);
-    const float step = static_cast<float>(row_step - key_step);
+    apply_from<FEATURES>(scores, softcap_grad, distance(row0, key0),
+                         static_cast<float>(row_step - key_step));
+  }
+
+  // ALiBi distances are floats from element 0's, taken once in 64 bits: 64-bit integers are
+  // emulated on Arc A-series and Meteor Lake GPUs, and per element they made the kernels
+  // spill there. Exact while distances stay below 2^24.
+  inline float distance(int64_t row, int64_t key) const {
+    return static_cast<float>(row + diag - key);
+  }
+
+  // The same from element 0's ALiBi distance and the distance step between elements.
+  template <int FEATURES, int N>
+  inline void apply_from(float (&scores)[N], float (&softcap_grad)[N], float distance0,
+                         float step) const {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
