@@ -67,7 +67,7 @@ def test_a_check_that_raises_fails_and_the_run_goes_on(monkeypatch, capsys):
     assert out.rstrip().endswith("6 passed, 3 failed")
 
 
-@pytest.mark.skipif(hasattr(torch, "xpu") and torch.xpu.is_available(), reason="has an XPU")
+@pytest.mark.skipif(hasattr(torch, "xpu") and torch.xpu.is_available(), reason="this test checks the refusal on a machine without an XPU, and this one has one")
 def test_unavailable_device(capsys):
     assert selftest.run("xpu") == 2
     assert "'xpu' is not available" in capsys.readouterr().out
