@@ -83,14 +83,11 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
 // local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              const DeviceLimits& limits, const std::string& mode) {
-  if (head_dim < 1 || head_dim > 256)
-    throw std::invalid_argument("ipex_flash: head dim must be in [1, 256], got " +
-                                std::to_string(head_dim));
-  KernelVariant variant{dtype, decode_head_dim(dtype, padded_head_dim(head_dim)),
-                        decode_group_rows(rows), 0, features};
+  KernelVariant variant = base_variant(dtype, head_dim, limits);
+  variant.head_dim = decode_head_dim(dtype, variant.head_dim);
+  variant.block_m = decode_group_rows(rows);
   variant.block_n = decode_block_keys(dtype, variant.head_dim);
-  variant.cpu_device = limits.is_cpu;
-  variant.large_grf = limits.large_grf && !limits.is_cpu;
+  variant.features = features;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
   const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =

@@ -33,8 +33,7 @@ std::vector<std::string> program_options(const KernelVariant& variant) {
   return options;
 }
 
-KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
-                             const SlmBytes& slm_bytes) {
+KernelVariant base_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits) {
   if (head_dim < 1 || head_dim > kMaxHeadDim)
     throw std::invalid_argument("ipex_flash: head dim must be in [1, 256], got " +
                                 std::to_string(head_dim));
@@ -42,6 +41,12 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const Devic
   KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
   variant.cpu_device = limits.is_cpu;
   variant.large_grf = limits.large_grf && !limits.is_cpu;
+  return variant;
+}
+
+KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
+                             const SlmBytes& slm_bytes) {
+  KernelVariant variant = base_variant(dtype, head_dim, limits);
   const size_t slm_limit = limits.local_mem_bytes;
   const size_t wg_limit = limits.max_work_group;
   while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)

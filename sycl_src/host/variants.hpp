@@ -46,6 +46,11 @@ std::vector<std::string> program_options(const KernelVariant& variant);
 // The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
 int padded_head_dim(int head_dim);
 
+// The parts of a variant every kernel family shares: the validated dtype, the head dim rounded
+// up to a compiled size, 64x64 tiles, and the device's code forms (loops, register file).
+// Throws std::invalid_argument for head dims outside [1, 256] and unknown dtypes.
+KernelVariant base_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits);
+
 // Bytes of local memory a kernel needs for (head_dim, block_m, block_n).
 using SlmBytes = std::function<size_t(int head_dim, int block_m, int block_n)>;
 
