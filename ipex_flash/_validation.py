@@ -163,3 +163,39 @@ def check_flash_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if packed:
         q, k, v = (t.unsqueeze(0) for t in (q, k, v))
     check_attention_inputs(fn, *(t.transpose(1, 2) for t in (q, k, v)), None)
+
+
+MASK_DTYPES = (torch.bool, torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_attn_mask(fn: str, attn_mask: Optional[torch.Tensor], q: torch.Tensor,
+                    k: torch.Tensor) -> None:
+    """attn_mask as the kernels take it: a (B, Hq, Nq, Nk) view (broadcast dimensions with
+    stride 0), bool (True = take part) or an additive float."""
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    if attn_mask.dtype not in MASK_DTYPES:
+        raise TypeError(f"{fn}: attn_mask must be bool or float32/float16/bfloat16, got "
+                        f"{attn_mask.dtype}")
+    expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if tuple(attn_mask.shape) != expected:
+        raise ValueError(f"{fn}: attn_mask must be viewed as (B, Hq, Nq, Nk) = {expected}, got "
+                         f"{tuple(attn_mask.shape)}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"{fn}: attn_mask is on {attn_mask.device} but q is on {q.device}")
+
+
+def check_sinks(fn: str, sinks: Optional[torch.Tensor], q: torch.Tensor) -> None:
+    """sinks: one logit per query head, (Hq,), float."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError(f"{fn}: sinks must be a float tensor of shape (heads_q,) or None")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"{fn}: sinks must have shape ({q.shape[1]},) (one logit per query "
+                         f"head), got {tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"{fn}: sinks is on {sinks.device} but q is on {q.device}")

@@ -2,10 +2,13 @@
 torch.nn.functional.scaled_dot_product_attention.
 
     ipex_flash::attention(q, k, v, causal, scale, dropout_p, deterministic) -> out
-        SDPA's signature. Composite: it draws the dropout seed and calls attention_forward,
-        so autograd, fake tensors and torch.compile all come from the ops below.
-    ipex_flash::attention_forward(q, k, v, causal, scale, dropout_p, dropout_seed) -> (out, lse)
-        The forward kernel; differentiable in q, k, v through attention_backward.
+        Composite: it draws the dropout seed and calls attention_forward, so autograd, fake
+        tensors and torch.compile all come from the ops below.
+    ipex_flash::attention_forward(q, k, v, causal, scale, dropout_p, dropout_seed,
+                                  deterministic, attn_mask, sinks) -> (out, lse)
+        The forward kernel (the decode kernel for few query rows per K/V head);
+        differentiable in q, k, v through attention_backward, and in sinks and a float
+        attn_mask through score_grads.py.
     ipex_flash::attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)
         The backward kernels.
     ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
@@ -20,8 +23,10 @@ from typing import Optional
 import torch
 
 from ipex_flash._runtime import C
+from ipex_flash import score_grads
 from ipex_flash._validation import (
-    check_attention_inputs, check_backward_inputs, check_dropout, softmax_scale)
+    check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
+    check_softcap, softmax_scale)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.attention"
@@ -65,14 +70,46 @@ def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.Dropo
 
 
 def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: float,
-                 dropout_seed: Optional[Tensor]) -> "C.AttentionOptions":
-    """SDPA's semantics: the causal mask is top-left aligned (row i sees keys 0..i)."""
+                 dropout_seed: Optional[Tensor], attn_mask: Optional[Tensor] = None,
+                 sinks: Optional[Tensor] = None, softcap: float = 0.0) -> "C.AttentionOptions":
+    """SDPA's semantics: the causal mask is top-left aligned (row i sees keys 0..i), and ANDed
+    with attn_mask when both are given. sinks must already be float32 and contiguous."""
     options = C.AttentionOptions()
     options.scale = softmax_scale(scale, q.shape[-1])
     options.mask = C.MaskParams(window_left=-1, window_right=0 if causal else -1,
                                 bottom_right=False)
     options.dropout = dropout_params(dropout_p, dropout_seed)
+    options.softcap = softcap
+    if attn_mask is not None:
+        options.attn_mask = view(attn_mask)
+    if sinks is not None:
+        options.sinks = view(sinks)
     return options
+
+
+def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
+    # Read by address: float32 and dense, and kept referenced until the launch has returned.
+    return None if sinks is None else sinks.to(torch.float32).contiguous()
+
+
+def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                options: "C.AttentionOptions", dropout_p: float) -> None:
+    """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
+    splits the keys across work-groups; everything else the general forward kernel."""
+    q_v, k_v, v_v = view(q), view(k), view(v)
+    rows = q.shape[2] * (q.shape[1] // k.shape[1])
+    if dropout_p == 0.0 and rows <= C.MAX_DECODE_ROWS and C.flash_decode_supported(q_v, k_v, v_v):
+        queue = queue_handle(q.device)
+        batch, heads_q, len_q, head_dim = q.shape
+        splits = C.decode_num_splits(batch, k.shape[1], rows, head_dim, k.shape[2], queue)
+        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
+                                  device=q.device)
+        partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
+                                  device=q.device)
+        C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
+                       view(partial_lse), options, queue)
+    else:
+        flash_fwd(q_v, k_v, v_v, view(out), view(lse), options, q.device)
 
 
 def draw_dropout_seed(device: torch.device) -> Tensor:
@@ -95,24 +132,34 @@ def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
                          device_types=("cpu", "xpu"))
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                       scale: Optional[float] = None, dropout_p: float = 0.0,
-                      dropout_seed: Optional[Tensor] = None,
-                      deterministic: bool = False) -> tuple[Tensor, Tensor]:
+                      dropout_seed: Optional[Tensor] = None, deterministic: bool = False,
+                      attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                      softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     # deterministic only matters to the backward; it is an argument here so that autograd
-    # can hand it on.
-    check_attention_inputs(_FN, q, k, v, scale)
-    check_dropout(_FN, dropout_p, dropout_seed)
+    # can hand it on. attn_mask is a (B, Hq, Nq, Nk) view, read in place through its strides.
+    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
     q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
     out, lse = _forward_outputs(q)
-    flash_fwd(view(q), view(k), view(v), view(out), view(lse),
-              sdpa_options(q, causal, scale, dropout_p, dropout_seed), q.device)
+    sinks = float_sinks(sinks)
+    run_forward(q, k, v, out, lse,
+                sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
+                             softcap),
+                dropout_p)
     return out, lse
+
+
+def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap) -> None:
+    check_attention_inputs(_FN, q, k, v, scale)
+    check_softcap(_FN, softcap)
+    check_dropout(_FN, dropout_p, dropout_seed)
+    check_attn_mask(_FN, attn_mask, q, k)
+    check_sinks(_FN, sinks, q)
 
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dropout_seed=None,
-                            deterministic=False):
-    check_attention_inputs(_FN, q, k, v, scale)
-    check_dropout(_FN, dropout_p, dropout_seed)
+                            deterministic=False, attn_mask=None, sinks=None, softcap=0.0):
+    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
     return _forward_outputs(with_contiguous_last_dim(q))
 
 
@@ -126,11 +173,13 @@ def _gradients_like(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Te
 def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                        lse: Tensor, causal: bool = False, scale: Optional[float] = None,
                        dropout_p: float = 0.0, dropout_seed: Optional[Tensor] = None,
-                       deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                       deterministic: bool = False,
+                       attn_mask: Optional[Tensor] = None,
+                       softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     # deterministic: every kernel already sums in a fixed order (dK/dV per K block, dQ in its
-    # own pass, no atomics), so both settings give bitwise-reproducible gradients.
-    check_attention_inputs(_FN, q, k, v, scale)
-    check_dropout(_FN, dropout_p, dropout_seed)
+    # own pass, no atomics), so both settings give bitwise-reproducible gradients. Sinks need
+    # nothing here: the LSE the forward kept includes them.
+    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
     check_backward_inputs(_FN, grad_out, out, lse, q)
     q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()  # passed by address: must stay referenced through the launch
@@ -138,34 +187,50 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     C.flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
                 view(lse), view(dq), view(dk), view(dv), view(delta),
-                sdpa_options(q, causal, scale, dropout_p, dropout_seed), queue_handle(q.device))
+                sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, None, softcap),
+                queue_handle(q.device))
     return dq, dk, dv
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(grad_out, q, k, v, out, lse, causal=False, scale=None,
-                             dropout_p=0.0, dropout_seed=None, deterministic=False):
-    check_attention_inputs(_FN, q, k, v, scale)
-    check_dropout(_FN, dropout_p, dropout_seed)
+                             dropout_p=0.0, dropout_seed=None, deterministic=False,
+                             attn_mask=None, softcap=0.0):
+    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
     check_backward_inputs(_FN, grad_out, out, lse, q)
     return _gradients_like(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, dropout_p, dropout_seed, deterministic = inputs
+    (q, k, v, causal, scale, dropout_p, dropout_seed, deterministic, attn_mask, sinks,
+     softcap) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, dropout_seed)
+    ctx.save_for_backward(q, k, v, out, lse, dropout_seed, attn_mask, sinks)
     ctx.causal, ctx.scale, ctx.dropout_p, ctx.deterministic = causal, scale, dropout_p, deterministic
+    ctx.softcap = softcap
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
     # The LSE is an auxiliary output (marked non-differentiable): its gradient is ignored.
-    q, k, v, out, lse, dropout_seed = ctx.saved_tensors
+    q, k, v, out, lse, dropout_seed, attn_mask, sinks = ctx.saved_tensors
     dq, dk, dv = torch.ops.ipex_flash.attention_backward(
         grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.dropout_p, dropout_seed,
-        ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None
+        ctx.deterministic, attn_mask, ctx.softcap)
+    d_mask = d_sinks = None
+    wants_mask, wants_sinks = ctx.needs_input_grad[8], ctx.needs_input_grad[9]
+    if wants_mask or wants_sinks:
+        delta = score_grads.output_delta(grad_out, out)
+        if wants_sinks:
+            d_sinks = score_grads.sinks_grad(sinks, lse, delta)
+        if wants_mask:
+            if ctx.dropout_p > 0.0:
+                raise NotImplementedError(
+                    "ipex_flash: the gradient of attn_mask with dropout_p > 0 is not implemented")
+            d_mask = score_grads.attn_mask_grad(q, k, v, grad_out, lse, delta, attn_mask,
+                                                ctx.causal, softmax_scale(ctx.scale, q.shape[-1]),
+                                                ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None, d_mask, d_sinks, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)

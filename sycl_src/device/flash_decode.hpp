@@ -350,10 +350,12 @@ void flash_decode_merge_kernel(DecodeParams p) {
   const SeqInfo seq = seq_info(c, b);
   const int splits = c.num_blocks;
   const float* lse_s = p.partial_lse + row * splits;
-  float max_lse = NEG_INF;
+  // A sink joins the denominator as one more split with no value.
+  const float sink = c.score_mod.sinks != nullptr ? c.score_mod.sinks[h] : NEG_INF;
+  float max_lse = sink;
   for (int s = 0; s < splits; ++s) max_lse = sycl::fmax(max_lse, lse_s[s]);
   const float safe_max = max_lse == NEG_INF ? 0.f : max_lse;  // all splits empty: weights 0
-  float total = 0.f;
+  float total = sycl::exp(sink - safe_max);
   for (int s = 0; s < splits; ++s) total += sycl::exp(lse_s[s] - safe_max);
   const float inv_total = total > 0.f ? 1.f / total : 0.f;
   T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +

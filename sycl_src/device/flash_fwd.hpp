@@ -70,9 +70,15 @@ void flash_fwd_kernel(FwdParams p) {
   const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);  // blocks past it are never visited
-  OnlineSoftmaxRow softmax;
+  OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
+      if (!score_mod.attn_mask.any_visible<FEATURES>(
+              group, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
+              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
+        continue;
+    }
     load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
                   BLOCK_M);
     // Only blocks that straddle a mask boundary (or the end of the keys) test elements.

@@ -109,7 +109,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
-  OnlineSoftmaxRow softmax;
+  OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);

@@ -9,6 +9,7 @@
 namespace ipex_flash {
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+constexpr float LOG2E = 1.44269504088896340736f;  // scores in the exp2 domain: x * scale * log2(e)
 
 struct OnlineSoftmaxRow {
   float row_max = NEG_INF;  // running max of the scores seen so far

@@ -23,6 +23,14 @@ struct MaskParams {
 // score change that a call does not use is not compiled in.
 constexpr int FEATURE_SOFTCAP = 1;
 constexpr int FEATURE_ALIBI = 2;
+// A user's attention mask (attn_mask.hpp), one bit per element type: bool (false hides the
+// key) or an additive float32 / float16 / bfloat16 bias.
+constexpr int FEATURE_MASK_BOOL = 4;
+constexpr int FEATURE_MASK_F32 = 8;
+constexpr int FEATURE_MASK_F16 = 16;
+constexpr int FEATURE_MASK_BF16 = 32;
+constexpr int FEATURE_ATTN_MASK =
+    FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.
@@ -36,13 +44,28 @@ constexpr int decode_row_capacity(int head_dim) {
   return 4096 / head_dim > 128 ? 128 : 4096 / head_dim > DECODE_LANES ? 4096 / head_dim : DECODE_LANES;
 }
 
-// Changes to the scaled scores before the softmax (flash-attn's options), in this order:
+// A mask the user passes (SDPA's attn_mask), broadcastable to (B, Hq, Nq, Nk) and read in
+// place: a broadcast dimension has stride 0. Its element type is a FEATURE_MASK_* bit.
+struct AttnMaskParams {
+  const void* data;  // nullptr = none
+  int64_t batch;     // byte strides
+  int64_t head;
+  int64_t row;
+  int64_t col;
+};
+
+// Changes to the scaled scores before the softmax (flash-attn's and SDPA's options), in this
+// order:
 //   softcap > 0:  s = softcap * tanh(s / softcap)
 //   ALiBi:        s -= slope[b, h] * |r + diag - c|
+//   attn_mask:    s += mask[b, h, r, c] (float) or s = -inf where mask[b, h, r, c] is false
+// Sinks (GPT-OSS) add exp(sink[h]) to every row's softmax denominator and nothing to its output.
 struct ScoreModParams {
   float softcap;               // 0 = off
   const float* alibi_slopes;   // nullptr = off; (B, Hq) or (Hq,) float32
   int64_t alibi_batch_stride;  // 0 when the slopes are shared by the batch
+  AttnMaskParams attn_mask;
+  const float* sinks;          // nullptr = off; (Hq,) float32 logits
 };
 
 // Where each sequence's rows are. Fixed length: every pointer null, rows 0..len of each

@@ -2,30 +2,43 @@
 // multiplied by AttentionCommon::q_prescale, so a dot product x = q.k * q_prescale is
 //   without softcap: scale * log2(e) * q.k       (already the exp2-domain score)
 //   with softcap:    scale / softcap * q.k       (score = softcap * log2(e) * tanh(x))
-// and ALiBi then subtracts slope * log2(e) * |r + diag - c|.
+// and ALiBi then subtracts slope * log2(e) * |r + diag - c|; the user's mask comes last
+// (attn_mask.hpp).
 #pragma once
 
 #include <sycl/sycl.hpp>
 
 #include <cstdint>
 
+#include "attn_mask.hpp"
+#include "online_softmax.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
 
 namespace ipex_flash {
 
-constexpr float LOG2E = 1.44269504088896340736f;
-
 struct ScoreMod {
   float softcap_log2;  // softcap * log2(e); 0 = off
   float alibi_log2;    // this (batch, head)'s ALiBi slope * log2(e); 0 = off
   int64_t diag;        // the sequence's diagonal (ALiBi distances are measured from it)
+  AttnMaskPlane attn_mask;  // this (batch, head)'s plane of the user's mask
 
   static inline ScoreMod of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
     const ScoreModParams& p = c.score_mod;
     const float slope =
         p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
-    return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag};
+    return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag, AttnMaskPlane::of(c, seq, b, h)};
+  }
+
+  // The online softmax a row of head h starts from: empty, or holding head h's sink (a logit
+  // in the denominator with no value: exp2(sink - max) counts in the sum from the start).
+  static inline OnlineSoftmaxRow start_row(const AttentionCommon& c, int h) {
+    OnlineSoftmaxRow row;
+    if (c.score_mod.sinks != nullptr) {
+      row.row_max = c.score_mod.sinks[h] * LOG2E;
+      row.row_sum = row.row_max > NEG_INF ? 1.f : 0.f;
+    }
+    return row;
   }
 
   // Turns dot products into scores for a kernel compiled with FEATURES; softcap_grad[j]
@@ -38,6 +51,7 @@ struct ScoreMod {
                     int row_step, int key_step) const {
     apply_from<FEATURES>(scores, softcap_grad, distance(row0, key0),
                          static_cast<float>(row_step - key_step));
+    attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
   }
 
   // ALiBi distances are floats from element 0's, taken once in 64 bits: 64-bit integers are

@@ -1,6 +1,7 @@
 #include "host/attention_common.hpp"
 
 #include <stdexcept>
+#include <string>
 
 namespace ipex_flash {
 namespace {
@@ -12,7 +13,27 @@ const P* data_of(const std::optional<TensorView>& t) {
   return t ? reinterpret_cast<const P*>(t->data) : nullptr;
 }
 
+// The FEATURE_MASK_* bit of a mask's dtype.
+int attn_mask_feature(const std::string& dtype) {
+  if (dtype == "bool") return FEATURE_MASK_BOOL;
+  if (dtype == "float32") return FEATURE_MASK_F32;
+  if (dtype == "float16") return FEATURE_MASK_F16;
+  if (dtype == "bfloat16") return FEATURE_MASK_BF16;
+  throw std::invalid_argument("ipex_flash: attn_mask must be bool, float32, float16 or bfloat16, got " +
+                              dtype);
+}
+
+int64_t element_bytes(const std::string& dtype) {
+  return dtype == "bool" ? 1 : dtype == "float32" ? 4 : 2;
+}
+
 }  // namespace
+
+int features_of(const AttentionOptions& options) {
+  return (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
+         (options.alibi_slopes ? FEATURE_ALIBI : 0) |
+         (options.attn_mask ? attn_mask_feature(options.attn_mask->dtype) : 0);
+}
 
 AttentionDims make_dims(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
   const int64_t heads_q = q.size(1), heads_kv = k.size(1);
@@ -39,7 +60,17 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
                     data_of<int32_t>(o.seqlens_k), data_of<int32_t>(o.block_table),
                     o.block_table ? o.block_table->strides.at(0) : 0, o.page_size};
   c.mask = o.mask;
-  c.score_mod = ScoreModParams{o.softcap, data_of<float>(o.alibi_slopes), 0};
+  c.score_mod = ScoreModParams{o.softcap, data_of<float>(o.alibi_slopes), 0, AttnMaskParams{},
+                               data_of<float>(o.sinks)};
+  if (o.attn_mask) {
+    const TensorView& m = *o.attn_mask;
+    if (m.sizes.size() != 4)
+      throw std::invalid_argument("ipex_flash: attn_mask must be viewed as (B, Hq, Nq, Nk)");
+    const int64_t bytes = element_bytes(m.dtype);
+    c.score_mod.attn_mask = AttnMaskParams{data_of<void>(o.attn_mask), m.strides[0] * bytes,
+                                           m.strides[1] * bytes, m.strides[2] * bytes,
+                                           m.strides[3] * bytes};
+  }
   if (o.alibi_slopes && o.alibi_slopes->sizes.size() == 2)
     c.score_mod.alibi_batch_stride = o.alibi_slopes->strides[0];
   c.dropout = o.dropout;

@@ -17,6 +17,8 @@ struct AttentionOptions {
   DropoutParams dropout{0, 0, 0, 1.f, 0};    // see make_dropout
   float softcap = 0.f;                       // 0 = off
   std::optional<TensorView> alibi_slopes;    // (Hq,) or (B, Hq) float32
+  std::optional<TensorView> attn_mask;       // (B, Hq, Nq, Nk) view, broadcast dims stride 0
+  std::optional<TensorView> sinks;           // (Hq,) float32
   std::optional<TensorView> cu_seqlens_q;    // (B + 1) int32: q packed as (1, Hq, total, D)
   std::optional<TensorView> cu_seqlens_k;    // (B + 1) int32: k, v packed likewise
   std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
@@ -52,10 +54,7 @@ void set_forward_tensors(Params& params, const TensorView& q, const TensorView& 
 }
 
 // The FEATURE_* bits a call needs compiled in.
-inline int features_of(const AttentionOptions& options) {
-  return (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
-         (options.alibi_slopes ? FEATURE_ALIBI : 0);
-}
+int features_of(const AttentionOptions& options);
 
 // Work-groups of a launch: `blocks` per (batch, head), each `group_size` work-items.
 inline sycl::nd_range<1> block_range(int64_t batch_heads, int64_t blocks, int group_size) {

@@ -85,6 +85,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("dropout", &AttentionOptions::dropout)
       .def_readwrite("softcap", &AttentionOptions::softcap)
       .def_readwrite("alibi_slopes", &AttentionOptions::alibi_slopes)
+      .def_readwrite("attn_mask", &AttentionOptions::attn_mask)
+      .def_readwrite("sinks", &AttentionOptions::sinks)
       .def_readwrite("cu_seqlens_q", &AttentionOptions::cu_seqlens_q)
       .def_readwrite("cu_seqlens_k", &AttentionOptions::cu_seqlens_k)
       .def_readwrite("seqlens_k", &AttentionOptions::seqlens_k)

@@ -1,0 +1,7 @@
+"""Adapters that plug ipex_flash's kernels into other libraries.
+
+Each submodule imports its library itself, so `import ipex_flash` never pulls in an optional
+dependency:
+
+    ipex_flash.integrations.transformers   Hugging Face transformers attention backend
+"""

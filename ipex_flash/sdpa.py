@@ -1,0 +1,164 @@
+"""torch.nn.functional.scaled_dot_product_attention's contract on ipex_flash's kernels, and a
+switch that routes unchanged models' SDPA calls to it."""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Optional
+
+import torch
+
+from ipex_flash import ops
+from ipex_flash._validation import MASK_DTYPES, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_dropout_p
+
+Tensor = torch.Tensor
+_FN = "ipex_flash.scaled_dot_product_attention"
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, *, softcap: Optional[float] = None,
+                                 sinks: Optional[Tensor] = None) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention, computed by FlashAttention kernels.
+
+    query (..., Hq, L, E), key and value (..., Hkv, S, E) with the same leading dimensions
+    (any number, including none). Hkv must equal Hq, or be 1, or divide Hq with enable_gqa.
+    attn_mask: bool (True = take part) or additive float (float32 or the query's dtype),
+    broadcastable to (..., Hq, L, S); read in place (broadcast dimensions are never expanded
+    in memory); blocks it hides entirely are skipped. is_causal is top-left aligned and, as in
+    torch, combined with attn_mask when both are given. Rows that see no key give 0.
+
+    Beyond SDPA: softcap (> 0: scores s become softcap * tanh(s / softcap) before the mask is
+    added, Gemma 2) and sinks ((Hq,) logits that join every row's softmax denominator and
+    contribute no value, GPT-OSS).
+
+    Differentiable in query, key, value, sinks and a float attn_mask that requires grad.
+    """
+    _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    lead = query.shape[:-3] if query.dim() >= 3 else ()
+    q, k, v = (_as_bhnd(t) for t in (query, key, value))
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.expand(*lead, q.shape[1], q.shape[2], k.shape[2])
+        mask = mask.reshape(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    out = torch.ops.ipex_flash.attention_forward(q, k, v, is_causal, scale, dropout_p, seed,
+                                                 False, mask, sinks, float(softcap or 0.0))[0]
+    return out.reshape(query.shape[:-1] + (value.shape[-1],))
+
+
+def _as_bhnd(t: Tensor) -> Tensor:
+    """(..., H, N, D) as (B, H, N, D), B the product of the leading dimensions (a view
+    whenever the strides allow)."""
+    if t.dim() == 2:
+        return t.unsqueeze(0).unsqueeze(0)
+    if t.dim() == 3:
+        return t.unsqueeze(0)
+    return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+
+
+def _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_FN}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{_FN}: {name} must have at least 2 dimensions (..., L, E), got "
+                             f"shape {tuple(t.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError(f"{_FN}: expected query, key, and value to have the same dtype, got "
+                           f"{query.dtype}, {key.dtype} and {value.dtype}")
+    if query.dim() != key.dim() or key.dim() != value.dim() or \
+            query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+        raise RuntimeError(f"{_FN}: query, key and value must have the same leading (batch) "
+                           f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
+                           f"{tuple(value.shape)}")
+    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"{_FN}: key's and value's head dim (last dimension) must equal "
+                         f"query's ({query.shape[-1]}), got {key.shape[-1]} and "
+                         f"{value.shape[-1]}")
+    heads_q = query.shape[-3] if query.dim() >= 3 else 1
+    heads_kv = key.shape[-3] if key.dim() >= 3 else 1
+    if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
+        raise RuntimeError(
+            f"{_FN}: query has {heads_q} heads and key/value {heads_kv}: the number of heads in "
+            "key and value must equal query's, be 1, or divide it with enable_gqa=True")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"{_FN}: is_causal must be a bool, got {type(is_causal).__name__}")
+    check_dropout_p(_FN, dropout_p)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"{_FN}: attn_mask must be a torch.Tensor or None")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
+            raise RuntimeError(f"{_FN}: expected attn_mask dtype to be bool or float32 or to "
+                               f"match query dtype, got {attn_mask.dtype} and {query.dtype}")
+        full = (*query.shape[:-2], query.shape[-2], key.shape[-2])
+        try:
+            broadcast = torch.broadcast_shapes(attn_mask.shape, full)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != torch.Size(full):
+            raise RuntimeError(f"{_FN}: attn_mask of shape {tuple(attn_mask.shape)} does not "
+                               f"broadcast to (..., Hq, L, S) = {full}")
+
+
+# ---- routing unchanged models' torch.nn.functional.scaled_dot_product_attention ----
+
+_torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+
+def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+           enable_gqa=False) -> bool:
+    """Whether ipex_flash takes this SDPA call (the override sends the rest to torch)."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
+        return False
+    if query.device.type not in ("cpu", "xpu") or query.dtype not in SUPPORTED_DTYPES:
+        return False
+    if any(t.device != query.device or t.dtype != query.dtype or t.dim() != query.dim()
+           or t.dim() < 3 for t in (key, value)):
+        return False
+    if query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+        return False
+    if not (query.shape[-1] == key.shape[-1] == value.shape[-1]) or \
+            not 1 <= query.shape[-1] <= MAX_HEAD_DIM or key.shape[-2] == 0:
+        return False
+    heads_q, heads_kv = query.shape[-3], key.shape[-3]
+    if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
+        return False
+    if scale is not None and not math.isfinite(scale):
+        return False
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype not in MASK_DTYPES or \
+                attn_mask.device != query.device:
+            return False
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
+            return False
+    return isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0
+
+
+def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+    if serves(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                            scale, enable_gqa)
+    return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def enable_sdpa_override(enabled: bool = True) -> None:
+    """Routes (or stops routing) torch.nn.functional.scaled_dot_product_attention to ipex_flash
+    for every call it serves (see serves()); other calls go to torch's own."""
+    torch.nn.functional.scaled_dot_product_attention = _routed_sdpa if enabled else _torch_sdpa
+
+
+@contextlib.contextmanager
+def sdpa_override() -> Iterator[None]:
+    """``with ipex_flash.sdpa_override(): model(...)``: SDPA calls inside run on ipex_flash
+    where it serves them. Nesting is allowed; leaving restores what was there before."""
+    before = torch.nn.functional.scaled_dot_product_attention
+    enable_sdpa_override(True)
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = before
