@@ -208,6 +208,8 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, dropout_seed, attn_mask, sinks)
     ctx.causal, ctx.scale, ctx.dropout_p, ctx.deterministic = causal, scale, dropout_p, deterministic
     ctx.softcap = softcap
+    ctx.wants_mask = attn_mask is not None and attn_mask.requires_grad
+    ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.mark_non_differentiable(lse)
 
 
@@ -218,7 +220,7 @@ def _backward(ctx, grad_out, _grad_lse):
         grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.dropout_p, dropout_seed,
         ctx.deterministic, attn_mask, ctx.softcap)
     d_mask = d_sinks = None
-    wants_mask, wants_sinks = ctx.needs_input_grad[8], ctx.needs_input_grad[9]
+    wants_mask, wants_sinks = ctx.wants_mask, ctx.wants_sinks
     if wants_mask or wants_sinks:
         delta = score_grads.output_delta(grad_out, out)
         if wants_sinks:

@@ -84,3 +84,46 @@ def flash_attn_reference(
         probs = probs * keep.double() / (1 - dropout_p)
     out = (probs @ v).transpose(1, 2)
     return out, lse
+
+
+def sdpa_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """torch SDPA's output in float64 for q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), from the
+    definition: scores q.k * scale, then softcap * tanh(s / softcap), then the mask (bool:
+    False hides; float: added) and the top-left causal mask; sinks (Hq,) join each row's
+    denominator with no value; a row that sees nothing gives 0. Differentiable in every input."""
+    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    n_q, n_k = scores.shape[-2:]
+    visible = torch.ones(n_q, n_k, dtype=torch.bool)
+    if is_causal:
+        visible = visible.tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            visible = visible & attn_mask.cpu()
+        else:
+            scores = scores + attn_mask.to("cpu", torch.float64)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to("cpu", torch.float64).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        v = torch.cat([v, torch.zeros_like(v[..., :1, :])], dim=-2)
+    row_max = scores.amax(dim=-1, keepdim=True).detach()
+    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+    weights = torch.exp(scores - row_max)
+    total = weights.sum(dim=-1, keepdim=True)
+    probs = weights / torch.where(total > 0, total, torch.ones_like(total))
+    return probs @ v

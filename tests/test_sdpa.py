@@ -1,0 +1,187 @@
+"""ipex_flash.scaled_dot_product_attention against the float64 reference: masks (bool and
+additive, every broadcast shape, read in place), sinks, softcap, leading dimensions, the
+small-query (decode kernel) route, and gradients in q, k, v, sinks and a learned mask."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ipex_flash
+from ipex_flash.reference import sdpa_reference
+
+from conftest import DTYPES, OUTPUT_TOLERANCE, random_qkv
+
+B, HQ, HKV = 2, 4, 2
+
+
+def mask_of(kind, shape, dtype):
+    """A random mask of `shape`: bool (True = take part, ~30 % hidden) or additive float in
+    `dtype` (normal values with ~30 % -inf)."""
+    keep = torch.rand(shape) > 0.3
+    if kind == "bool":
+        return keep
+    return torch.randn(shape).masked_fill(~keep, float("-inf")).to(dtype)
+
+
+def check_output(out, ref, dtype):
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+
+
+MASK_SHAPES = {  # (Nq, Nk) = (70, 90): neither a multiple of the 64-row tiles
+    "full": (B, HQ, 70, 90),
+    "per_batch": (B, 1, 70, 90),
+    "shared_2d": (70, 90),
+    "padding": (B, 1, 1, 90),
+    "per_head_row": (1, HQ, 70, 1),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", list(MASK_SHAPES))
+@pytest.mark.parametrize("kind", ["bool", "float32", "query_dtype"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_forward_matches_reference(dtype, kind, shape, causal):
+    q, k, v = random_qkv(B, HQ, HKV, 70, 90, 64, dtype)
+    mask_dtype = torch.float32 if kind == "float32" else dtype
+    mask = mask_of(kind, MASK_SHAPES[shape], mask_dtype)
+    before = mask.clone()
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=True)
+    check_output(out, sdpa_reference(q, k, v, mask, causal), dtype)
+    assert torch.equal(mask, before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mask_read_through_strides(dtype):
+    """A transposed mask and one expanded over heads (stride 0) are read in place."""
+    q, k, v = random_qkv(B, HQ, HKV, 70, 90, 48, dtype)
+    transposed = (torch.rand(B, 1, 90, 70) > 0.3).transpose(-1, -2)
+    expanded = (torch.rand(B, 1, 70, 90) > 0.3).expand(B, HQ, 70, 90)
+    for mask in (transposed, expanded):
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        check_output(out, sdpa_reference(q, k, v, mask), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hidden_blocks_and_fully_masked_rows(dtype):
+    """Padding that hides whole 64-key blocks (which the kernels skip), and rows that see no
+    key at all: their output is 0, as torch's SDPA gives."""
+    q, k, v = random_qkv(B, HQ, HKV, 150, 300, 64, dtype)
+    lengths = torch.tensor([300, 97])
+    mask = (torch.arange(300).view(1, 1, 1, -1) < lengths.view(-1, 1, 1, 1)).expand(B, 1, 150, 300)
+    mask = mask.clone()
+    mask[:, :, 5] = False
+    mask[1, :, 120:] = False
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    check_output(out, sdpa_reference(q, k, v, mask), dtype)
+    assert out[:, :, 5].abs().max() == 0 and out[1, :, 120:].abs().max() == 0
+    torch_out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                               enable_gqa=True)
+    assert torch_out[:, :, 5].abs().max() == 0  # the behaviour matched is torch's own
+
+
+@pytest.mark.parametrize("len_q", [1, 3, 16])
+@pytest.mark.parametrize("kind", ["none", "bool", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_queries_take_the_decode_kernel(dtype, kind, len_q):
+    """Few query rows per K/V head run the split-KV decode kernel, masks and sinks included."""
+    q, k, v = random_qkv(B, 8, 2, len_q, 333, 64, dtype)
+    mask = None if kind == "none" else mask_of(kind, (B, 1, len_q, 333), torch.float32)
+    sinks = torch.randn(8)
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
+                                                  sinks=sinks, is_causal=len_q > 1)
+    check_output(out, sdpa_reference(q, k, v, mask, len_q > 1, sinks=sinks), dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_and_softcap_forward(dtype, causal):
+    q, k, v = random_qkv(B, HQ, HKV, 70, 90, 64, dtype)
+    sinks = torch.randn(HQ) * 2
+    mask = mask_of("bool", (B, 1, 70, 90), dtype)
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=True, sinks=sinks, softcap=5.0)
+    check_output(out, sdpa_reference(q, k, v, mask, causal, softcap=5.0, sinks=sinks), dtype)
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+def test_leading_dimensions(lead):
+    """(..., H, L, E) with any number of leading dimensions; (L, E) too."""
+    dtype = torch.float32
+    q = torch.randn(*lead, HQ, 33, 32)
+    k, v = torch.randn(*lead, 1, 41, 32), torch.randn(*lead, 1, 41, 32)
+    mask = torch.rand(33, 41) > 0.2
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert out.shape == want.shape
+    check_output(out, want, dtype)
+    two_d = ipex_flash.scaled_dot_product_attention(q.reshape(-1, 33, 32)[0], k.reshape(-1, 41, 32)[0],
+                                                    v.reshape(-1, 41, 32)[0], is_causal=True)
+    check_output(two_d, F.scaled_dot_product_attention(
+        *(t.reshape(-1, t.shape[-2], 32)[0].double() for t in (q, k, v)), is_causal=True), dtype)
+
+
+# ---- gradients ----
+
+def grads_of(fn, *inputs):
+    leaves = [t.detach().clone().requires_grad_() if t is not None and t.is_floating_point()
+              else t for t in inputs]
+    out = fn(*leaves)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype)
+    out.backward(grad_out)
+    return [t.grad if t is not None and t.is_floating_point() else None for t in leaves]
+
+
+def assert_grads_close(got, ref, sdpa, dtype):
+    """The kernel's error against float64 at most twice torch SDPA's at the same precision,
+    plus a float32-sized floor (the backward suite's rule)."""
+    for name, g, r, s in zip("qkv", got, ref, sdpa):
+        assert g.dtype == dtype
+        error = (g.double() - r).abs().max().item()
+        base = (s.double() - r).abs().max().item()
+        assert error <= 2 * base + 1e-5, (name, error, base)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", ["bool", "float32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_gradients(dtype, kind, causal):
+    q, k, v = random_qkv(B, HQ, HKV, 70, 150, 64, dtype)
+    mask = mask_of(kind, (B, 1, 70, 150), torch.float32 if kind == "float32" else dtype)
+    mask[..., 100:] = False if kind == "bool" else float("-inf")  # a hidden block
+    ours = grads_of(lambda a, b, c: ipex_flash.scaled_dot_product_attention(
+        a, b, c, attn_mask=mask, is_causal=causal, enable_gqa=True), q, k, v)
+    ref = grads_of(lambda a, b, c: sdpa_reference(a, b, c, mask, causal), q.double(), k.double(),
+                   v.double())
+    sdpa = grads_of(lambda a, b, c: F.scaled_dot_product_attention(
+        a, b, c, attn_mask=mask if kind == "bool" else mask.to(dtype), is_causal=causal,
+        enable_gqa=True), q, k, v)
+    assert_grads_close(ours, ref, sdpa, dtype)
+
+
+def test_sink_gradient():
+    q, k, v = random_qkv(B, HQ, HKV, 50, 70, 32, torch.float32)
+    sinks = torch.randn(HQ)
+    mask = torch.rand(B, 1, 50, 70) > 0.3
+    ours = grads_of(lambda a, b, c, s: ipex_flash.scaled_dot_product_attention(
+        a, b, c, attn_mask=mask, enable_gqa=True, is_causal=True, sinks=s), q, k, v, sinks)
+    ref = grads_of(lambda a, b, c, s: sdpa_reference(a, b, c, mask, True, sinks=s),
+                   q.double(), k.double(), v.double(), sinks.double())
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 40, 60), (B, HQ, 40, 60), (HQ, 1, 60)])
+def test_learned_mask_gradient(shape):
+    """A float mask that requires grad (a learned bias, as T5's) gets its gradient, summed over
+    its broadcast dimensions."""
+    q, k, v = random_qkv(B, HQ, HKV, 40, 60, 32, torch.float32)
+    bias = torch.randn(shape)
+    ours = grads_of(lambda a, b, c, m: ipex_flash.scaled_dot_product_attention(
+        a, b, c, attn_mask=m, enable_gqa=True, is_causal=True), q, k, v, bias)
+    ref = grads_of(lambda a, b, c, m: sdpa_reference(a, b, c, m, True), q.double(), k.double(),
+                   v.double(), bias.double())
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert ours[3].shape == bias.shape
