@@ -62,6 +62,5 @@ def attention(
     check_attention_inputs("ipex_flash.attention", q, k, v, scale)
     check_dropout_p("ipex_flash.attention", dropout_p)
     seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale, dropout_p, seed,
-                                                      deterministic)
+    out, lse = ops.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)
     return (out, lse) if return_lse else out

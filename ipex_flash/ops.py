@@ -22,6 +22,9 @@ from typing import Optional
 
 import torch
 
+from torch._C._functorch import is_functorch_wrapped_tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
 from ipex_flash._runtime import C
 from ipex_flash import score_grads
 from ipex_flash._validation import (
@@ -128,13 +131,11 @@ def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-@torch.library.custom_op("ipex_flash::attention_forward", mutates_args=(),
-                         device_types=("cpu", "xpu"))
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                      scale: Optional[float] = None, dropout_p: float = 0.0,
-                      dropout_seed: Optional[Tensor] = None, deterministic: bool = False,
-                      attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-                      softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                           scale: Optional[float] = None, dropout_p: float = 0.0,
+                           dropout_seed: Optional[Tensor] = None, deterministic: bool = False,
+                           attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                           softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     # deterministic only matters to the backward; it is an argument here so that autograd
     # can hand it on. attn_mask is a (B, Hq, Nq, Nk) view, read in place through its strides.
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
@@ -146,6 +147,37 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                              softcap),
                 dropout_p)
     return out, lse
+
+
+attention_forward = torch.library.custom_op(
+    "ipex_flash::attention_forward", attention_forward_impl, mutates_args=(),
+    device_types=("cpu", "xpu"))
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
+            dropout_p: float, dropout_seed: Optional[Tensor], deterministic: bool,
+            attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+            softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    """attention_forward, called directly when nothing needs the dispatcher: plain tensors, no
+    gradient wanted, no tracing, mode or transform. The op's way through torch.library
+    (autograd wrapper, dispatcher, Python redispatch) costs more host time than a small call's
+    whole kernel (NOTES.md, "Host overhead")."""
+    args = (q, k, v, causal, scale, dropout_p, dropout_seed, deterministic, attn_mask, sinks,
+            softcap)
+    if _needs_dispatcher(q, k, v, attn_mask, sinks):
+        return torch.ops.ipex_flash.attention_forward(*args)
+    return attention_forward_impl(*args)
+
+
+def _needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return True
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)
+                              or is_functorch_wrapped_tensor(t)):
+            return True
+    return False
 
 
 def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap) -> None:

@@ -43,8 +43,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         mask = attn_mask.expand(*lead, q.shape[1], q.shape[2], k.shape[2])
         mask = mask.reshape(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    out = torch.ops.ipex_flash.attention_forward(q, k, v, is_causal, scale, dropout_p, seed,
-                                                 False, mask, sinks, float(softcap or 0.0))[0]
+    out = ops.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
+                      float(softcap or 0.0))[0]
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
