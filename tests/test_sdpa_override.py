@@ -114,7 +114,7 @@ def test_override_under_torch_compile_with_gradients():
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         out = compiled(*leaves, mask)
         out.sum().backward()
-    assert "ipex_flash.attention_forward.default" in targets, targets
+    assert any("ipex_flash.attention_forward" in target for target in targets), targets
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
     want = sdpa_reference(ref_leaves[0] * 0.5, *ref_leaves[1:], mask).transpose(1, 2).flatten(2)
     want.sum().backward()
