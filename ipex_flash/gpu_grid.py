@@ -17,7 +17,9 @@ from ipex_flash._runtime import C
 DTYPES = ["float32", "float16", "bfloat16"]
 COMMON_HEAD_DIMS = [64, 128]  # the rules on spills and scratch memory apply to these
 ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one per bucket
-FEATURE_SETS = {"quick": [0, 3], "full": [0, 1, 2, 3]}  # bits: 1 softcap, 2 ALiBi
+# bits: 1 softcap, 2 ALiBi, 4 bool attn_mask, 8 float32 attn_mask (params.hpp FEATURE_*); the
+# quick grid's 7 puts every score change in one kernel, the most registers any variant needs.
+FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
 
 
@@ -28,7 +30,7 @@ class Selection:
     family: str         # forward, backward, decode, dropout_mask
     dtype: str
     head_dim: int
-    features: int       # FEATURE_* bits: 1 softcap, 2 ALiBi
+    features: int       # FEATURE_* bits, see FEATURE_SETS
     rows: int           # decode: query rows per K/V head
     mode: str           # IPEX_FLASH_MATRIX mode the variant was chosen under
     variant: str

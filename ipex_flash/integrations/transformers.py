@@ -4,7 +4,7 @@
     from ipex_flash.integrations import transformers as ipex_transformers
 
     ipex_transformers.register()
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=ipex_transformers.BACKEND)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="ipex_attention")
     # or, on a model already built: model.set_attn_implementation(ipex_transformers.BACKEND)
 
 The backend keeps transformers' SDPA masks (a (B, 1, Nq, Nk) boolean mask, or none when

@@ -63,16 +63,24 @@ struct AttnMaskPlane {
   }
 
   // Whether any element of rows [row0, row0 + rows) x keys [key0, key0 + keys) (both inside the
-  // sequence) is visible; the work-group's `lanes` items scan it together, a row each.
+  // sequence) is visible; the work-group's `lanes` items scan it together, a row each, and
+  // meet in `slot`, a float of local memory the caller's next step overwrites after a barrier
+  // (a tile about to be reloaded). Not sycl::any_of_group: on Intel GPUs it takes local memory
+  // of its own, which tiles sized to the device's limit do not leave.
   template <int FEATURES>
-  inline bool any_visible(sycl::group<1> group, int64_t row0, int rows, int64_t key0, int keys,
-                          int lid, int lanes) const {
+  inline bool any_visible(sycl::group<1> group, float& slot, int64_t row0, int rows,
+                          int64_t key0, int keys, int lid, int lanes) const {
     bool any = false;
     for (int r = lid; r < rows && !any; r += lanes) {
       const int64_t offset = (row0 + r) * row_stride + key0 * col_stride;
       for (int j = 0; j < keys && !any; ++j) any = addend<FEATURES>(offset + j * col_stride) > NEG_INF;
     }
-    return sycl::any_of_group(group, any);
+    sycl::group_barrier(group);  // the slot's previous readers are done
+    if (lid == 0) slot = 0.f;
+    sycl::group_barrier(group);
+    if (any) slot = 1.f;  // every writer writes the same value
+    sycl::group_barrier(group);
+    return slot != 0.f;
   }
 
  private:

@@ -117,7 +117,7 @@ void flash_bwd_dq_kernel(BwdParams p) {
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
       if (!score_mod.attn_mask.any_visible<FEATURES>(
-              group, q_begin, q_rows, kv_begin,
+              group, k_tile[0][0], q_begin, q_rows, kv_begin,
               static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
         continue;
     }
@@ -226,7 +226,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
       const int q_rows = static_cast<int>(q_end - q_begin);
       if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
         if (!score_mod.attn_mask.any_visible<FEATURES>(
-                group, q_begin, q_rows, kv_begin, static_cast<int>(kv_end - kv_begin), lid,
+                group, q_tile[0][0], q_begin, q_rows, kv_begin, static_cast<int>(kv_end - kv_begin), lid,
                 BLOCK_N))
           continue;
       }

@@ -75,7 +75,7 @@ void flash_fwd_kernel(FwdParams p) {
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
       if (!score_mod.attn_mask.any_visible<FEATURES>(
-              group, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
+              group, k_tile[0][0], q_begin, static_cast<int>(q_end - q_begin), kv_begin,
               static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
         continue;
     }
