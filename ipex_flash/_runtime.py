@@ -75,6 +75,32 @@ def _configure_environment() -> None:
             pass  # unwritable home: kernels are still built, just not kept across runs
 
 
+# GNU OpenMP (torch's CPU build) keeps idle workers spinning for GOMP_SPINCOUNT iterations
+# after each parallel region (300000 by default: milliseconds). On the SYCL CPU device our
+# kernels run on the OpenCL runtime's own (TBB) threads, which then share the cores with
+# spinning torch threads: inside a model, attention right after a projection ran 1.5-1.9x
+# slower than standalone. libgomp reads the setting once, when torch loads it; a short spin
+# (10000) removes the slowdown and keeps torch's back-to-back small ops as fast (NOTES.md,
+# "OpenMP contention"). OMP_WAIT_POLICY=PASSIVE also removes it, but makes small ops slower.
+_GOMP_SPINCOUNT = "10000"
+_OPENMP_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
+def _shorten_openmp_spin() -> str:
+    """Sets GOMP_SPINCOUNT if torch (and so libgomp) is not loaded yet and the user set neither
+    variable. Returns what happened: "set", "user" (the user's setting stands) or "late"
+    (torch was imported first: its threads keep the default spin)."""
+    if any(name in os.environ for name in _OPENMP_SETTINGS):
+        return "user"
+    if "torch" in sys.modules:
+        return "late"
+    os.environ["GOMP_SPINCOUNT"] = _GOMP_SPINCOUNT
+    return "set"
+
+
+OPENMP_SPIN = _shorten_openmp_spin()
+
+
 def _load_host_module():
     _configure_environment()
     try:

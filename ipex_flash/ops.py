@@ -18,6 +18,7 @@ CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ipex_flash import _runtime
 from ipex_flash._runtime import C
 from ipex_flash import score_grads
 from ipex_flash._validation import (
@@ -40,8 +42,19 @@ def queue_handle(device: torch.device) -> int:
     """0 selects the SYCL CPU device; otherwise the sycl::queue* of the current XPU stream
     (untested here: no machine of ours has an Intel GPU)."""
     if device.type == "cpu":
+        if _runtime.OPENMP_SPIN == "late":
+            _warn_openmp_spin()
         return 0
     return int(torch.xpu.current_stream(device).sycl_queue)
+
+
+def _warn_openmp_spin() -> None:
+    _runtime.OPENMP_SPIN = "warned"
+    warnings.warn(
+        "ipex_flash: torch was imported before ipex_flash, so torch's OpenMP threads spin for "
+        "milliseconds after each op and slow attention on the SYCL CPU device inside models "
+        "(up to ~1.7x). Import ipex_flash before torch, or set GOMP_SPINCOUNT=10000 (or "
+        "OMP_WAIT_POLICY=PASSIVE) in the environment.", RuntimeWarning, stacklevel=3)
 
 
 def view(t: Tensor) -> "C.TensorView":

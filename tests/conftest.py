@@ -1,9 +1,9 @@
 import zlib
 
 import pytest
-import torch
 
-import ipex_flash  # noqa: F401  (registers the ops)
+import ipex_flash  # noqa: F401  (registers the ops; imported before torch, see _runtime.py)
+import torch
 from ipex_flash.reference import flash_attn_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
