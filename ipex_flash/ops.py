@@ -57,9 +57,14 @@ def _warn_openmp_spin() -> None:
         "OMP_WAIT_POLICY=PASSIVE) in the environment.", RuntimeWarning, stacklevel=3)
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.bool: "bool", torch.int32: "int32", torch.int64: "int64",
+                torch.uint8: "uint8"}
+
+
 def view(t: Tensor) -> "C.TensorView":
-    return C.TensorView(t.data_ptr(), str(t.dtype).removeprefix("torch."), list(t.shape),
-                        list(t.stride()))
+    dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    return C.TensorView(t.data_ptr(), dtype, t.shape, t.stride())
 
 
 def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
@@ -90,17 +95,27 @@ def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: flo
                  sinks: Optional[Tensor] = None, softcap: float = 0.0) -> "C.AttentionOptions":
     """SDPA's semantics: the causal mask is top-left aligned (row i sees keys 0..i), and ANDed
     with attn_mask when both are given. sinks must already be float32 and contiguous."""
+    plain = dropout_p == 0.0 and softcap == 0.0 and attn_mask is None and sinks is None
+    key = (causal, scale, q.shape[-1])
+    if plain and key in _PLAIN_OPTIONS:  # never modified once made
+        return _PLAIN_OPTIONS[key]
     options = C.AttentionOptions()
     options.scale = softmax_scale(scale, q.shape[-1])
-    options.mask = C.MaskParams(window_left=-1, window_right=0 if causal else -1,
-                                bottom_right=False)
+    options.mask = C.MaskParams(-1, 0 if causal else -1, False)  # window left, right; top-left
     options.dropout = dropout_params(dropout_p, dropout_seed)
     options.softcap = softcap
     if attn_mask is not None:
         options.attn_mask = view(attn_mask)
     if sinks is not None:
         options.sinks = view(sinks)
+    if plain and len(_PLAIN_OPTIONS) < 64:
+        _PLAIN_OPTIONS[key] = options
     return options
+
+
+# The options of calls without mask, sinks, softcap or dropout, by (causal, scale, head dim):
+# building them is a visible part of a small call's host time.
+_PLAIN_OPTIONS: dict = {}
 
 
 def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
@@ -113,15 +128,16 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
     splits the keys across work-groups; everything else the general forward kernel."""
     q_v, k_v, v_v = view(q), view(k), view(v)
-    rows = q.shape[2] * (q.shape[1] // k.shape[1])
+    batch, heads_q, len_q, head_dim = q.shape
+    rows = len_q * (heads_q // k.shape[1])
     if dropout_p == 0.0 and rows <= C.MAX_DECODE_ROWS and C.flash_decode_supported(q_v, k_v, v_v):
-        queue = queue_handle(q.device)
-        batch, heads_q, len_q, head_dim = q.shape
+        device = q.device
+        queue = queue_handle(device)
         splits = C.decode_num_splits(batch, k.shape[1], rows, head_dim, k.shape[2], queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
-                                  device=q.device)
+                                  device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
-                                  device=q.device)
+                                  device=device)
         C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
                        view(partial_lse), options, queue)
     else:

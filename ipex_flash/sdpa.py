@@ -45,7 +45,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out = ops.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
                       float(softcap or 0.0))[0]
-    return out.reshape(query.shape[:-1] + (value.shape[-1],))
+    return out if query.dim() == 4 else out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
 def _as_bhnd(t: Tensor) -> Tensor:

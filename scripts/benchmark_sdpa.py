@@ -4,7 +4,7 @@
                forward and torch SDPA with the same mask
     overhead   wall time of a tiny call (1 query row, 16 keys) and what it is spent on
     contention attention right after a torch matmul (torch's OpenMP threads still spinning)
-               against the same call standalone
+               against the same call standalone, under three OpenMP spin settings
     model      a tiny Hugging Face Llama (fp32): prefill B=4 N=512, greedy generation B=1 and
                B=4, with the "ipex_sdpa" backend against "sdpa" (needs transformers)
 
@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_runtime.py)
 import torch
 import torch.nn.functional as F
-
-import ipex_flash
 from ipex_flash import ops
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,20 +82,45 @@ def bench_overhead():
     return {"microseconds": us}
 
 
-def bench_contention(batch=1, heads=8, n=512, d=64):
+def contention_child(batch=1, heads=8, n=512, d=64):
+    """One process's figures: causal attention standalone, and right after a torch matmul
+    (whose OpenMP workers then spin for as long as GOMP_SPINCOUNT says), and 50 small torch ops
+    in a row (what a long spin is for)."""
     q, k, v = (torch.randn(batch, heads, n, d) for _ in range(3))
-    a, b = torch.randn(512, 2048), torch.randn(2048, 2048)
+    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+    x, w = torch.randn(4, 256), torch.randn(256, 256)
     attention = lambda: ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=True)
-    matmul_s = median_seconds(lambda: a @ b)
+    matmul = lambda: a @ b
 
     def after_matmul():
-        a @ b
+        matmul()
         attention()
 
-    t = alternate({"standalone": attention, "after_matmul": after_matmul})
-    inside = t["after_matmul"] - matmul_s
-    return {"seconds": t, "matmul_s": matmul_s, "attention_after_matmul_s": inside,
-            "slowdown": inside / t["standalone"]}
+    def small_ops():
+        y = x
+        for _ in range(50):
+            y = F.silu(y @ w)
+
+    t = alternate({"standalone": attention, "matmul": matmul, "after_matmul": after_matmul,
+                   "small_ops": small_ops}, rounds=3, repeats=9)
+    t["slowdown"] = (t["after_matmul"] - t["matmul"]) / t["standalone"]
+    return t
+
+
+def bench_contention():
+    """contention_child under three OpenMP settings, each in its own process (libgomp reads
+    them once): libgomp's default spin (300000), ours (10000), and OMP_WAIT_POLICY=PASSIVE."""
+    settings = {"default_spin": {"GOMP_SPINCOUNT": "300000"},
+                "ipex_flash_spin": {"GOMP_SPINCOUNT": "10000"},
+                "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    results = {}
+    for name, extra in settings.items():
+        env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+        env.update(extra)
+        out = subprocess.run([sys.executable, __file__, "--contention-child"], env=env,
+                             check=True, capture_output=True, text=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    return results
 
 
 def bench_model():
@@ -134,7 +161,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "sdpa.json")
+    parser.add_argument("--contention-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.contention_child:
+        print(json.dumps(contention_child()))
+        return
     report = {"machine": platform.processor() or platform.machine(),
               "threads": torch.get_num_threads(), "results": {}}
     for name in args.only:
