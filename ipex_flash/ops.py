@@ -18,6 +18,7 @@ CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional
 
@@ -195,7 +196,34 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float
             softcap)
     if _needs_dispatcher(q, k, v, attn_mask, sinks):
         return torch.ops.ipex_flash.attention_forward(*args)
+    if attn_mask is None and sinks is None and not softcap and dropout_p == 0.0:
+        result = _small_call(q, k, v, causal, scale)
+        if result is not None:
+            return result
     return attention_forward_impl(*args)
+
+
+def _small_call(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                scale: Optional[float]) -> Optional[tuple[Tensor, Tensor]]:
+    """out, lse from C.small_call_cpu, or None when the call is not one it serves (then the
+    general path checks the inputs and runs it)."""
+    if not (q.is_cpu and k.is_cpu and v.is_cpu and q.dim() == 4 and k.dim() == 4
+            and k.shape == v.shape and q.dtype == k.dtype == v.dtype
+            and q.dtype in _SMALL_CALL_DTYPES
+            and (scale is None or math.isfinite(scale))):
+        return None
+    if _runtime.OPENMP_SPIN == "late":
+        _warn_openmp_spin()
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    if C.small_call_cpu(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                        _DTYPE_NAMES[q.dtype], q.shape, q.stride(), k.shape, k.stride(),
+                        v.stride(), out.stride(), softmax_scale(scale, q.shape[-1]), causal):
+        return out, lse
+    return None
+
+
+_SMALL_CALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
