@@ -203,3 +203,37 @@ def test_small_call_path(case, monkeypatch):
     out = ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     check_output(out, sdpa_reference(q, k, v, is_causal=True), dtype)
     assert served == [case == "served"]
+
+
+MEMORY_SCRIPT = r"""
+import resource, sys
+import ipex_flash, torch
+n = 16384
+q, k, v = (torch.randn(1, 1, n, 64, requires_grad=True) for _ in range(3))
+mask = torch.ones(n, n, dtype=torch.bool).tril_().view(1, 1, n, n)  # 256 MB, read in place
+grad = torch.randn(1, 1, n, 64)
+kb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# Kernels are built (or loaded from the disk cache) in this process on first use, which takes
+# memory of its own: do that first, on a corner of the same problem.
+w = [t[:, :, :100].detach().clone().requires_grad_() for t in (q, k, v)]
+ipex_flash.scaled_dot_product_attention(*w, attn_mask=mask[..., :100, :100]).sum().backward()
+before = kb()
+out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+forward = kb()
+out.backward(grad)
+print(before, forward, kb())
+"""
+
+
+def test_mask_costs_no_memory_beyond_itself():
+    """A (1, 1, N, N) bool mask at N = 16384 (256 MB) is read in place: the forward and the
+    backward stay within 64 MB above the inputs, the mask and the outputs (peak resident set
+    of a fresh process; out and lse are 4 MB, the gradients 12 MB)."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True,
+                            text=True, check=True)
+    before, forward, backward = (int(x) for x in result.stdout.split())
+    outputs_kb = (4 + 12) * 1024 + 2 * 64
+    assert forward - before <= 64 * 1024 + outputs_kb, (before, forward)
+    assert backward - before <= 64 * 1024 + outputs_kb, (before, backward)
