@@ -5,7 +5,7 @@ from typing import Optional, Union
 
 import torch
 
-from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
+from ipex_flash import fast_path, ops  # noqa: F401  (ops registers torch.ops.ipex_flash.*)
 from ipex_flash._validation import check_attention_inputs, check_dropout_p
 
 
@@ -62,5 +62,5 @@ def attention(
     check_attention_inputs("ipex_flash.attention", q, k, v, scale)
     check_dropout_p("ipex_flash.attention", dropout_p)
     seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    out, lse = ops.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)
+    out, lse = fast_path.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)
     return (out, lse) if return_lse else out

@@ -18,14 +18,10 @@ CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue
 """
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Optional
 
 import torch
-
-from torch._C._functorch import is_functorch_wrapped_tensor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ipex_flash import _runtime
 from ipex_flash._runtime import C
@@ -44,12 +40,12 @@ def queue_handle(device: torch.device) -> int:
     (untested here: no machine of ours has an Intel GPU)."""
     if device.type == "cpu":
         if _runtime.OPENMP_SPIN == "late":
-            _warn_openmp_spin()
+            warn_openmp_spin()
         return 0
     return int(torch.xpu.current_stream(device).sycl_queue)
 
 
-def _warn_openmp_spin() -> None:
+def warn_openmp_spin() -> None:
     _runtime.OPENMP_SPIN = "warned"
     warnings.warn(
         "ipex_flash: torch was imported before ipex_flash, so torch's OpenMP threads spin for "
@@ -58,13 +54,13 @@ def _warn_openmp_spin() -> None:
         "OMP_WAIT_POLICY=PASSIVE) in the environment.", RuntimeWarning, stacklevel=3)
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                 torch.bool: "bool", torch.int32: "int32", torch.int64: "int64",
                 torch.uint8: "uint8"}
 
 
 def view(t: Tensor) -> "C.TensorView":
-    dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    dtype = DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
     return C.TensorView(t.data_ptr(), dtype, t.shape, t.stride())
 
 
@@ -182,59 +178,6 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
 attention_forward = torch.library.custom_op(
     "ipex_flash::attention_forward", attention_forward_impl, mutates_args=(),
     device_types=("cpu", "xpu"))
-
-
-def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
-            dropout_p: float, dropout_seed: Optional[Tensor], deterministic: bool,
-            attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-            softcap: float = 0.0) -> tuple[Tensor, Tensor]:
-    """attention_forward, called directly when nothing needs the dispatcher: plain tensors, no
-    gradient wanted, no tracing, mode or transform. The op's way through torch.library
-    (autograd wrapper, dispatcher, Python redispatch) costs more host time than a small call's
-    whole kernel (NOTES.md, "Host overhead")."""
-    args = (q, k, v, causal, scale, dropout_p, dropout_seed, deterministic, attn_mask, sinks,
-            softcap)
-    if _needs_dispatcher(q, k, v, attn_mask, sinks):
-        return torch.ops.ipex_flash.attention_forward(*args)
-    if attn_mask is None and sinks is None and not softcap and dropout_p == 0.0:
-        result = _small_call(q, k, v, causal, scale)
-        if result is not None:
-            return result
-    return attention_forward_impl(*args)
-
-
-def _small_call(q: Tensor, k: Tensor, v: Tensor, causal: bool,
-                scale: Optional[float]) -> Optional[tuple[Tensor, Tensor]]:
-    """out, lse from C.small_call_cpu, or None when the call is not one it serves (then the
-    general path checks the inputs and runs it)."""
-    if not (q.is_cpu and k.is_cpu and v.is_cpu and q.dim() == 4 and k.dim() == 4
-            and k.shape == v.shape and q.dtype == k.dtype == v.dtype
-            and q.dtype in _SMALL_CALL_DTYPES
-            and (scale is None or math.isfinite(scale))):
-        return None
-    if _runtime.OPENMP_SPIN == "late":
-        _warn_openmp_spin()
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32)
-    if C.small_call_cpu(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                        _DTYPE_NAMES[q.dtype], q.shape, q.stride(), k.shape, k.stride(),
-                        v.stride(), out.stride(), softmax_scale(scale, q.shape[-1]), causal):
-        return out, lse
-    return None
-
-
-_SMALL_CALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return True
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)
-                              or is_functorch_wrapped_tensor(t)):
-            return True
-    return False
 
 
 def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap) -> None:

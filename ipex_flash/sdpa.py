@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from ipex_flash import ops
+from ipex_flash import fast_path, ops
 from ipex_flash._validation import MASK_DTYPES, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_dropout_p
 
 Tensor = torch.Tensor
@@ -43,7 +43,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         mask = attn_mask.expand(*lead, q.shape[1], q.shape[2], k.shape[2])
         mask = mask.reshape(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    out = ops.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
+    out = fast_path.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
                       float(softcap or 0.0))[0]
     return out if query.dim() == 4 else out.reshape(query.shape[:-1] + (value.shape[-1],))
 
