@@ -14,11 +14,11 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import ops
+from ipex_flash import ops, score_grads
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
-    check_flash_inputs, check_softcap, check_window)
+    check_flash_inputs, check_sinks, check_softcap, check_window)
 from ipex_flash._validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -31,7 +31,7 @@ def _bhnd(t: Tensor, packed: bool) -> Tensor:
 
 def _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
                    causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                   dropout_seed) -> "C.AttentionOptions":
+                   dropout_seed, sinks=None) -> "C.AttentionOptions":
     """The kernels' options. Tensors are passed by address: the caller keeps them alive (and
     contiguous, see _contiguous_extras) until the launch has returned."""
     options = C.AttentionOptions()
@@ -43,6 +43,8 @@ def _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softm
     options.softcap = softcap
     if alibi_slopes is not None:
         options.alibi_slopes = ops.view(alibi_slopes)
+    if sinks is not None:
+        options.sinks = ops.view(sinks)
     if cu_seqlens_q is not None:
         options.cu_seqlens_q = ops.view(cu_seqlens_q)
         options.cu_seqlens_k = ops.view(cu_seqlens_k)
@@ -57,9 +59,10 @@ def _contiguous_extras(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ..
 
 
 def _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
-           window_right, softcap, alibi_slopes, dropout_p, dropout_seed) -> None:
+           window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks=None) -> None:
     packed = cu_seqlens_q is not None
     check_flash_inputs(fn, q, k, v, packed)
+    check_sinks(fn, sinks, _bhnd(q, packed))
     if packed:
         batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
         batch_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
@@ -94,29 +97,36 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                        softmax_scale: Optional[float], causal: bool, window_left: int,
                        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                       dropout_p: float, dropout_seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                       dropout_p: float, dropout_seed: Optional[Tensor],
+                       sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     fn = "ipex_flash.flash_attn_func"
     _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
-           window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+           window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks)
     packed = cu_seqlens_q is not None
     q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
     cu_seqlens_q, cu_seqlens_k, alibi_slopes = _contiguous_extras(cu_seqlens_q, cu_seqlens_k,
                                                                   alibi_slopes)
     out, lse = _forward_outputs(q, packed)
+    sinks32 = ops.float_sinks(sinks)  # read by address: referenced until the launch returns
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
-    ops.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse), options,
-                  q.device)
+                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
+                             sinks32)
+    if packed:
+        ops.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse),
+                      options, q.device)
+    else:  # few query rows per K/V head take the decode kernel
+        ops.run_forward(*(_bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p)
     return out, lse
 
 
 @flash_attn_forward.register_fake
 def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, causal, window_left, window_right, softcap,
-                             alibi_slopes, dropout_p, dropout_seed):
+                             alibi_slopes, dropout_p, dropout_seed, sinks=None):
     _check("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-           max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+           max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
+           sinks)
     return _forward_outputs(q, cu_seqlens_q is not None)
 
 
@@ -167,10 +177,11 @@ def _flash_attn_backward_fake(grad_out, q, k, v, out, lse, *args):
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-     window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed) = inputs
+     window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                          dropout_seed)
+                          dropout_seed, sinks)
+    ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                 softcap)
     ctx.dropout_p = dropout_p
@@ -178,14 +189,27 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed = ctx.saved_tensors
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed,
+     sinks) = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
      softcap) = ctx.args
     dq, dk, dv = torch.ops.ipex_flash.flash_attn_backward(
         grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, ctx.dropout_p,
         dropout_seed)
-    return (dq, dk, dv) + (None,) * 12
+    d_sinks = _sinks_grad(sinks, grad_out, out, lse, cu_seqlens_q) if ctx.wants_sinks else None
+    return (dq, dk, dv) + (None,) * 12 + (d_sinks,)
+
+
+def _sinks_grad(sinks, grad_out, out, lse, cu_seqlens_q):
+    """score_grads.sinks_grad in flash-attn's layouts: lse (B, Hq, Nq), or (Hq, total) packed,
+    where rows past the last sequence belong to none."""
+    delta = score_grads.output_delta(grad_out, out)  # (B, Nq, Hq) or (total, Hq)
+    if cu_seqlens_q is None:
+        return score_grads.sinks_grad(sinks, lse, delta.transpose(1, 2))
+    end = int(cu_seqlens_q[-1])
+    return score_grads.sinks_grad(sinks, lse[:, :end].unsqueeze(0),
+                                  delta[:end].transpose(0, 1).unsqueeze(0))
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -197,7 +221,7 @@ def _seed(q: Tensor, dropout_p: float) -> Optional[Tensor]:
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, sinks=None):
     """Attention with flash-attn's semantics and layout.
 
     Args:
@@ -218,8 +242,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             seqlen_q - j| to the score of query i and key j.
         deterministic: accepted for compatibility; the backward is always deterministic.
         return_attn_probs: also return the log-sum-exp and the dropout keep-mask (for tests).
+        sinks: optional (nheads,) attention-sink logits (GPT-OSS): each joins its head's
+            softmax denominators and contributes no value.
 
-    A query row that sees no key returns zeros and an LSE of -inf. Differentiable in q, k, v.
+    A query row that sees no key returns zeros and an LSE of -inf (with a sink: the sink's
+    logit). Few query rows per K/V head (without dropout) run the split-KV decode kernel.
+    Differentiable in q, k, v and sinks.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
@@ -232,7 +260,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     seed = _seed(q, dropout_p)
     out, lse = torch.ops.ipex_flash.flash_attn_forward(
         q, k, v, None, None, 0, 0, softmax_scale, causal, left, right, float(softcap),
-        alibi_slopes, float(dropout_p), seed)
+        alibi_slopes, float(dropout_p), seed, sinks)
     if not return_attn_probs:
         return out
     keep = None
@@ -245,13 +273,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False):
+                           deterministic=False, return_attn_probs=False, *, sinks=None):
     """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
     (total_k, nheads_k, headdim); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q
     and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
     and max_seqlen_k bound the lengths. Masks and ALiBi are per sequence. Returns out
     (total_q, nheads, headdim), and with return_attn_probs (out, softmax_lse (nheads,
-    total_q)) — no keep-mask for packed sequences."""
+    total_q)) — no keep-mask for packed sequences. sinks: as flash_attn_func."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
     left, right = check_window(fn, window_size)
@@ -260,5 +288,5 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = torch.ops.ipex_flash.flash_attn_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
         softmax_scale, causal, left, right, float(softcap), alibi_slopes, float(dropout_p),
-        _seed(q, dropout_p))
+        _seed(q, dropout_p), sinks)
     return (out, lse) if return_attn_probs else out

@@ -16,7 +16,7 @@ import torch
 from ipex_flash import ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
-    check_alibi, check_attention_inputs, check_softcap, check_window)
+    check_alibi, check_attention_inputs, check_sinks, check_softcap, check_window)
 from ipex_flash._validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -116,13 +116,16 @@ def _outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor,
                       block_table: Optional[Tensor], softmax_scale: Optional[float],
                       causal: bool, window_left: int, window_right: int, softcap: float,
-                      alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                      alibi_slopes: Optional[Tensor],
+                      sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     _check_cache(q, k_cache, v_cache, block_table)
+    check_sinks(_FN, sinks, q.transpose(1, 2))
     _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     q = ops.with_contiguous_last_dim(q)
     # Passed by address: dense, and referenced here until the launch has returned.
     seqlens_k, block_table, alibi_slopes = (
         None if t is None else t.contiguous() for t in (seqlens_k, block_table, alibi_slopes))
+    sinks = ops.float_sinks(sinks)
     out, lse = _outputs(q)
     batch, len_q, heads_q, head_dim = q.shape
     heads_kv = k_cache.shape[2]
@@ -134,6 +137,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     options.softcap = softcap
     if alibi_slopes is not None:
         options.alibi_slopes = ops.view(alibi_slopes)
+    if sinks is not None:
+        options.sinks = ops.view(sinks)
     options.seqlens_k = ops.view(seqlens_k)
     options.max_seqlen_k = max_len_k
     if block_table is not None:
@@ -159,15 +164,16 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
 
 @kvcache_attention.register_fake
 def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
-                            window_left, window_right, softcap, alibi_slopes):
+                            window_left, window_right, softcap, alibi_slopes, sinks=None):
     _check_cache(q, k_cache, v_cache, block_table)
+    check_sinks(_FN, sinks, q.transpose(1, 2))
     return _outputs(q)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
                             cache_seqlens: Union[int, Tensor, None] = None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            alibi_slopes=None, return_softmax_lse=False):
+                            alibi_slopes=None, return_softmax_lse=False, *, sinks=None):
     """Attention of new query tokens against a KV cache, with flash-attn's semantics.
 
     Args:
@@ -184,6 +190,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
             are aligned to the bottom-right, i.e. new token i sits at position
             cache_seqlens[b] + i.
         return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
+        sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
 
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
@@ -217,5 +224,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
         _check_fits(cache_seqlens, 0, capacity)
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
-        float(softcap), alibi_slopes)
+        float(softcap), alibi_slopes, sinks)
     return (out, lse) if return_softmax_lse else out
