@@ -78,13 +78,20 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(large_grf=True)) == [
         "large register file asked for, 128 registers given"]
     assert kernel_violations(report(large_grf=True, grf=256)) == []
-    # The one known spill (gpu_rules.py) is reported only where it is known, and only for it.
+    # The known spills (gpu_rules.py) are reported only where they are known, and only for them.
     decode = dict(family="decode", kernel="ipex_flash::flash_decode_kernel<...>", rows=8,
                   features=3, spill=448)
     assert kernel_violations(report(target="dg2", **decode)) == []
     assert kernel_violations(report(target="bmg", **decode)) == ["spills 448 bytes"]
     assert kernel_violations(report(target="dg2", **{**decode, "features": 0})) == [
         "spills 448 bytes"]
+    # The second: the fp32 d=128 forward with every score change, on MTL and ARL-H only.
+    forward = dict(family="forward", kernel="ipex_flash::flash_fwd_kernel<...>", dtype="float32",
+                   head_dim=128, features=7, spill=160)
+    assert kernel_violations(report(target="mtl", **forward)) == []
+    assert kernel_violations(report(target="dg2", **forward)) == ["spills 160 bytes"]
+    assert kernel_violations(report(target="mtl", **{**forward, "features": 5})) == [
+        "spills 160 bytes"]
 
 
 def test_every_gpu_passes_gpu_check():

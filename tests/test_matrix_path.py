@@ -85,27 +85,6 @@ def test_options_through_flash_attn_api(matrix_mode, mode):
 
 
 @needs_engine
-@pytest.mark.parametrize("kind", ["bool", "bfloat16"])
-@pytest.mark.parametrize("mode", TILE_MODES)
-def test_attn_mask_and_sinks(matrix_mode, mode, kind):
-    """SDPA's attn_mask (read in place, hidden blocks) and sinks in the matrix kernels:
-    the forward (150 query rows) and the decode scores (4 rows per K/V head)."""
-    from ipex_flash.reference import sdpa_reference
-    matrix_mode(mode)
-    for len_q in (150, 2):
-        q, k, v = random_qkv(2, 4, 2, len_q, 200, 64, torch.bfloat16)
-        keep = torch.rand(2, 1, len_q, 200) > 0.3
-        keep[..., 130:] = False
-        mask = keep if kind == "bool" else torch.randn(keep.shape).masked_fill(
-            ~keep, float("-inf")).to(torch.bfloat16)
-        sinks = torch.randn(4)
-        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
-                                                      sinks=sinks)
-        ref = sdpa_reference(q, k, v, mask, sinks=sinks)
-        torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
-
-
-@needs_engine
 @pytest.mark.parametrize("causal", [False, True])
 def test_dropout_applies_the_reported_mask(matrix_mode, causal):
     from ipex_flash import ops

@@ -31,9 +31,10 @@ struct AttnMaskPlane {
     return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k};
   }
 
-  // The element at `at` as an exp2-domain addend: 0 or -inf for a bool mask.
+  // The element `offset` bytes from base as an exp2-domain addend: 0 or -inf for a bool mask.
   template <int FEATURES>
-  static inline float addend_at(const uint8_t* at) {
+  inline float addend(int64_t offset) const {
+    const uint8_t* at = base + offset;
     if constexpr ((FEATURES & FEATURE_MASK_BOOL) != 0) {
       return *at != 0 ? 0.f : NEG_INF;
     } else if constexpr ((FEATURES & FEATURE_MASK_F32) != 0) {
@@ -44,32 +45,20 @@ struct AttnMaskPlane {
       return to_float(*reinterpret_cast<const bfloat16_bits*>(at)) * LOG2E;
     }
   }
-  template <int FEATURES>
-  inline float addend(int64_t offset) const {
-    return addend_at<FEATURES>(base + offset);
-  }
 
   // Adds the mask to scores[j], the score of (row0 + j * row_step, key0 + j * key_step). The
-  // bounds and the chunk's address are taken once in 64 bits; per element only 32-bit counts
-  // and offsets are used when the step fits (64-bit integers are emulated on Arc A-series,
-  // Meteor Lake and Arrow Lake GPUs, and per element they made the forward spill there).
+  // bounds are taken once in 64 bits; per element only a 32-bit count is compared (64-bit
+  // integers are emulated on Arc A-series and Meteor Lake GPUs).
   template <int FEATURES, int N>
   inline void apply(float (&scores)[N], int64_t row0, int64_t key0, int row_step,
                     int key_step) const {
     if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {
       const int valid = std::min(inside(len_q - row0, row_step, N), inside(len_k - key0, key_step, N));
-      const uint8_t* at = base + row0 * row_stride + key0 * col_stride;
+      const int64_t offset0 = row0 * row_stride + key0 * col_stride;
       const int64_t step = row_step * row_stride + key_step * col_stride;
-      if (step == static_cast<int32_t>(step)) {
-        const int32_t step32 = static_cast<int32_t>(step);
 #pragma unroll
-        for (int j = 0; j < N; ++j)
-          if (j < valid) scores[j] += addend_at<FEATURES>(at + j * step32);
-      } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-          if (j < valid) scores[j] += addend_at<FEATURES>(at + j * step);
-      }
+      for (int j = 0; j < N; ++j)
+        if (j < valid) scores[j] += addend<FEATURES>(offset0 + j * step);
     }
   }
 
