@@ -9,7 +9,7 @@ from typing import Iterator, Optional
 import torch
 
 from ipex_flash import fast_path, ops
-from ipex_flash._validation import MASK_DTYPES, MAX_HEAD_DIM, SUPPORTED_DTYPES, check_dropout_p
+from ipex_flash._validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.scaled_dot_product_attention"
@@ -59,47 +59,61 @@ def _as_bhnd(t: Tensor) -> Tensor:
 
 
 def _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> None:
+    error = _contract_error(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if error is not None:
+        raise error
+
+
+def _contract_error(query, key, value, attn_mask, dropout_p, is_causal,
+                    enable_gqa) -> Optional[Exception]:
+    """What SDPA's contract says is wrong with a call (the exception to raise), or None. It
+    returns rather than raises, so that serves() can ask it under torch.compile too."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_FN}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            return TypeError(f"{_FN}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
-            raise ValueError(f"{_FN}: {name} must have at least 2 dimensions (..., L, E), got "
-                             f"shape {tuple(t.shape)}")
+            return ValueError(f"{_FN}: {name} must have at least 2 dimensions (..., L, E), got "
+                              f"shape {tuple(t.shape)}")
     if not (query.dtype == key.dtype == value.dtype):
-        raise RuntimeError(f"{_FN}: expected query, key, and value to have the same dtype, got "
-                           f"{query.dtype}, {key.dtype} and {value.dtype}")
+        return RuntimeError(f"{_FN}: expected query, key, and value to have the same dtype, "
+                            f"got {query.dtype}, {key.dtype} and {value.dtype}")
     if query.dim() != key.dim() or key.dim() != value.dim() or \
             query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
-        raise RuntimeError(f"{_FN}: query, key and value must have the same leading (batch) "
-                           f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
-                           f"{tuple(value.shape)}")
+        return RuntimeError(f"{_FN}: query, key and value must have the same leading (batch) "
+                            f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
+                            f"{tuple(value.shape)}")
     if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
-        raise ValueError(f"{_FN}: key's and value's head dim (last dimension) must equal "
-                         f"query's ({query.shape[-1]}), got {key.shape[-1]} and "
-                         f"{value.shape[-1]}")
+        return ValueError(f"{_FN}: key's and value's head dim (last dimension) must equal "
+                          f"query's ({query.shape[-1]}), got {key.shape[-1]} and "
+                          f"{value.shape[-1]}")
     heads_q = query.shape[-3] if query.dim() >= 3 else 1
     heads_kv = key.shape[-3] if key.dim() >= 3 else 1
     if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
-        raise RuntimeError(
+        return RuntimeError(
             f"{_FN}: query has {heads_q} heads and key/value {heads_kv}: the number of heads in "
             "key and value must equal query's, be 1, or divide it with enable_gqa=True")
     if not isinstance(is_causal, bool):
-        raise TypeError(f"{_FN}: is_causal must be a bool, got {type(is_causal).__name__}")
-    check_dropout_p(_FN, dropout_p)
+        return TypeError(f"{_FN}: is_causal must be a bool, got {type(is_causal).__name__}")
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        return ValueError(f"{_FN}: dropout_p must be in [0, 1), got {dropout_p}")
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"{_FN}: attn_mask must be a torch.Tensor or None")
+            return TypeError(f"{_FN}: attn_mask must be a torch.Tensor or None")
         if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
-            raise RuntimeError(f"{_FN}: expected attn_mask dtype to be bool or float32 or to "
-                               f"match query dtype, got {attn_mask.dtype} and {query.dtype}")
+            return RuntimeError(f"{_FN}: expected attn_mask dtype to be bool or float32 or to "
+                                f"match query dtype, got {attn_mask.dtype} and {query.dtype}")
         full = (*query.shape[:-2], query.shape[-2], key.shape[-2])
-        try:
-            broadcast = torch.broadcast_shapes(attn_mask.shape, full)
-        except RuntimeError:
-            broadcast = None
-        if broadcast != torch.Size(full):
-            raise RuntimeError(f"{_FN}: attn_mask of shape {tuple(attn_mask.shape)} does not "
-                               f"broadcast to (..., Hq, L, S) = {full}")
+        if not _broadcasts(tuple(attn_mask.shape), full):
+            return RuntimeError(f"{_FN}: attn_mask of shape {tuple(attn_mask.shape)} does not "
+                                f"broadcast to (..., Hq, L, S) = {full}")
+    return None
+
+
+def _broadcasts(shape: tuple, full: tuple) -> bool:
+    """Whether `shape` broadcasts to exactly `full` (torch's rules, right-aligned)."""
+    if len(shape) > len(full):
+        return False
+    return all(s in (1, f) for s, f in zip(reversed(shape), reversed(full)))
 
 
 # ---- routing unchanged models' torch.nn.functional.scaled_dot_product_attention ----
@@ -109,32 +123,22 @@ _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
 
 def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
            enable_gqa=False) -> bool:
-    """Whether ipex_flash takes this SDPA call (the override sends the rest to torch)."""
-    tensors = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and not t.is_nested for t in tensors):
+    """Whether ipex_flash takes this SDPA call (the override sends the rest to torch): the
+    contract holds, and the inputs are ones the kernels take."""
+    if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
         return False
-    if query.device.type not in ("cpu", "xpu") or query.dtype not in SUPPORTED_DTYPES:
+    if _contract_error(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
         return False
-    if any(t.device != query.device or t.dtype != query.dtype or t.dim() != query.dim()
-           or t.dim() < 3 for t in (key, value)):
+    if query.dim() < 3 or query.device.type not in ("cpu", "xpu") or \
+            query.dtype not in SUPPORTED_DTYPES:
         return False
-    if query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+    if key.device != query.device or value.device != query.device:
         return False
-    if not (query.shape[-1] == key.shape[-1] == value.shape[-1]) or \
-            not 1 <= query.shape[-1] <= MAX_HEAD_DIM or key.shape[-2] == 0:
-        return False
-    heads_q, heads_kv = query.shape[-3], key.shape[-3]
-    if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
+    if not 1 <= query.shape[-1] <= MAX_HEAD_DIM or key.shape[-2] == 0:
         return False
     if scale is not None and not math.isfinite(scale):
         return False
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype not in MASK_DTYPES or \
-                attn_mask.device != query.device:
-            return False
-        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
-            return False
-    return isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0
+    return attn_mask is None or attn_mask.device == query.device
 
 
 def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
