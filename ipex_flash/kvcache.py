@@ -127,8 +127,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         None if t is None else t.contiguous() for t in (seqlens_k, block_table, alibi_slopes))
     sinks = ops.float_sinks(sinks)
     out, lse = _outputs(q)
-    batch, len_q, heads_q, head_dim = q.shape
-    heads_kv = k_cache.shape[2]
+    batch, head_dim = q.shape[0], q.shape[3]
     max_len_k = int(seqlens_k.max()) if batch else 0
     options = C.AttentionOptions()
     options.scale = resolve_scale(softmax_scale, head_dim)
@@ -145,20 +144,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         options.block_table = ops.view(block_table)
         options.page_size = k_cache.shape[1]
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
-    q_v, out_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, out, k_cache, v_cache))
-    queue = ops.queue_handle(q.device)
-    rows = (heads_q // heads_kv) * len_q  # query rows per K/V head
-    if C.flash_decode_supported(q_v, k_v, v_v):
-        splits = C.decode_num_splits(batch, heads_kv, rows, head_dim, max_len_k, queue)
-        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
-                                  device=q.device)
-        partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
-                                  device=q.device)
-        C.flash_decode(q_v, k_v, v_v, out_v, ops.view(lse), ops.view(partial_out),
-                       ops.view(partial_lse), options, queue)
-    else:  # many new tokens (chunked prefill), or a 16-bit cache with rows not word-aligned:
-        # the general kernel reads the cache too
-        ops.flash_fwd(q_v, k_v, v_v, out_v, ops.view(lse), options, q.device)
+    ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
+                    max_len_k)
     return out, lse
 
 

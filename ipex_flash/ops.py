@@ -23,9 +23,8 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import _runtime
+from ipex_flash import _runtime, score_grads
 from ipex_flash._runtime import C
-from ipex_flash import score_grads
 from ipex_flash._validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
@@ -121,23 +120,26 @@ def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                options: "C.AttentionOptions", dropout_p: float) -> None:
+                options: "C.AttentionOptions", dropout_p: float,
+                max_len_k: Optional[int] = None) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
-    splits the keys across work-groups; everything else the general forward kernel."""
+    splits the keys across work-groups; everything else the general forward kernel. q, out
+    (B, Hq, Nq, D); k, v (B, Hkv, Nk, D), or a KV cache seen so (options.seqlens_k, maybe
+    pages), whose longest sequence max_len_k is (default Nk)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
-    batch, heads_q, len_q, head_dim = q.shape
-    rows = len_q * (heads_q // k.shape[1])
-    if dropout_p == 0.0 and rows <= C.MAX_DECODE_ROWS and C.flash_decode_supported(q_v, k_v, v_v):
-        device = q.device
+    if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v):
+        batch, heads_q, len_q, head_dim = q.shape
+        heads_kv, device = k.shape[1], q.device
         queue = queue_handle(device)
-        splits = C.decode_num_splits(batch, k.shape[1], rows, head_dim, k.shape[2], queue)
+        splits = C.decode_num_splits(batch, heads_kv, len_q * (heads_q // heads_kv), head_dim,
+                                     k.shape[2] if max_len_k is None else max_len_k, queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
                                   device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
                                   device=device)
         C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
                        view(partial_lse), options, queue)
-    else:
+    else:  # many rows, dropout, or a 16-bit cache with rows not word-aligned
         flash_fwd(q_v, k_v, v_v, view(out), view(lse), options, q.device)
 
 
