@@ -1,7 +1,8 @@
 """The matrix-engine forward kernel (flash_fwd_matrix.hpp: joint_matrix, AMX on this project's
-Xeons, XMX on Intel GPUs): its tile shapes forced one by one through IPEX_FLASH_MATRIX, against
-the float64 reference and against the vector kernel; its selection rules; and a compile check
-that runs on any machine."""
+Xeons, XMX on Intel GPUs) and the decode kernel's matrix scores: their tile shapes forced one by
+one through IPEX_FLASH_MATRIX, against the float64 reference and against the vector kernels;
+the same kernels with joint_matrix emulated (IPEX_FLASH_MATRIX=emulate), which run on any
+machine; the selection rules; and a compile check that runs on any machine."""
 import os
 import subprocess
 import sys
@@ -22,11 +23,17 @@ HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
 needs_engine = pytest.mark.skipif(
     not HAS_MATRIX_ENGINE,
     reason="the SYCL CPU device of this machine has no matrix engine (AMX bf16 tiles); "
-           "test_matrix_kernel_compiles still checks the kernel source")
+           "test_matrix_kernel_compiles still checks the kernel source, and the emulate cases "
+           "run the kernels with joint_matrix emulated")
 
 # Tile shapes (MATRIX_M) the kernel is instantiated with: 16 rows (AMX), 8 rows (XMX on
 # Xe-HPC); the reduction step follows from the head dim (32 where it divides it, else 16).
 TILE_MODES = ["16", "8"]
+# Modes that run the matrix kernels: those tile shapes on the engine (skipped without one), and
+# AMX's shape with joint_matrix emulated by sub-group arithmetic (matrix_tile.hpp), which runs
+# anywhere: the kernels' packing, tiling, masks and softmax are tested on every machine.
+RUN_MODES = [pytest.param(mode, marks=needs_engine) for mode in TILE_MODES] + ["emulate"]
+ONE_RUN_MODE = [pytest.param("16", marks=needs_engine), "emulate"]
 
 
 @pytest.fixture
@@ -36,11 +43,10 @@ def matrix_mode(monkeypatch):
     return set_mode
 
 
-@needs_engine
 @pytest.mark.parametrize("len_q,len_k", [(1, 1), (17, 300), (127, 127), (300, 113)])
 @pytest.mark.parametrize("head_dim", [16, 40, 64, 80, 128, 200])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", TILE_MODES)
+@pytest.mark.parametrize("mode", RUN_MODES)
 def test_matches_reference(matrix_mode, mode, causal, head_dim, len_q, len_k):
     matrix_mode(mode)
     q, k, v = random_qkv(2, 4, 2, len_q, len_k, head_dim, torch.bfloat16)
@@ -49,14 +55,47 @@ def test_matches_reference(matrix_mode, mode, causal, head_dim, len_q, len_k):
     assert_matches_reference(out, lse, ref_out, ref_lse, torch.bfloat16)
 
 
-@needs_engine
-@pytest.mark.parametrize("mode", TILE_MODES)
+# Emulated, float16 too (AMX takes only bfloat16 here): sizes that are no multiple of the 64-row
+# blocks, GQA 3, head dims 80 (16-deep steps) and 64, 128 (32-deep).
+@pytest.mark.parametrize("len_q,len_k", [(77, 130), (130, 77)])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_emulated_matches_reference(matrix_mode, dtype, causal, head_dim, len_q, len_k):
+    matrix_mode("emulate")
+    q, k, v = random_qkv(2, 6, 2, len_q, len_k, head_dim, dtype)
+    out, lse = ipex_flash.attention(q, k, v, causal=causal, return_lse=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal=causal)
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
+
+
+def test_emulated_variants_and_build_options(matrix_mode):
+    """emulate picks AMX's tile shape on any device, marks the variants, and builds them with
+    IPEX_FLASH_MATRIX_EMULATE (kept apart from real matrix builds in the kernel caches, whose
+    keys include the options); float32 keeps the vector kernels."""
+    for family in ("forward", "decode"):
+        plan = C.plan(family, "", "float16", 128, 0, 4, "emulate")
+        variant = plan["variant"]
+        assert (variant.matrix_m, variant.matrix_k, variant.matrix_emulated) == (16, 32, True)
+        assert "-DIPEX_FLASH_MATRIX_EMULATE" in plan["options"]
+        for dtype, mode in [("float32", "emulate"), ("bfloat16", "1"), ("bfloat16", "0")]:
+            plan = C.plan(family, "", dtype, 128, 0, 4, mode)
+            assert not plan["variant"].matrix_emulated
+            assert "-DIPEX_FLASH_MATRIX_EMULATE" not in plan["options"]
+        assert C.plan(family, "", "float32", 128, 0, 4, "emulate")["variant"].matrix_m == 0
+    # 16-deep steps where 32 does not divide the head dim (the decode kernel pads 80 to 96).
+    assert C.plan("forward", "", "bfloat16", 80, 0, 1, "emulate")["variant"].matrix_k == 16
+
+
+@pytest.mark.parametrize("mode", RUN_MODES)
 def test_selected_and_distinct_from_vector_kernel(matrix_mode, mode):
     """The forced mode really builds the matrix variant, and its output differs from the
     vector kernel's (it rounds P to bfloat16 before P.V) while both match the reference."""
     matrix_mode(mode)
     variant = C.warmup_fwd("bfloat16", 64, 0)
-    assert (variant.matrix_m, variant.matrix_k) == (int(mode), 32)
+    height = 16 if mode == "emulate" else int(mode)
+    assert (variant.matrix_m, variant.matrix_k) == (height, 32)
+    assert variant.matrix_emulated == (mode == "emulate")
     assert C.warmup_fwd("bfloat16", 80, 0).matrix_k == 16  # 80 is not a multiple of 32
     q, k, v = random_qkv(1, 2, 2, 200, 200, 64, torch.bfloat16)
     out_matrix = ipex_flash.attention(q, k, v)
@@ -69,8 +108,7 @@ def test_selected_and_distinct_from_vector_kernel(matrix_mode, mode):
         assert_matches_reference(out, None, ref_out, None, torch.bfloat16)
 
 
-@needs_engine
-@pytest.mark.parametrize("mode", TILE_MODES)
+@pytest.mark.parametrize("mode", RUN_MODES)
 def test_options_through_flash_attn_api(matrix_mode, mode):
     """Windows, softcap, ALiBi and bottom-right causal masks take the same kernel."""
     from ipex_flash.reference import flash_attn_reference
@@ -84,12 +122,12 @@ def test_options_through_flash_attn_api(matrix_mode, mode):
     torch.testing.assert_close(out.double(), ref.double(), rtol=1e-2, atol=1e-2)
 
 
-@needs_engine
 @pytest.mark.parametrize("causal", [False, True])
-def test_dropout_applies_the_reported_mask(matrix_mode, causal):
+@pytest.mark.parametrize("mode", ONE_RUN_MODE)
+def test_dropout_applies_the_reported_mask(matrix_mode, mode, causal):
     from ipex_flash import ops
     from test_dropout import reference_with_mask
-    matrix_mode("16")
+    matrix_mode(mode)
     p = 0.3
     q, k, v = random_qkv(2, 4, 2, 45, 70, 64, torch.bfloat16)
     seed = ops.draw_dropout_seed(q.device)
@@ -125,15 +163,15 @@ def test_forced_on_float16_runs_or_says_why(matrix_mode):
 def test_bad_mode_is_rejected(matrix_mode):
     matrix_mode("fast")
     q, k, v = random_qkv(1, 1, 1, 8, 8, 16, torch.bfloat16)
-    with pytest.raises(ValueError, match="IPEX_FLASH_MATRIX must be auto, 0, 1, 8 or 16"):
+    with pytest.raises(ValueError, match="IPEX_FLASH_MATRIX must be auto, 0, 1, 8, 16 or emulate"):
         ipex_flash.attention(q, k, v)
 
 
-def decode_cache(layout, batch, capacity, heads_kv, head_dim, page_size):
-    """A bfloat16 cache for flash_attn_with_kvcache: (k, v, extra kwargs, (k, v) as contiguous
+def decode_cache(layout, batch, capacity, heads_kv, head_dim, page_size, dtype):
+    """A cache for flash_attn_with_kvcache: (k, v, extra kwargs, (k, v) as contiguous
     (B, N, H, D) for the reference)."""
     k, v = cache_in_layout("head_major" if layout == "head_major" else "contiguous", batch,
-                           capacity, heads_kv, head_dim, torch.bfloat16)
+                           capacity, heads_kv, head_dim, dtype)
     if layout != "paged":
         return k, v, {}, (k, v)
     k_pages, v_pages, table = to_paged(k, v, page_size)
@@ -158,42 +196,50 @@ DECODE_CASES = {
 }
 
 
-def run_decode_case(case):
+def run_decode_case(case, dtype=torch.bfloat16):
     lengths = [37, 300]
     heads_q, heads_kv = case["heads"]
     k, v, paging, (k_ref, v_ref) = decode_cache(case["layout"], len(lengths), 336, heads_kv,
-                                                case["head_dim"], case.get("page_size", 16))
+                                                case["head_dim"], case.get("page_size", 16), dtype)
     options = dict(case.get("options", {}))
     slopes = torch.rand(len(lengths), heads_q) * 0.2 if options.pop("alibi", False) else None
     q = torch.randn(len(lengths), case.get("new_tokens", 1), heads_q, case["head_dim"],
-                    dtype=torch.bfloat16)
+                    dtype=dtype)
     seqlens = torch.tensor(lengths, dtype=torch.int32)
     out, lse = ipex_flash.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,
                                                   return_softmax_lse=True, alibi_slopes=slopes,
                                                   **paging, **options)
     for b, length in enumerate(lengths):  # ALiBi slopes are per sequence
         check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_ref[b:b + 1],
-                                v_ref[b:b + 1], [length], torch.bfloat16, **options,
+                                v_ref[b:b + 1], [length], dtype, **options,
                                 alibi_slopes=None if slopes is None else slopes[b:b + 1])
     return out, lse
 
 
-@needs_engine
-@pytest.mark.parametrize("mode", TILE_MODES + ["0"])
+# bfloat16 in every mode; float16 emulated (AMX takes only bfloat16 here).
+DECODE_RUNS = [pytest.param(mode, torch.bfloat16, marks=mode.marks, id=mode.values[0])
+               for mode in RUN_MODES[:-1] + [pytest.param("0", marks=needs_engine)]]
+DECODE_RUNS += [pytest.param("emulate", dtype, id=f"emulate-{str(dtype)[6:]}")
+                for dtype in (torch.bfloat16, torch.float16)]
+
+
+@pytest.mark.parametrize("mode,dtype", DECODE_RUNS)
 @pytest.mark.parametrize("case", DECODE_CASES)
-def test_decode_matches_reference(matrix_mode, mode, case):
+def test_decode_matches_reference(matrix_mode, mode, dtype, case):
     matrix_mode(mode)
     torch.manual_seed(0)
-    run_decode_case(DECODE_CASES[case])
+    run_decode_case(DECODE_CASES[case], dtype)
 
 
-@needs_engine
-def test_decode_takes_matrix_path(matrix_mode):
+@pytest.mark.parametrize("mode", ONE_RUN_MODE)
+def test_decode_takes_matrix_path(matrix_mode, mode):
     """Forced on and off on the same inputs: both match the reference, and their log-sum-exps
     differ in the last bits (another summation order), so the forced mode was not ignored."""
+    matrix_mode(mode)
+    assert C.warmup_decode("bfloat16", 128, 4, 0).matrix_emulated == (mode == "emulate")
     results = []
-    for mode in ("16", "0"):
-        matrix_mode(mode)
+    for run_mode in (mode, "0"):
+        matrix_mode(run_mode)
         torch.manual_seed(0)
         results.append(run_decode_case(DECODE_CASES["head_major"]))
     assert not torch.equal(results[0][1], results[1][1])
@@ -231,13 +277,13 @@ def test_matrix_kernel_compiles():
             assert line.startswith("BUILT"), line
 
 
-@needs_engine
-def test_forward_scratch_is_checked(matrix_mode):
+@pytest.mark.parametrize("mode", ONE_RUN_MODE)
+def test_forward_scratch_is_checked(matrix_mode, mode):
     """The matrix kernel reads K and V from a packed copy in the scratch Python allocates
     (ops.flash_fwd): its size follows from the problem, and a short one is refused before
     anything runs."""
     from ipex_flash import ops
-    matrix_mode("16")
+    matrix_mode(mode)
     q, k, v = random_qkv(2, 4, 2, 30, 100, 40, torch.bfloat16)
     options = ops.sdpa_options(q, False, None, 0.0, None)
     views = [ops.view(t) for t in (q, k, v)]

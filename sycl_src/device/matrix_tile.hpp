@@ -5,17 +5,47 @@
 // Shapes: M x 16 accumulators, K-deep steps along the reduction dimension (K = 16 or 32). Those
 // fit every Intel matrix engine that takes 16-wide tiles: XMX on Xe-HPC (M <= 8, K = 16) and
 // AMX (M <= 16, K <= 32); the host picks M and K from the device's matrix_combinations.
+//
+// With IPEX_FLASH_MATRIX_EMULATE (IPEX_FLASH_MATRIX=emulate, matrix_path.hpp) the same
+// interface is implemented with plain sub-group arithmetic, so that the kernels built on it
+// run, and are tested, on devices without a matrix engine. Only the accumulator's layout in
+// registers and the order of the fp32 additions differ; what is read and written is the same.
 #pragma once
 
 #include <sycl/sycl.hpp>
+
+#include <cstdint>
 
 #include "dtypes.hpp"
 
 namespace ipex_flash {
 
-namespace jm = sycl::ext::oneapi::experimental::matrix;
-
 constexpr int MATRIX_N = 16;  // accumulator columns = sub-group size
+
+template <typename T>
+inline auto local_ptr(T* p) {
+  return sycl::address_space_cast<sycl::access::address_space::local_space,
+                                  sycl::access::decorated::no>(p);
+}
+
+// Operand layouts, in both implementations:
+// A (M x DEPTH) row-major, row stride lda (elements).
+// B operands are kept in the matrix engines' packed (VNNI) layout, the one both XMX and AMX
+// read natively (any other layout is converted element by element on every load): element
+// (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
+// (pack_pair, dtypes.hpp); row stride ldb (words).
+// Accumulators (M x 16, fp32) are loaded from and stored to SLM rows of stride ldc (floats).
+//
+// matrix_mad_strips: STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B,
+// for A_s the s-th M-row strip of A, A in A_SPACE and B in B_SPACE (SLM by default, or global
+// memory). On the engine, each B step is loaded once for all strips, and the strips'
+// accumulators are independent, so consecutive multiplies do not wait on one another (a matrix
+// multiply's latency is several times its issue interval: a single accumulator chain leaves the
+// engine idle in between).
+
+#ifndef IPEX_FLASH_MATRIX_EMULATE
+
+namespace jm = sycl::ext::oneapi::experimental::matrix;
 
 // The joint_matrix element type of a storage type. bfloat16 is stored by its bits
 // (dtypes.hpp) and only reinterpreted here: the matrix engine reads the bits, no conversion
@@ -30,12 +60,6 @@ template <>
 struct MatrixElement<sycl::half> {
   using type = sycl::half;
 };
-
-template <typename T>
-inline auto local_ptr(T* p) {
-  return sycl::address_space_cast<sycl::access::address_space::local_space,
-                                  sycl::access::decorated::no>(p);
-}
 
 // A tile operand's address as joint_matrix_load takes it: in SLM, or (SPACE global_space) read
 // straight from global memory (the decode kernel's K rows, the forward's packed K and V^T).
@@ -55,19 +79,26 @@ using MatrixB = jm::joint_matrix<sycl::sub_group, typename MatrixElement<T>::typ
 template <int M>
 using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator, M, MATRIX_N>;
 
-// B operands are kept in the matrix engines' packed (VNNI) layout, the one both XMX and AMX
-// read natively (any other layout is converted element by element on every load): element
-// (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
-// (pack_pair, dtypes.hpp).
-//
-// STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B, for A_s the s-th M-row
-// strip of A, row-major with row stride lda (elements), in SLM or in A_SPACE; B (DEPTH x 16)
-// packed as words b[k / 2][n] with row stride ldb (words), in SLM. Each B step is loaded once
-// for all strips, and the strips' accumulators are independent, so consecutive multiplies do
-// not wait on one another (a matrix multiply's latency is several times its issue interval: a
-// single accumulator chain leaves the engine idle in between).
+// Accumulator fill, load and store, the operations the emulation replaces. Templated on the
+// accumulator type: joint_matrix's row count is a size_t, which MatrixAcc<int M> cannot deduce.
+template <typename Acc>
+inline void matrix_fill(sycl::sub_group sg, Acc& acc, float value) {
+  jm::joint_matrix_fill(sg, acc, value);
+}
+
+template <typename Acc>
+inline void matrix_load_acc(sycl::sub_group sg, Acc& acc, float* c, int ldc) {
+  jm::joint_matrix_load(sg, acc, local_ptr(c), ldc, jm::layout::row_major);
+}
+
+template <typename Acc>
+inline void matrix_store_acc(sycl::sub_group sg, Acc& acc, float* c, int ldc) {
+  jm::joint_matrix_store(sg, acc, local_ptr(c), ldc, jm::layout::row_major);
+}
+
 template <typename T, int M, int K, int DEPTH, int STRIPS,
-          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
                               int64_t lda, const uint32_t* b, int ldb) {
   static_assert(DEPTH % K == 0, "whole reduction steps");
@@ -75,7 +106,8 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], c
   MatrixB<T, K> b_tile;
 #pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
-    jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
+    jm::joint_matrix_load(sg, b_tile,
+                          matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)),
                           2 * ldb);
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
@@ -86,24 +118,93 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], c
   }
 }
 
+#else  // IPEX_FLASH_MATRIX_EMULATE
+
+// Lane n of the sub-group holds column n of the accumulator: its M floats.
+template <int M>
+struct MatrixAcc {
+  float column[M];
+};
+
+// A 16-bit element from its bits (a half of a packed B word).
+template <typename T>
+inline T from_bits(uint32_t bits) {
+  static_assert(sizeof(T) == 2, "16-bit types only");
+  return sycl::bit_cast<T>(static_cast<uint16_t>(bits));
+}
+
+template <int M>
+inline void matrix_fill(sycl::sub_group, MatrixAcc<M>& acc, float value) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc.column[m] = value;
+}
+
+template <int M>
+inline void matrix_load_acc(sycl::sub_group sg, MatrixAcc<M>& acc, float* c, int ldc) {
+  const int n = static_cast<int>(sg.get_local_id()[0]);
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc.column[m] = c[m * ldc + n];
+}
+
+template <int M>
+inline void matrix_store_acc(sycl::sub_group sg, MatrixAcc<M>& acc, float* c, int ldc) {
+  const int n = static_cast<int>(sg.get_local_id()[0]);
+#pragma unroll
+  for (int m = 0; m < M; ++m) c[m * ldc + n] = acc.column[m];
+}
+
+// The address spaces only say where the operands are; plain pointers reach both here.
+template <typename T, int M, int K, int DEPTH, int STRIPS,
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
+inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
+                              int64_t lda, const uint32_t* b, int ldb) {
+  static_assert(DEPTH % K == 0 && K % 2 == 0, "whole reduction steps of whole B words");
+  const int n = static_cast<int>(sg.get_local_id()[0]);
+  // Strip by strip, each with its column in registers through the whole reduction, one B word
+  // (two reduction steps) at a time. Only the M rows are unrolled: unrolling the strips and
+  // the reduction too made the JIT build of a forward kernel ~6x longer (4 s -> 25 s).
+#pragma unroll 1
+  for (int s = 0; s < STRIPS; ++s) {
+    float column[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) column[m] = acc[s].column[m];
+    const T* a_strip = a + static_cast<int64_t>(s) * M * lda;
+    for (int kw = 0; kw < DEPTH / 2; ++kw) {
+      const uint32_t word = b[kw * ldb + n];
+      const float b_even = to_float(from_bits<T>(word & 0xffffu));  // k = 2 kw
+      const float b_odd = to_float(from_bits<T>(word >> 16));       // k = 2 kw + 1
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const T* a_mk = a_strip + m * lda + 2 * kw;  // A (m, 2 kw) and (m, 2 kw + 1)
+        column[m] += to_float(a_mk[0]) * b_even + to_float(a_mk[1]) * b_odd;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];
+  }
+}
+
+#endif  // IPEX_FLASH_MATRIX_EMULATE
+
 // C (STRIPS * M x 16, row-major in SLM with row stride ldc) = A . B, or += with ACCUMULATE:
 // matrix_mad_strips with its accumulators read from (or zeroed) and written back to C.
 template <typename T, int M, int K, int DEPTH, int STRIPS, bool ACCUMULATE,
-          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space>
+          sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 inline void matrix_product_to_slm(sycl::sub_group sg, float* c, int ldc, const T* a,
                                   int64_t lda, const uint32_t* b, int ldb) {
   MatrixAcc<M> acc[STRIPS];
 #pragma unroll
   for (int s = 0; s < STRIPS; ++s) {
     if constexpr (ACCUMULATE)
-      jm::joint_matrix_load(sg, acc[s], local_ptr(c + s * M * ldc), ldc, jm::layout::row_major);
+      matrix_load_acc(sg, acc[s], c + s * M * ldc, ldc);
     else
-      jm::joint_matrix_fill(sg, acc[s], 0.f);
+      matrix_fill(sg, acc[s], 0.f);
   }
-  matrix_mad_strips<T, M, K, DEPTH, STRIPS, A_SPACE>(sg, acc, a, lda, b, ldb);
+  matrix_mad_strips<T, M, K, DEPTH, STRIPS, A_SPACE, B_SPACE>(sg, acc, a, lda, b, ldb);
 #pragma unroll
-  for (int s = 0; s < STRIPS; ++s)
-    jm::joint_matrix_store(sg, acc[s], local_ptr(c + s * M * ldc), ldc, jm::layout::row_major);
+  for (int s = 0; s < STRIPS; ++s) matrix_store_acc(sg, acc[s], c + s * M * ldc, ldc);
 }
 
 }  // namespace ipex_flash

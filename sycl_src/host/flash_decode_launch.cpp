@@ -95,6 +95,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   if (tile.m > 0 && matrix_slm <= limits.local_mem_bytes) {
     variant.matrix_m = tile.m;
     variant.matrix_k = tile.k;
+    variant.matrix_emulated = tile.emulated;
   }
   variant.slm_bytes = decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n,
                                        elem_bytes, variant.matrix_m > 0);

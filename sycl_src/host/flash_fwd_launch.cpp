@@ -49,6 +49,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
                                          tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
+  variant.matrix_emulated = tile.emulated;
   variant.features = features;
   return variant;
 }

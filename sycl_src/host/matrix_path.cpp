@@ -9,15 +9,24 @@ namespace ipex_flash {
 std::string matrix_mode() {
   const char* env = std::getenv("IPEX_FLASH_MATRIX");
   const std::string mode = env == nullptr || *env == '\0' ? "auto" : env;
-  if (mode != "auto" && mode != "0" && mode != "1" && mode != "8" && mode != "16")
-    throw std::invalid_argument("ipex_flash: IPEX_FLASH_MATRIX must be auto, 0, 1, 8 or 16, got '" +
-                                mode + "'");
+  if (mode != "auto" && mode != "0" && mode != "1" && mode != "8" && mode != "16" &&
+      mode != "emulate")
+    throw std::invalid_argument(
+        "ipex_flash: IPEX_FLASH_MATRIX must be auto, 0, 1, 8, 16 or emulate, got '" + mode + "'");
   return mode;
 }
 
 MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int head_dim,
                        const std::string& mode) {
   if (mode == "0" || dtype == "float32") return {};  // float32 stays exact on the vector units
+  // Emulated tiles need no engine, only the kernels' 16-lane sub-group; AMX's shape (the one
+  // that runs here on Xeons), so that emulation and AMX execute the same tiling.
+  if (mode == "emulate") {
+    if (!limits.takes_sub_group(kMatrixN))
+      throw std::runtime_error("ipex_flash: IPEX_FLASH_MATRIX=emulate but " + limits.name +
+                               " has no sub-group of " + std::to_string(kMatrixN));
+    return MatrixTile{16, head_dim % 32 == 0 ? 32 : 16, /*emulated=*/true};
+  }
   const bool forced = mode != "auto";
   if (!forced && !limits.matrix_by_default) return {};
   const std::vector<int> heights = mode == "8"    ? std::vector<int>{8}

@@ -13,10 +13,14 @@ namespace ipex_flash {
 //                  with AMX), off elsewhere
 //   "0": never;  "1": wherever the device takes the dtype in the kernels' shape (elsewhere the
 //   vector kernels);  "8", "16": on, with that tile height (an error where it is not taken)
+//   "emulate": the matrix kernels on any device, their joint_matrix calls replaced by
+//   sub-group arithmetic of the same tile semantics (matrix_tile.hpp): a test vehicle for
+//   their data flow where no matrix engine runs them, not a fast path
 // Only 16-bit inputs use it.
 struct MatrixTile {
   int m = 0;  // accumulator rows (MATRIX_M); 0: use the vector kernels
   int k = 0;  // reduction step (MATRIX_K): 32 where the engine takes it and the head dim allows
+  bool emulated = false;  // built with IPEX_FLASH_MATRIX_EMULATE
 };
 
 // The kernels' B tiles are 16 columns wide (MATRIX_N), their sub-group 16 lanes: devices whose

@@ -30,6 +30,10 @@ std::vector<std::string> program_options(const KernelVariant& variant) {
   std::vector<std::string> options;
   if (variant.cpu_device) options.push_back("-DIPEX_FLASH_CPU_LOOPS");
   if (variant.large_grf) options.push_back("-DIPEX_FLASH_LARGE_GRF");
+  // Only where the matrix kernels are built: the vector kernels would otherwise be built and
+  // cached twice under two option strings.
+  if (variant.matrix_emulated && variant.matrix_m > 0)
+    options.push_back("-DIPEX_FLASH_MATRIX_EMULATE");
   return options;
 }
 

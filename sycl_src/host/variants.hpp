@@ -19,6 +19,7 @@ struct KernelVariant {
   int features = 0;   // FEATURE_* bits (params.hpp): softcap, ALiBi
   int matrix_m = 0;   // matrix-engine kernels: tile height (matrix_path.hpp); 0 otherwise
   int matrix_k = 0;   // and reduction step
+  bool matrix_emulated = false;  // those kernels with sub-group arithmetic for joint_matrix
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
@@ -40,7 +41,8 @@ struct KernelProgram {
   std::vector<std::string> options;  // the kernel compiler's build options (program_options)
 };
 
-// The build options of a variant's program: the device's loop forms and register file.
+// The build options of a variant's program: the device's loop forms, register file, and
+// matrix emulation (matrix_tile.hpp).
 std::vector<std::string> program_options(const KernelVariant& variant);
 
 // The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
