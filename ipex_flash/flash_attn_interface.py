@@ -150,10 +150,10 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
-    C.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
-                ops.view(lse),
-                *(ops.view(_bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
-                ops.queue_handle(q.device))
+    ops.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
+                  ops.view(lse),
+                  *(ops.view(_bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
+                  q.device)
     return dq, dk, dv
 
 

@@ -43,6 +43,9 @@ class KernelReport(gpu_grid.Selection):
     dpas: int = 0
     instructions: int = 0
     dpas_share: float = 0.0
+    loop_dpas: int = 0           # DPAS in the main loop (the longest loop holding DPAS)
+    loop_instructions: int = 0   # all instructions of that loop
+    loop_dpas_share: float = 0.0
     violations: list = field(default_factory=list)
 
 
@@ -134,9 +137,11 @@ def kernel_reports(programs: list, native: dict) -> list:
                 report.error = result.get("error", "kernel missing from the binary")
             else:
                 report.built = True
-                for name in ("simd", "grf", "slm", "spill", "private", "dpas", "instructions"):
+                for name in ("simd", "grf", "slm", "spill", "private", "dpas", "instructions",
+                             "loop_dpas", "loop_instructions"):
                     setattr(report, name, figures[name])
                 report.dpas_share = figures["dpas"] / max(figures["instructions"], 1)
+                report.loop_dpas_share = figures["loop_dpas"] / max(figures["loop_instructions"], 1)
             reports.append(report)
     return reports
 

@@ -1,7 +1,7 @@
 """The calls gpu-check plans for each GPU, and the kernel programs they select.
 
 The grid reaches every kernel: forward (vector, and matrix with its K/V pack where the GPU
-takes XMX tiles), backward (preprocess, dK/dV, dQ), decode (split and merge) and the dropout
+takes XMX tiles), backward (preprocess, dK/dV, dQ; matrix dK/dV and dQ with their packing), decode (split and merge) and the dropout
 mask, over float32/float16/bfloat16, head-dim buckets and the compile-time score features.
 Variants are chosen by the host module from the target's device-limits record, the same code
 that chooses for a real device (C.plan). The KV-cache append has no kernel of its own (it is a
@@ -67,7 +67,7 @@ def _calls(full: bool):
                     yield "forward", dtype, head_dim, features, 1, mode
                     for rows in DECODE_ROWS[size]:
                         yield "decode", dtype, head_dim, features, rows, mode
-                yield "backward", dtype, head_dim, features, 1, "auto"
+                    yield "backward", dtype, head_dim, features, 1, mode
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
 
 

@@ -53,17 +53,36 @@ def parse_ze_info(text: str) -> dict:
     return kernels
 
 
-def _asm_counts(asm: Path) -> tuple:
-    """(DPAS instructions, all instructions) of a disassembled kernel."""
-    dpas = instructions = 0
+_LABEL = re.compile(r"L(\d+):$")
+_BRANCH = re.compile(r"(\(\S+\)\s+)?(jmpi|goto|while|brc|brd)\b.*?\bL(\d+)\b")
+_DPAS = re.compile(r"(\(\S+\)\s+)?dpasw?\b")
+
+
+def _asm_counts(asm: Path) -> dict:
+    """DPAS and all instructions of a disassembled kernel, and of its main loop: the longest
+    loop (a branch back to an earlier label) holding DPAS, e.g. the matrix kernels' loop over
+    K/V or Q blocks. Its DPAS share says how much of the loop's issue the matrix engine gets;
+    the rest is softmax, loads, stores and barriers."""
+    labels, is_dpas, loops = {}, [], []
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
-        if not stripped or stripped.startswith("//") or re.match(r"L\d+:", stripped):
+        label = _LABEL.match(stripped)
+        if label:
+            labels[label.group(1)] = len(is_dpas)
             continue
-        instructions += 1
-        if re.match(r"(\(\S+\)\s+)?dpasw?\b", stripped):
-            dpas += 1
-    return dpas, instructions
+        if not stripped or stripped.startswith("//"):
+            continue
+        branch = _BRANCH.match(stripped)
+        if branch and branch.group(3) in labels:  # a label already seen: a backward branch
+            loops.append((labels[branch.group(3)], len(is_dpas) + 1))
+        is_dpas.append(bool(_DPAS.match(stripped)))
+    loop_dpas = loop_instructions = 0
+    for begin, end in loops:
+        dpas = sum(is_dpas[begin:end])
+        if dpas and end - begin > loop_instructions:
+            loop_dpas, loop_instructions = dpas, end - begin
+    return {"dpas": sum(is_dpas), "instructions": len(is_dpas), "loop_dpas": loop_dpas,
+            "loop_instructions": loop_instructions}
 
 
 def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
@@ -85,12 +104,12 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
         if name.startswith("Intel_Symbol_Table"):
             continue
         asm = dump / f".text.{name}.asm"
-        dpas, instructions = _asm_counts(asm) if asm.exists() else (0, 0)
+        counts = _asm_counts(asm) if asm.exists() else {
+            "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),
             "slm": int(env.get("slm_size", 0)), "spill": int(env.get("spill_size", 0)),
-            "private": int(env.get("private_size", 0)), "dpas": dpas,
-            "instructions": instructions}
+            "private": int(env.get("private_size", 0)), **counts}
     return {"kernels": kernels}
 
 
@@ -125,16 +144,18 @@ def print_table(reports: list) -> None:
     """One line per kernel and target; figures per work-item lane where IGC gives them per
     thread (spill and private sizes are per hardware thread of `simd` lanes)."""
     header = (f"{'target':6} {'kernel':44} {'mode':4} {'simd':>4} {'grf':>4} {'slm':>7} "
-              f"{'limit':>7} {'spill':>6} {'priv':>5} {'dpas':>5} {'insts':>6}  result")
+              f"{'limit':>7} {'spill':>6} {'priv':>5} {'dpas':>5} {'insts':>6} {'loop%':>5}  result")
     print(header)
     print("-" * len(header))
     for r in sorted(reports, key=lambda r: (r.target, r.family, r.dtype, r.head_dim, r.kernel)):
         status = "ok" if not r.violations else "FAIL: " + "; ".join(r.violations)
         if not r.violations and r.spill > 0:
             status = "ok (spill reported, not enforced: gpu_rules.py)"
+        # DPAS share of the main loop's instructions (gpu-check's "loop%"), for XMX kernels.
+        loop_share = f"{100 * r.loop_dpas_share:5.1f}" if r.loop_dpas else f"{'-':>5}"
         if not r.built:
             print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} not built: {r.error}")
             continue
         print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} {r.simd:4d} {r.grf:4d} "
               f"{r.slm:7d} {r.slm_limit:7d} {r.spill:6d} {r.private:5d} {r.dpas:5d} "
-              f"{r.instructions:6d}  {status}")
+              f"{r.instructions:6d} {loop_share}  {status}")

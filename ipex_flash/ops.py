@@ -74,6 +74,19 @@ def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
     C.flash_fwd(q, k, v, out, lse, view(scratch), options, queue)
 
 
+def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
+              grad_out: "C.TensorView", lse: "C.TensorView", dq: "C.TensorView",
+              dk: "C.TensorView", dv: "C.TensorView", delta: "C.TensorView",
+              options: "C.AttentionOptions", device: torch.device) -> None:
+    """C.flash_bwd on (B, H, N, D) views, with its scratch: the matrix-engine kernels read
+    K, K^T, V and the packed Q and dO tiles from copies (twice Q, dO and 1.5 times K, V in
+    size), allocated here through torch's allocator for the same reason as flash_fwd's."""
+    queue = queue_handle(device)
+    scratch = torch.empty(C.bwd_scratch_bytes(q, k, options, queue), dtype=torch.uint8,
+                          device=device)
+    C.flash_bwd(q, k, v, out, grad_out, lse, dq, dk, dv, delta, view(scratch), options, queue)
+
+
 def with_contiguous_last_dim(t: Tensor) -> Tensor:
     # The kernels read rows as contiguous vectors; other layouts pay one copy.
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
@@ -219,10 +232,10 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     lse = lse.contiguous()  # passed by address: must stay referenced through the launch
     dq, dk, dv = _gradients_like(q, k, v)
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    C.flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
-                view(lse), view(dq), view(dk), view(dv), view(delta),
-                sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, None, softcap),
-                queue_handle(q.device))
+    flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
+              view(lse), view(dq), view(dk), view(dv), view(delta),
+              sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, None, softcap),
+              q.device)
     return dq, dk, dv
 
 

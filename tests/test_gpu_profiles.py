@@ -61,15 +61,17 @@ def test_every_call_has_a_variant_that_fits(name):
 @pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_matrix_shape_per_gpu(name, dtype):
-    """Opt-in XMX (IPEX_FLASH_MATRIX=1) takes 8-row tiles with 16-deep steps where the GPU's
-    engine has the kernels' shape, and the vector kernels elsewhere; naming a tile height the
-    GPU does not take is an error that says so."""
-    forward = C.plan("forward", name, dtype, 128, 0, 1, "1")["variant"]
-    decode = C.plan("decode", name, dtype, 128, 0, 4, "1")["variant"]
+    """XMX, by default and under IPEX_FLASH_MATRIX=1, takes 8-row tiles with 16-deep steps
+    where the GPU's engine has the kernels' shape (forward, backward, decode), and the vector
+    kernels elsewhere; IPEX_FLASH_MATRIX=0 opts out; naming a tile height the GPU does not
+    take is an error that says so."""
     expected = (8, 16) if name in XMX_SHAPED else (0, 0)
-    assert (forward.matrix_m, forward.matrix_k) == expected
-    assert (decode.matrix_m, decode.matrix_k) == expected
-    assert C.plan("forward", name, dtype, 128, 0, 1, "auto")["variant"].matrix_m == 0
+    for mode in ["auto", "1"]:
+        for family, rows in [("forward", 1), ("backward", 1), ("decode", 4)]:
+            variant = C.plan(family, name, dtype, 128, 0, rows, mode)["variant"]
+            assert (variant.matrix_m, variant.matrix_k) == expected, (family, mode)
+    for family, rows in [("forward", 1), ("backward", 1), ("decode", 4)]:
+        assert C.plan(family, name, dtype, 128, 0, rows, "0")["variant"].matrix_m == 0
     with pytest.raises(RuntimeError, match="no matrix engine for " + dtype):
         C.plan("forward", name, dtype, 128, 0, 1, "16")
 
@@ -98,9 +100,10 @@ def _check_forward_backward(dtype, head_dim, causal):
                                         (torch.bfloat16, "1")])
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_gpu_variants_run_here(profile, name, dtype, mode, head_dim):
-    if mode == "1" and name in XMX_SHAPED and not C.device_info()["matrix_engine"]:
-        pytest.skip("the GPU's XMX variant needs a matrix engine to run here (AMX); "
-                    "gpu-check still compiles it for the GPU")
+    if dtype != torch.float32 and name in XMX_SHAPED and not C.device_info()["matrix_engine"]:
+        pytest.skip("the GPU's XMX variant (its default for 16-bit inputs) needs a matrix "
+                    "engine to run here (AMX); gpu-check still compiles it for the GPU, and "
+                    "test_matrix_*.py run the matrix kernels emulated")
     profile(name, mode)
     dtype_name = str(dtype).removeprefix("torch.")
     planned = C.plan("forward", name, dtype_name, head_dim, 0, 1, mode)["variant"]

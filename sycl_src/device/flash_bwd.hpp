@@ -13,9 +13,8 @@
 
 #include <sycl/sycl.hpp>
 
-#include <limits>
-
 #include "block_schedule.hpp"
+#include "bwd_score_grads.hpp"
 #include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "mask.hpp"
@@ -32,15 +31,6 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // Rows (or keys) per register chunk. Smaller than the forward's: two chunks (P and dP) are
 // live at once.
 constexpr int BWD_CHUNK = 8;
-
-// The forward's LSE in the exp2 domain; +inf for rows that must contribute nothing (padding
-// rows past the sequence, rows that saw no key), so that exp2(score - it) == 0.
-inline float lse_log2_or_inf(const float* lse, int64_t index, bool valid) {
-  if (!valid) return std::numeric_limits<float>::infinity();
-  const float value = lse[index];
-  return value == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity()
-                                                         : value * LOG2E;
-}
 
 template <typename T>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))

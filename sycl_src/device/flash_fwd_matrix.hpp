@@ -40,13 +40,6 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-constexpr int MATRIX_SUB_GROUP = 16;  // query rows per sub-group = accumulator columns
-constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
-
-// Accumulator tiles multiplied together (matrix_mad_strips) out of `tiles`: up to 4, which with
-// their shared B tile and an A tile fit AMX's 8 tile registers.
-constexpr int matrix_strips(int tiles) { return tiles % 4 == 0 ? 4 : tiles % 2 == 0 ? 2 : 1; }
-
 // The packed K/V copy: per (batch, K/V head) kv_blocks blocks, each K (BLOCK_N x HEAD_DIM)
 // followed by V^T (HEAD_DIM x BLOCK_N), in the input dtype.
 template <typename T, int HEAD_DIM, int BLOCK_N>

@@ -22,6 +22,14 @@ namespace ipex_flash {
 
 constexpr int MATRIX_N = 16;  // accumulator columns = sub-group size
 
+// The attention kernels' use of the tiles (flash_fwd_matrix.hpp, flash_bwd_matrix.hpp).
+constexpr int MATRIX_SUB_GROUP = 16;  // query rows per sub-group = accumulator columns
+constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
+
+// Accumulator tiles multiplied together (matrix_mad_strips) out of `tiles`: up to 4, which with
+// their shared B tile and an A tile fit AMX's 8 tile registers.
+constexpr int matrix_strips(int tiles) { return tiles % 4 == 0 ? 4 : tiles % 2 == 0 ? 2 : 1; }
+
 template <typename T>
 inline auto local_ptr(T* p) {
   return sycl::address_space_cast<sycl::access::address_space::local_space,

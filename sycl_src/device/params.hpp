@@ -169,6 +169,11 @@ struct BwdParams {
   BhndStrides dk_stride;
   BhndStrides dv_stride;
   AttentionCommon common;  // dropout: the forward's, so the same elements are dropped
+  // Matrix-engine kernels only (flash_bwd_matrix.hpp): K, K^T, V and the packed Q and dO
+  // tiles, written by the pack kernels (bwd_packed.hpp); blocks per (batch, head).
+  void* packed;
+  int32_t kv_blocks;
+  int32_t q_blocks;
 };
 
 // Decoding against a KV cache: a few query rows per sequence. One work-group per

@@ -120,11 +120,13 @@ PYBIND11_MODULE(_C, m) {
       [](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const TensorView& dout, const TensorView& lse, const TensorView& dq,
          const TensorView& dk, const TensorView& dv, const TensorView& delta,
-         const AttentionOptions& options, std::uintptr_t queue) {
-        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta}, options, queue);
+         const TensorView& scratch, const AttentionOptions& options, std::uintptr_t queue) {
+        flash_bwd(BwdTensors{q, k, v, out, dout, lse, dq, dk, dv, delta, scratch}, options,
+                  queue);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "delta"_a,
-      "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+      "scratch"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+  m.def("bwd_scratch_bytes", &bwd_scratch_bytes, "q"_a, "k"_a, "options"_a, "queue"_a);
   m.def("warmup_bwd", &warmup_bwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(

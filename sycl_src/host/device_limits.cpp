@@ -36,7 +36,8 @@ std::vector<MatrixShape> xmx_shapes(int n) {
 
 DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_device,
                          size_t local_kib, std::vector<int> sub_groups, int compute_units,
-                         std::vector<MatrixShape> matrix, bool large_grf) {
+                         std::vector<MatrixShape> matrix, bool large_grf,
+                         bool matrix_by_default) {
   DeviceLimits limits;
   limits.name = name;
   limits.ocloc_device = ocloc_device;
@@ -46,23 +47,24 @@ DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_devic
   limits.compute_units = compute_units;
   limits.matrix = std::move(matrix);
   limits.large_grf = large_grf;
+  limits.matrix_by_default = matrix_by_default;
   return limits;
 }
 
 const std::map<std::string, DeviceLimits>& profiles() {
   static const std::map<std::string, DeviceLimits> table = {
       // Data Center GPU Max 1100 (Xe-HPC): XMX with sub-group 16, 8x16x16 tiles.
-      {"pvc", gpu_profile("pvc", "pvc", 128, {16, 32}, 448, xmx_shapes(16), true)},
+      {"pvc", gpu_profile("pvc", "pvc", 128, {16, 32}, 448, xmx_shapes(16), true, true)},
       // Arc B580 / Pro B60 (Xe2-HPG).
-      {"bmg", gpu_profile("bmg", "bmg", 128, {16, 32}, 160, xmx_shapes(16), true)},
+      {"bmg", gpu_profile("bmg", "bmg", 128, {16, 32}, 160, xmx_shapes(16), true, true)},
       // Arc A770 / A380 (Xe-HPG): XMX only with sub-group 8, N = 8; 64 KiB of SLM.
-      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false)},
+      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false, false)},
       // Lunar Lake's Arc 140V (Xe2-LPG).
-      {"lnl", gpu_profile("lnl", "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true)},
+      {"lnl", gpu_profile("lnl", "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true, true)},
       // Meteor Lake's Arc (Xe-LPG): no XMX.
-      {"mtl", gpu_profile("mtl", "mtl-h", 64, {8, 16, 32}, 128, {}, false)},
+      {"mtl", gpu_profile("mtl", "mtl-h", 64, {8, 16, 32}, 128, {}, false, false)},
       // Arrow Lake-H's Arc 140T (Xe-LPG+): DPAS with DG2's shape.
-      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false)},
+      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false, false)},
   };
   return table;
 }
@@ -87,7 +89,10 @@ std::vector<MatrixShape> matrix_shapes_of(const sycl::device& device) {
   return shapes;
 }
 
-bool has_large_grf(const sycl::device& device) {
+// PVC, BMG, Lunar Lake (Xe-HPC, Xe2): they have the 256-register mode, and their XMX takes the
+// matrix kernels' shape (N = 16, sub-group 16), for which gpu-check's rules pass on every
+// matrix variant (compile-verified, not run: README, "Intel GPUs").
+bool is_xe_hpc_or_xe2(const sycl::device& device) {
   if (!device.is_gpu()) return false;
   try {
     const architecture arch = device.get_info<syclex::info::device::architecture>();
@@ -109,9 +114,9 @@ DeviceLimits limits_of(const sycl::device& device) {
     limits.sub_group_sizes.push_back(static_cast<int>(size));
   limits.compute_units = static_cast<int>(device.get_info<sycl::info::device::max_compute_units>());
   limits.matrix = matrix_shapes_of(device);
-  // Only the CPU device's matrix path (AMX) has run; on GPUs it is opt-in (IPEX_FLASH_MATRIX).
-  limits.matrix_by_default = limits.is_cpu && !limits.matrix.empty();
-  limits.large_grf = has_large_grf(device);
+  // On by default where it has run (the CPU device's AMX) or where gpu-check verifies it.
+  limits.matrix_by_default = !limits.matrix.empty() && (limits.is_cpu || is_xe_hpc_or_xe2(device));
+  limits.large_grf = is_xe_hpc_or_xe2(device);
   return limits;
 }
 

@@ -7,6 +7,7 @@
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "host/matrix_path.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -22,28 +23,80 @@ size_t bwd_slm_bytes(int head_dim, int block_m, int block_n) {
   return sizeof(float) * std::max(dq, dkdv);
 }
 
+size_t bwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
+  // dK/dV kernel: S^T and dP^T (kv, q) in float32, P^T and dS^T (kv, q) in the 16-bit dtype,
+  // the dK and dV accumulators (kv, d) in float32. dQ kernel: S^T, dP^T, dS^T packed and the
+  // dQ^T accumulator (d, q). Both: one float for any_visible, which IGC places in 32 bytes.
+  // Operands read from global memory (bwd_packed.hpp) take none.
+  const size_t d = head_dim, m = block_m, n = block_n;
+  const size_t dkdv = 4 * 2 * n * m + 2 * 2 * n * m + 4 * 2 * n * d;
+  const size_t dq = 4 * 2 * n * m + 2 * n * m + 4 * d * m;
+  return std::max(dkdv, dq) + 32;
+}
+
+// Blocks of the packed copies (bwd_packed.hpp) per (batch, head): key blocks and query blocks.
+int64_t key_blocks(const AttentionDims& dims, const KernelVariant& variant) {
+  return ceil_div(std::max(dims.len_k, 1), variant.block_n);
+}
+int64_t row_blocks(const AttentionDims& dims, const KernelVariant& variant) {
+  return ceil_div(std::max(dims.len_q, 1), variant.block_m);
+}
+
+// Bytes of the packed copies: K, K^T, V per key block; Q^T, dO^T, Q and dO row pairs per query
+// block, in the 16-bit input dtype. 0 for the vector kernels, which read the tensors in place.
+int64_t packed_bwd_bytes(const AttentionDims& dims, const KernelVariant& variant) {
+  if (variant.matrix_m == 0) return 0;
+  const int64_t element = 2, d = variant.head_dim;
+  const int64_t keys = static_cast<int64_t>(dims.batch) * dims.heads_kv() *
+                       key_blocks(dims, variant) * 3 * variant.block_n * d;
+  const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q *
+                       row_blocks(dims, variant) * 4 * variant.block_m * d;
+  return element * (keys + rows);
+}
+
 struct BwdKernels {
   sycl::kernel preprocess, dkdv, dq;
+  std::vector<sycl::kernel> pack;  // matrix kernels: the key and the row packing
 };
 
 BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
   const std::vector<sycl::kernel> kernels = get_kernels(queue, bwd_program(variant));
-  return BwdKernels{kernels[0], kernels[1], kernels[2]};
+  if (variant.matrix_m > 0) return BwdKernels{kernels[0], kernels[3], kernels[4], {kernels[1], kernels[2]}};
+  return BwdKernels{kernels[0], kernels[1], kernels[2], {}};
 }
 
 }  // namespace
 
 KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
-                          const DeviceLimits& limits) {
-  KernelVariant variant = choose_variant(dtype, head_dim, limits, bwd_slm_bytes);
+                          const DeviceLimits& limits, const std::string& mode) {
+  const MatrixTile tile = matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
+  KernelVariant variant = choose_variant(dtype, head_dim, limits,
+                                         tile.m > 0 ? bwd_matrix_slm_bytes : bwd_slm_bytes);
   variant.features = features;
+  variant.matrix_m = tile.m;
+  variant.matrix_emulated = tile.emulated;
+  // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
+  const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
+  variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
   return variant;
 }
 
 KernelProgram bwd_program(const KernelVariant& variant) {
+  const std::string type = device_type_name(variant.dtype);
+  const std::string preprocess = "ipex_flash::flash_bwd_preprocess_kernel<" + type + ">";
+  if (variant.matrix_m > 0) {
+    const std::string shape = "<" + type + ", " + std::to_string(variant.head_dim) + ", " +
+                              std::to_string(variant.block_m) + ", " +
+                              std::to_string(variant.block_n) + ">";
+    return {"flash_bwd_matrix.hpp",
+            {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + shape,
+             "ipex_flash::flash_bwd_pack_rows_kernel" + shape,
+             variant.instantiate("ipex_flash::flash_bwd_dkdv_matrix_kernel"),
+             variant.instantiate("ipex_flash::flash_bwd_dq_matrix_kernel")},
+            program_options(variant)};
+  }
   return {"flash_bwd.hpp",
-          {"ipex_flash::flash_bwd_preprocess_kernel<" + device_type_name(variant.dtype) + ">",
-           variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
+          {preprocess, variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
            variant.instantiate("ipex_flash::flash_bwd_dq_kernel")},
           program_options(variant)};
 }
@@ -58,7 +111,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   const AttentionDims& dims = c.dims;
   sycl::queue& queue = queue_from_handle(queue_handle);
   const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, features_of(options),
-                                            device_limits(queue.get_device()));
+                                            device_limits(queue.get_device()), matrix_mode());
   params.q = reinterpret_cast<const void*>(t.q.data);
   params.k = reinterpret_cast<const void*>(t.k.data);
   params.v = reinterpret_cast<const void*>(t.v.data);
@@ -87,6 +140,10 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   if (dims.batch == 0 || heads_kv == 0 || dims.len_k <= 0) return;
 
   const BwdKernels kernels = bwd_kernels(queue, variant);
+  const bool matrix = variant.matrix_m > 0;
+  // The matrix kernels give a work-item each query row of a block (flash_bwd_matrix.hpp); the
+  // vector dK/dV kernel each key.
+  const int dkdv_group = matrix ? variant.block_m : variant.block_n;
   sycl::event done;
   if (dims.len_q > 0) {
     const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q * dims.len_q;
@@ -94,10 +151,29 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
                   block_range(1, ceil_div(rows, kPreprocessGroup), kPreprocessGroup),
                   "flash_bwd_preprocess");
   }
+  if (matrix) {  // the packed copies, before the kernels that read them (the queue is in order)
+    const int64_t needed = packed_bwd_bytes(dims, variant);
+    const int64_t given = t.scratch.sizes.empty() ? 0 : t.scratch.size(0);
+    if (t.scratch.dtype != "uint8" || given < needed)
+      throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
+                                  std::to_string(needed) + " bytes (bwd_scratch_bytes), got " +
+                                  std::to_string(given) + " " + t.scratch.dtype);
+    params.packed = reinterpret_cast<void*>(t.scratch.data);
+    params.kv_blocks = static_cast<int32_t>(key_blocks(dims, variant));
+    params.q_blocks = static_cast<int32_t>(row_blocks(dims, variant));
+    submit_kernel(queue, kernels.pack[0], params,
+                  block_range(dims.batch * heads_kv, params.kv_blocks, variant.block_n),
+                  "flash_bwd_pack_keys");
+    if (dims.len_q > 0)
+      submit_kernel(queue, kernels.pack[1], params,
+                    block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, params.q_blocks,
+                                variant.block_m),
+                    "flash_bwd_pack_rows");
+  }
   // dK and dV run over every key even with no query rows (they are then zero).
   c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_k, variant.block_n));
   done = submit_kernel(queue, kernels.dkdv, params,
-                       block_range(dims.batch * heads_kv, c.num_blocks, variant.block_n),
+                       block_range(dims.batch * heads_kv, c.num_blocks, dkdv_group),
                        "flash_bwd_dkdv");
   if (dims.len_q > 0) {
     c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_q, variant.block_m));
@@ -110,9 +186,18 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   finish_launch(queue, queue_handle, done, "flash_bwd");
 }
 
+int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k,
+                          const AttentionOptions& options, std::uintptr_t queue_handle) {
+  const AttentionDims dims = make_dims(q, k, options);
+  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
+  return packed_bwd_bytes(dims, bwd_variant(q.dtype, dims.head_dim, features_of(options), limits,
+                                            matrix_mode()));
+}
+
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = bwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()));
+  const KernelVariant variant =
+      bwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()), matrix_mode());
   bwd_kernels(queue, variant);
   return variant;
 }

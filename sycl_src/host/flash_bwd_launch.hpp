@@ -10,9 +10,10 @@
 namespace ipex_flash {
 
 // Tensors of one backward call. q, out, dout, dq laid out like the forward's q; k, v, dk, dv
-// like its k; lse and delta (float32 scratch) like its lse.
+// like its k; lse and delta (float32 scratch) like its lse; scratch: uint8, at least
+// bwd_scratch_bytes (the matrix kernels' packed operands; may be empty for the vector ones).
 struct BwdTensors {
-  TensorView q, k, v, out, dout, lse, dq, dk, dv, delta;
+  TensorView q, k, v, out, dout, lse, dq, dk, dv, delta, scratch;
 };
 
 // dq, dk, dv of the forward with the same options (same dropout seed and offset). Paged KV
@@ -20,10 +21,16 @@ struct BwdTensors {
 void flash_bwd(const BwdTensors& tensors, const AttentionOptions& options,
                std::uintptr_t queue_handle);
 
-// The backward variant for a problem on a device with these limits, and the program holding
-// its kernels (preprocess, dK/dV, dQ).
+// Bytes of scratch flash_bwd needs for this problem on this queue's device (0 on the vector
+// kernels).
+int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k,
+                          const AttentionOptions& options, std::uintptr_t queue_handle);
+
+// The backward variant for a problem on a device with these limits under IPEX_FLASH_MATRIX
+// mode `mode` (matrix_path.hpp), and the program holding its kernels (preprocess, dK/dV, dQ;
+// the matrix variant adds its two packing kernels).
 KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
-                          const DeviceLimits& limits);
+                          const DeviceLimits& limits, const std::string& mode);
 KernelProgram bwd_program(const KernelVariant& variant);
 
 // Builds (or loads from the disk cache) the backward kernels for (dtype, head_dim).

@@ -49,7 +49,7 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     variant = fwd_variant(dtype, head_dim, features, limits, mode);
     program = fwd_program(variant);
   } else if (family == "backward") {
-    variant = bwd_variant(dtype, head_dim, features, limits);
+    variant = bwd_variant(dtype, head_dim, features, limits, mode);
     program = bwd_program(variant);
   } else if (family == "decode") {
     variant = decode_variant(dtype, head_dim, rows, features, limits, mode);

@@ -1,0 +1,147 @@
+"""The matrix-engine backward (flash_bwd_matrix.hpp: dK/dV and dQ on joint_matrix) through the
+backward suite's own checks, once per matrix mode:
+  emulated  IPEX_FLASH_MATRIX=emulate: the same kernels with the joint_matrix calls replaced by
+            sub-group arithmetic of the same tile semantics (matrix_tile.hpp); runs anywhere
+  16, 8     the real joint_matrix kernels with AMX's and XMX's tile heights; run where the
+            SYCL CPU device has a matrix engine (AMX)
+Each case first checks that the mode really selects the matrix backward for the call."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash._runtime import C
+
+import test_backward
+import test_dropout
+import test_flash_attn_api
+import test_sdpa
+from conftest import random_qkv
+
+HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
+needs_engine = pytest.mark.skipif(
+    not HAS_MATRIX_ENGINE,
+    reason="the SYCL CPU device of this machine has no matrix engine (AMX bf16 tiles); the "
+           "emulated mode runs these kernels here, and gpu-check builds them for Intel GPUs")
+MODES = [pytest.param("emulate", id="emulated"),
+         pytest.param("16", id="amx16", marks=needs_engine),
+         pytest.param("8", id="xmx8", marks=needs_engine)]
+# The engine tiles float16 only where it has FP16 tiles (not Sapphire Rapids' AMX): the real
+# modes run bfloat16, the emulated one both.
+DTYPES_OF = {"emulate": [torch.float16, torch.bfloat16], "16": [torch.bfloat16],
+             "8": [torch.bfloat16]}
+
+
+@pytest.fixture
+def matrix_backward(monkeypatch):
+    """Sets IPEX_FLASH_MATRIX and checks that the backward variant chosen for (dtype,
+    head_dim, features) under it is a matrix one."""
+    def use(mode, dtype, head_dim, features=0):
+        monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
+        name = str(dtype).removeprefix("torch.")
+        plan = C.plan("backward", "", name, head_dim, features, 1, mode)
+        assert plan["header"] == "flash_bwd_matrix.hpp", plan
+        assert plan["variant"].matrix_m > 0
+    return use
+
+
+def dtypes(mode):
+    return DTYPES_OF[mode]
+
+
+@pytest.mark.parametrize("len_q,len_k", test_backward.LENGTHS)
+@pytest.mark.parametrize("head_dim", test_backward.HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_match_reference(matrix_backward, mode, causal, head_dim, len_q, len_k):
+    for dtype in dtypes(mode):
+        matrix_backward(mode, dtype, head_dim)
+        test_backward.check_gradients(*random_qkv(2, 2, 2, len_q, len_k, head_dim, dtype),
+                                      causal, dtype)
+
+
+@pytest.mark.parametrize("heads_q,heads_kv", [(4, 2), (6, 1)])
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_query_heads(matrix_backward, mode, heads_q, heads_kv):
+    for dtype in dtypes(mode):
+        matrix_backward(mode, dtype, 64)
+        test_backward.check_gradients(*random_qkv(2, heads_q, heads_kv, 90, 70, 64, dtype),
+                                      True, dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_transposed_layout_and_scale(matrix_backward, mode):
+    for dtype in dtypes(mode):
+        matrix_backward(mode, dtype, 80)
+        test_backward.test_gradients_transposed_layout_and_scale(dtype)
+
+
+@pytest.mark.parametrize("causal,window,softcap,alibi", test_flash_attn_api.OPTIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, alibi):
+    features = (1 if softcap else 0) | (2 if alibi else 0)
+    matrix_backward(mode, torch.bfloat16, 64, features)
+    test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, causal, window, softcap,
+                                                       alibi)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_dropout_mask_applies(matrix_backward, mode, causal):
+    for dtype in dtypes(mode):
+        matrix_backward(mode, dtype, 64)
+        test_dropout.test_forward_and_backward_apply_the_reported_mask(dtype, causal)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float32"])
+@pytest.mark.parametrize("mode", MODES)
+def test_sdpa_masks(matrix_backward, mode, kind):
+    features = 4 if kind == "bool" else 8
+    matrix_backward(mode, torch.bfloat16, 64, features)
+    test_sdpa.test_masked_gradients(torch.bfloat16, kind, True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_varlen(matrix_backward, mode):
+    """Packed sequences of lengths 1 to 90 (test_flash_attn_api's varlen gradient check, in
+    bfloat16 here: the matrix kernels take 16-bit inputs only)."""
+    matrix_backward(mode, torch.bfloat16, 32)
+    lengths = [(5, 9), (1, 1), (40, 33), (70, 90)]
+    qs, ks, vs = zip(*[(torch.randn(nq, 4, 32, dtype=torch.bfloat16),
+                        torch.randn(nk, 2, 32, dtype=torch.bfloat16),
+                        torch.randn(nk, 2, 32, dtype=torch.bfloat16)) for nq, nk in lengths])
+    q, cu_q, max_q = test_flash_attn_api.pack(qs)
+    k, cu_k, max_k = test_flash_attn_api.pack(ks)
+    v, _, _ = test_flash_attn_api.pack(vs)
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
+    a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
+    ipex_flash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, max_q, max_k,
+                                      causal=True).backward(grad_out)
+    for i in range(len(lengths)):
+        rows_q = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        rows_k = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        a64, b64, c64 = (t.double()[None].requires_grad_() for t in (qs[i], ks[i], vs[i]))
+        test_flash_attn_api.flash_attn_reference(a64, b64, c64, causal=True)[0].backward(
+            grad_out[rows_q].double()[None])
+        for got, want in ((a.grad[rows_q], a64.grad[0]), (b.grad[rows_k], b64.grad[0]),
+                          (c.grad[rows_k], c64.grad[0])):
+            error = (got.double() - want).abs().max().item()
+            assert error <= 1e-2 * max(1.0, want.abs().max().item()), (i, error)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
+    """The matrix backward really ran: from the same forward output, P and dS rounded to
+    bfloat16 before their products give other low bits than the vector kernel's float32
+    products (both match the reference in the tests above)."""
+    q, k, v = random_qkv(1, 2, 2, 100, 100, 64, torch.bfloat16)
+    grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
+    out, lse = torch.ops.ipex_flash.attention_forward(q, k, v, True, None, 0.0, None)
+
+    def grads():
+        return torch.ops.ipex_flash.attention_backward(grad_out, q, k, v, out, lse, causal=True)
+
+    matrix_backward(mode, torch.bfloat16, 64)
+    matrix = grads()
+    monkeypatch.setenv("IPEX_FLASH_MATRIX", "0")
+    vector = grads()
+    assert any(not torch.equal(m, v) for m, v in zip(matrix, vector))
