@@ -17,13 +17,17 @@ BEGIN, END = "<!-- gpu-status:begin -->", "<!-- gpu-status:end -->"
 
 
 def xmx_state(kernels, limits):
-    """What IPEX_FLASH_MATRIX=1 gives this GPU, from the kernels it built."""
+    """What the XMX path gives this GPU, from the kernels it built: default or opt-in, how
+    many kernels hold DPAS, and the range of their main loops' DPAS share."""
     if not limits["matrix"]:
         return "no XMX: vector kernels"
     dpas = [k for k in kernels if k["matrix"] and k["dpas"] > 0]
     if not dpas:
-        return "XMX shape (N=8, sub-group 8) not taken: vector kernels"
-    return f"opt-in, compile-verified ({len(dpas)} kernels with DPAS), not run"
+        return "XMX shape not taken: vector kernels"
+    when = "default for 16-bit" if limits.get("matrix_by_default") else "opt-in"
+    shares = [100 * k.get("loop_dpas_share", 0.0) for k in dpas if k.get("loop_dpas")]
+    loop = f", main-loop DPAS share {min(shares):.1f}-{max(shares):.1f}%" if shares else ""
+    return f"{when}, compile-verified ({len(dpas)} kernels with DPAS{loop}), not run"
 
 
 def summarize(result):
@@ -60,7 +64,7 @@ def markdown(result):
         f"gpu-check ({grid}; {result['ocloc']}; {result['seconds']:.0f} s):",
         "",
         "| GPU (ocloc device) | kernels built | registers | max SLM / limit | spills at d=64/128 / "
-        "anywhere | with private memory | XMX path (IPEX_FLASH_MATRIX=1) | rules |",
+        "anywhere | with private memory | XMX path | rules |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summarize(result):
