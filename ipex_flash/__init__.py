@@ -10,9 +10,14 @@ from ipex_flash._runtime import C as _C  # noqa: F401  (sets up SYCL before anyt
 from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
 from ipex_flash.attention import attention
 from ipex_flash.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ipex_flash.flash_attn_packed import (
+    flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func)
 from ipex_flash.kvcache import flash_attn_with_kvcache
 from ipex_flash.sdpa import enable_sdpa_override, scaled_dot_product_attention, sdpa_override
 
-__all__ = ["attention", "enable_sdpa_override", "flash_attn_func", "flash_attn_varlen_func",
+__all__ = ["attention", "enable_sdpa_override", "flash_attn_func", "flash_attn_kvpacked_func",
+           "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "sdpa_override"]
 __version__ = "0.1.0"
