@@ -18,10 +18,11 @@ from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_attention_inputs, check_sinks, check_softcap, check_window)
 from ipex_flash._validation import softmax_scale as resolve_scale
+from ipex_flash.rotary import apply_rotary, check_rotary
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
-MIN_PAGE_SIZE, MAX_PAGE_SIZE = 16, 256
+PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 512
 
 
 def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
@@ -48,10 +49,6 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optio
                              f"{tuple(block_table.shape)}")
         if block_table.device != q.device:
             raise ValueError(f"{_FN}: block_table is on {block_table.device}, q on {q.device}")
-        page_size = k_cache.shape[1]
-        if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE:
-            raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a power of two in "
-                             f"[{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}], got {page_size}")
         if block_table.device.type != "meta" and block_table.numel() and (
                 int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
             raise ValueError(f"{_FN}: block_table entries must be page indices in "
@@ -117,7 +114,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                       block_table: Optional[Tensor], softmax_scale: Optional[float],
                       causal: bool, window_left: int, window_right: int, softcap: float,
                       alibi_slopes: Optional[Tensor],
-                      sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                      sinks: Optional[Tensor] = None,
+                      num_splits: int = 0) -> tuple[Tensor, Tensor]:
     _check_cache(q, k_cache, v_cache, block_table)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
@@ -145,37 +143,81 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         options.page_size = k_cache.shape[1]
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
-                    max_len_k)
+                    max_len_k, num_splits)
     return out, lse
 
 
 @kvcache_attention.register_fake
 def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
-                            window_left, window_right, softcap, alibi_slopes, sinks=None):
+                            window_left, window_right, softcap, alibi_slopes, sinks=None,
+                            num_splits=0):
     _check_cache(q, k_cache, v_cache, block_table)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     return _outputs(q)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
-                            cache_seqlens: Union[int, Tensor, None] = None, block_table=None,
+def _check_page_size(k_cache: Tensor) -> None:
+    page_size = k_cache.shape[1]
+    if page_size % PAGE_SIZE_STEP or not 0 < page_size <= MAX_PAGE_SIZE:
+        raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a multiple of "
+                         f"{PAGE_SIZE_STEP} up to {MAX_PAGE_SIZE}, got {page_size}")
+
+
+def _check_batch_idx(cache_batch_idx, batch: int, k_cache: Tensor, block_table) -> None:
+    if cache_batch_idx is None:
+        return
+    if block_table is not None:
+        raise ValueError(f"{_FN}: cache_batch_idx and block_table cannot be used together")
+    _check_seqlens(cache_batch_idx, batch, k_cache.device, "cache_batch_idx")
+    if cache_batch_idx.device.type != "meta" and batch and (
+            int(cache_batch_idx.min()) < 0 or int(cache_batch_idx.max()) >= k_cache.shape[0]):
+        raise ValueError(f"{_FN}: cache_batch_idx entries must index k_cache's batch, in "
+                         f"[0, {k_cache.shape[0]})")
+
+
+def _rotate_new_tokens(q, k, cos, sin, seqlens, interleaved, causal, window_size):
+    """q and the new k rotated as flash-attn does: k's token i at position cache_seqlens + i;
+    q's likewise when the mask is causal or local, else every q token at cache_seqlens."""
+    offsets = seqlens.long()[:, None]
+    k_positions = offsets + torch.arange(k.shape[1], device=k.device)
+    local = causal or tuple(window_size) != (-1, -1)
+    q_positions = (offsets + torch.arange(q.shape[1], device=q.device) if local
+                   else offsets.expand(-1, q.shape[1]))
+    return (apply_rotary(_FN, q, cos, sin, q_positions, interleaved),
+            apply_rotary(_FN, k, cos, sin, k_positions, interleaved))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens: Union[int, Tensor, None] = None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            alibi_slopes=None, return_softmax_lse=False, *, sinks=None):
-    """Attention of new query tokens against a KV cache, with flash-attn's semantics.
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, sinks=None):
+    """Attention of new query tokens against a KV cache, with flash-attn's semantics and
+    positional order (flash_attn_interface v2.8).
 
     Args:
         q: (batch, seqlen_q, nheads, headdim): the new tokens' queries.
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
-            a paged cache (num_blocks, page_size, nheads_k, headdim), page_size a power of two
-            in [16, 256]. Modified in place when k and v are given.
+            a paged cache (num_blocks, page_size, nheads_k, headdim), page_size a multiple of
+            16 up to 512. Modified in place when k and v are given.
         k, v: optional (batch, seqlen_new, nheads_k, headdim): appended to the cache at
             positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the
+            first rotary_dim features of the new k (token i at position cache_seqlens + i)
+            and of q (likewise when causal or local, else all at cache_seqlens); needs k, v.
         cache_seqlens: int or (batch,) int32: keys already in each sequence's cache (default:
             the whole cache).
+        cache_batch_idx: optional (batch,) int32: the cache row of each sequence (default
+            0 .. batch - 1); not with block_table.
+        cache_leftpad: not supported yet (must be None).
         block_table: optional (batch, max_blocks_per_seq) int32: the pages of each sequence.
         softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; masks
             are aligned to the bottom-right, i.e. new token i sits at position
             cache_seqlens[b] + i.
+        rotary_interleaved: rotate features (2i, 2i + 1) together (GPT-J) rather than i and
+            i + rotary_dim / 2 (GPT-NeoX).
+        num_splits: splits of each sequence's keys in the decode kernel; 0 chooses.
         return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
         sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
 
@@ -186,6 +228,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
     left, right = check_window(_FN, window_size)
     check_softcap(_FN, softcap)
     check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
+    if cache_leftpad is not None:
+        raise NotImplementedError(f"{_FN}: cache_leftpad is not supported yet")
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if block_table is not None:
+        _check_page_size(k_cache)
+    _check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
+    rotary_dim = check_rotary(_FN, rotary_cos, rotary_sin, q.shape[3], k is not None)
+    if cache_batch_idx is not None:
+        # Each sequence's cache row is one page of seqlen_cache keys: the paged path reads it.
+        block_table = cache_batch_idx.view(-1, 1)
     capacity = _capacity(k_cache, block_table)
     if cache_seqlens is None:
         cache_seqlens = capacity if k is None else 0
@@ -205,11 +258,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None,
             if t.dtype != k_cache.dtype:
                 raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's ({k_cache.dtype})")
         _check_fits(cache_seqlens, k.shape[1], capacity)
+        if rotary_dim:
+            q, k = _rotate_new_tokens(q, k, rotary_cos, rotary_sin, cache_seqlens,
+                                      rotary_interleaved, causal, window_size)
         torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
         seqlens_k = cache_seqlens + k.shape[1]
     else:
         _check_fits(cache_seqlens, 0, capacity)
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
-        float(softcap), alibi_slopes, sinks)
+        float(softcap), alibi_slopes, sinks, num_splits)
     return (out, lse) if return_softmax_lse else out

@@ -134,18 +134,20 @@ def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 options: "C.AttentionOptions", dropout_p: float,
-                max_len_k: Optional[int] = None) -> None:
+                max_len_k: Optional[int] = None, num_splits: int = 0) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
-    splits the keys across work-groups; everything else the general forward kernel. q, out
-    (B, Hq, Nq, D); k, v (B, Hkv, Nk, D), or a KV cache seen so (options.seqlens_k, maybe
-    pages), whose longest sequence max_len_k is (default Nk)."""
+    splits the keys across work-groups (num_splits of them, or as many as it chooses for 0);
+    everything else the general forward kernel. q, out (B, Hq, Nq, D); k, v (B, Hkv, Nk, D),
+    or a KV cache seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k
+    is (default Nk)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v):
         batch, heads_q, len_q, head_dim = q.shape
         heads_kv, device = k.shape[1], q.device
         queue = queue_handle(device)
-        splits = C.decode_num_splits(batch, heads_kv, len_q * (heads_q // heads_kv), head_dim,
-                                     k.shape[2] if max_len_k is None else max_len_k, queue)
+        splits = num_splits or C.decode_num_splits(
+            batch, heads_kv, len_q * (heads_q // heads_kv), head_dim,
+            k.shape[2] if max_len_k is None else max_len_k, queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
                                   device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,

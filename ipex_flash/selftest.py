@@ -158,7 +158,8 @@ def kvcache(lengths, heads_q, heads_kv, dim, page_size=None, *, dev, dtype) -> l
                                                  ((want_k, k_new), (want_v, v_new))):
         want[int(table[b, n // size]), n % size] = new[b, 0].cpu()
     out = ipex_flash.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k_new, v_new, torch.tensor(lengths, dtype=torch.int32, device=dev),
+        q, k_cache, v_cache, k_new, v_new,
+        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=dev),
         block_table=None if page_size is None else table.to(dev), causal=True)
     ref = torch.cat([flash_attn_reference(  # against keys and values 0..n of sequence b
         q[b:b + 1], *(t[table[b].long()].flatten(0, 1)[None, :n + 1] for t in (want_k, want_v)),

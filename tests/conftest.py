@@ -56,17 +56,19 @@ def make_cache(batch, capacity, heads_kv, head_dim, dtype):
 
 
 def to_paged(k_cache, v_cache, page_size):
-    """The same cache as pages in a shuffled pool, plus spare pages, and its block table."""
+    """The same cache as pages in a shuffled pool, plus spare pages, and its block table; a
+    page size that does not divide the capacity leaves the last page partly random."""
     batch, capacity, heads, dim = k_cache.shape
-    per_seq = capacity // page_size
+    per_seq = -(-capacity // page_size)
     pool = batch * per_seq + 3
     order = torch.randperm(pool)[: batch * per_seq].reshape(batch, per_seq).to(torch.int32)
     k_pages = torch.randn(pool, page_size, heads, dim, dtype=k_cache.dtype)
     v_pages = torch.randn(pool, page_size, heads, dim, dtype=v_cache.dtype)
     for b in range(batch):
         for p in range(per_seq):
-            k_pages[order[b, p]] = k_cache[b, p * page_size:(p + 1) * page_size]
-            v_pages[order[b, p]] = v_cache[b, p * page_size:(p + 1) * page_size]
+            rows = slice(p * page_size, min((p + 1) * page_size, capacity))
+            k_pages[order[b, p], :rows.stop - rows.start] = k_cache[b, rows]
+            v_pages[order[b, p], :rows.stop - rows.start] = v_cache[b, rows]
     return k_pages, v_pages, order
 
 

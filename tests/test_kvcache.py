@@ -76,7 +76,7 @@ def test_append_then_attend(causal, window, softcap, alibi, new_tokens):
                                 alibi_slopes=None if slopes is None else slopes[b])
 
 
-@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("page_size", [16, 48, 64, 256, 272, 512])
 @pytest.mark.parametrize("new_tokens", [1, 2, 33])
 def test_paged_cache_matches_contiguous(page_size, new_tokens):
     batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 64, 512
@@ -141,10 +141,12 @@ def test_bad_arguments(build, error, message):
 
 def test_bad_paging():
     q = torch.randn(2, 1, 4, 32)
-    pages = torch.randn(8, 24, 2, 32)
     table = torch.zeros(2, 2, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"page size \(k_cache.shape\[1\]\) must be a power of two in \[16, 256\], got 24"):
-        ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table)
+    for size in (24, 528):
+        pages = torch.randn(8, size, 2, 32)
+        with pytest.raises(ValueError, match=r"page size \(k_cache.shape\[1\]\) must be a "
+                                             rf"multiple of 16 up to 512, got {size}"):
+            ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table)
     pages = torch.randn(8, 16, 2, 32)
     with pytest.raises(ValueError, match=r"block_table entries must be page indices in \[0, 8\)"):
         ipex_flash.flash_attn_with_kvcache(q, pages, pages, block_table=table + 8)

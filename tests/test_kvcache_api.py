@@ -1,0 +1,151 @@
+"""flash_attn_with_kvcache's flash-attn arguments beyond the cache itself: positional order,
+rotary embedding of q and the new k, cache_batch_idx and num_splits, each against a float64
+reference built from the documented semantics."""
+import math
+
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.reference import flash_attn_reference
+
+from conftest import OUTPUT_TOLERANCE, make_cache
+
+
+def rotate64(x, angles, interleaved):
+    """x (..., D) in float64 with its first 2 * angles.shape[-1] features rotated by `angles`
+    (broadcast against x's leading dims), written with complex numbers."""
+    half = angles.shape[-1]
+    rot = x[..., :2 * half].double()
+    if interleaved:
+        pairs = torch.complex(rot[..., 0::2], rot[..., 1::2])
+    else:
+        pairs = torch.complex(rot[..., :half], rot[..., half:])
+    turned = pairs * torch.polar(torch.ones_like(angles), angles)
+    if interleaved:
+        out = torch.stack((turned.real, turned.imag), dim=-1).flatten(-2)
+    else:
+        out = torch.cat((turned.real, turned.imag), dim=-1)
+    return torch.cat((out, x[..., 2 * half:].double()), dim=-1)
+
+
+def expected(q, k_cache, v_cache, k_new, v_new, seqlens, rows, causal, angles=None,
+             interleaved=True, window=(-1, -1)):
+    """Per sequence b: the cache row rows[b] after the append (k rotated at positions
+    seqlens[b] + i), attended by q (rotated likewise when causal or local, else at
+    seqlens[b]) over its first seqlens[b] + new keys."""
+    outs = []
+    new = k_new.shape[1]
+    local = causal or window != (-1, -1)
+    for b, (start, row) in enumerate(zip(seqlens.tolist(), rows)):
+        k = k_cache[row].double().clone()
+        v = v_cache[row].double().clone()
+        kb, qb = k_new[b].double(), q[b].double()
+        if angles is not None:
+            positions = torch.arange(start, start + new)
+            kb = rotate64(kb, angles[positions][:, None, :], interleaved)
+            q_positions = (torch.arange(start, start + q.shape[1]) if local
+                           else torch.full((q.shape[1],), start))
+            qb = rotate64(qb, angles[q_positions][:, None, :], interleaved)
+        k[start:start + new], v[start:start + new] = kb, v_new[b].double()
+        out, _ = flash_attn_reference(qb[None], k[None, :start + new], v[None, :start + new],
+                                      causal, window)
+        outs.append(out[0])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (False, (50, 0))])
+@pytest.mark.parametrize("rotary_dim,new", [(64, 1), (32, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary(dtype, rotary_dim, new, causal, window, interleaved):
+    batch, heads_q, heads_kv, head_dim, capacity = 2, 8, 2, 64, 200
+    k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, dtype)
+    before = k_cache.clone()
+    q = torch.randn(batch, new, heads_q, head_dim, dtype=dtype)
+    k_new, v_new = (torch.randn(batch, new, heads_kv, head_dim, dtype=dtype) for _ in range(2))
+    seqlens = torch.tensor([7, 150], dtype=torch.int32)
+    angles = torch.rand(capacity, rotary_dim // 2, dtype=torch.float64) * 2 * math.pi
+    out = ipex_flash.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, angles.cos().float(), angles.sin().float(), seqlens,
+        causal=causal, window_size=window, rotary_interleaved=interleaved)
+    want = expected(q, before, v_cache, k_new, v_new, seqlens, [0, 1], causal, angles,
+                    interleaved, window)
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), want, rtol=rtol, atol=atol)
+    for b, start in enumerate(seqlens.tolist()):  # the cache holds the rotated keys
+        rotated = rotate64(k_new[b], angles[start:start + new][:, None, :], interleaved)
+        torch.testing.assert_close(k_cache[b, start:start + new].double(), rotated,
+                                   rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cache_batch_idx(dtype):
+    """Sequence b reads and appends to cache row cache_batch_idx[b]; other rows are untouched.
+    A cache length that is no multiple of 16 is fine."""
+    k_cache, v_cache = make_cache(5, 300, 2, 64, dtype)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    q = torch.randn(3, 1, 4, 64, dtype=dtype)
+    k_new, v_new = (torch.randn(3, 1, 2, 64, dtype=dtype) for _ in range(2))
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32)
+    seqlens = torch.tensor([299, 10, 123], dtype=torch.int32)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                             cache_seqlens=seqlens, cache_batch_idx=rows,
+                                             causal=True)
+    want = expected(q, before_k, before_v, k_new, v_new, seqlens, rows.tolist(), True)
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), want, rtol=rtol, atol=atol)
+    for untouched in (1, 3):
+        assert torch.equal(k_cache[untouched], before_k[untouched])
+        assert torch.equal(v_cache[untouched], before_v[untouched])
+    assert torch.equal(k_cache[4, 299], k_new[0, 0]) and torch.equal(k_cache[0, 10], k_new[1, 0])
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 3, 7])
+def test_num_splits(num_splits):
+    k_cache, v_cache = make_cache(2, 1000, 2, 64, torch.float32)
+    q = torch.randn(2, 1, 8, 64)
+    seqlens = torch.tensor([1000, 37], dtype=torch.int32)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                             num_splits=num_splits)
+    for b, n in enumerate(seqlens.tolist()):
+        want, _ = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
+        torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_positional_order_is_flash_attns():
+    """(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    cache_leftpad, block_table, softmax_scale, causal, ...) as in flash-attn 2.8."""
+    k_cache, v_cache = make_cache(2, 64, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    seqlens = torch.tensor([20, 64], dtype=torch.int32)
+    rows = torch.tensor([1, 0], dtype=torch.int32)
+    by_position = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, None, None, None, None,
+                                                     seqlens, rows, None, None, 0.3, True)
+    by_name = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                 cache_batch_idx=rows, softmax_scale=0.3,
+                                                 causal=True)
+    assert torch.equal(by_position, by_name)
+    want = torch.cat([flash_attn_reference(q[b:b + 1], k_cache[r:r + 1, :n], v_cache[r:r + 1, :n],
+                                           True, scale=0.3)[0]
+                      for b, (r, n) in enumerate(zip(rows.tolist(), seqlens.tolist()))])
+    torch.testing.assert_close(by_name.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build,error,message", [
+    (lambda t: dict(rotary_cos=t), ValueError, "rotary_cos and rotary_sin must be given together"),
+    (lambda t: dict(rotary_cos=t, rotary_sin=t), ValueError, "k and v must be given"),
+    (lambda t: dict(rotary_cos=torch.ones(8, 40), rotary_sin=torch.ones(8, 40)), ValueError,
+     r"rotary_dim \(2 \* rotary_cos.shape\[1\] = 80\) must be in"),
+    (lambda t: dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
+     r"cache_batch_idx entries must index k_cache's batch, in \[0, 2\)"),
+    (lambda t: dict(cache_batch_idx=torch.tensor([0, 1])), TypeError, "cache_batch_idx must be"),
+    (lambda t: dict(cache_leftpad=torch.zeros(2, dtype=torch.int32)), NotImplementedError,
+     "cache_leftpad is not supported yet"),
+    (lambda t: dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+])
+def test_bad_arguments(build, error, message):
+    k_cache, v_cache = make_cache(2, 64, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    with pytest.raises(error, match=message):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, **build(torch.ones(64, 8)))
