@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ipex_flash import ops, score_grads
+from ipex_flash.attn_probs import attn_probs
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
@@ -241,7 +242,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         alibi_slopes: (nheads,) or (batch, nheads) float32: adds -slope * |i + seqlen_k -
             seqlen_q - j| to the score of query i and key j.
         deterministic: accepted for compatibility; the backward is always deterministic.
-        return_attn_probs: also return the log-sum-exp and the dropout keep-mask (for tests).
+        return_attn_probs: also return the log-sum-exp and, with dropout, S_dmask: the
+            softmax probabilities with dropped entries negative, as flash-attn (for tests and
+            small shapes; None without dropout, as flash-attn).
         sinks: optional (nheads,) attention-sink logits (GPT-OSS): each joins its head's
             softmax denominators and contributes no value.
 
@@ -251,8 +254,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     Returns:
         out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
-        (batch, nheads, seqlen_q) float32, keep-mask (batch, nheads, seqlen_q, seqlen_k) uint8
-        or None without dropout).
+        (batch, nheads, seqlen_q) float32, S_dmask (batch, nheads, seqlen_q, seqlen_k)
+        float32 or None without dropout).
     """
     fn = "ipex_flash.flash_attn_func"
     check_dropout_p(fn, dropout_p)
@@ -263,11 +266,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         alibi_slopes, float(dropout_p), seed, sinks)
     if not return_attn_probs:
         return out
-    keep = None
-    if seed is not None:
-        keep = torch.ops.ipex_flash.dropout_mask(
-            seed, [q.shape[0], q.shape[2], q.shape[1], k.shape[1]], float(dropout_p))
-    return out, lse, keep
+    probs = None if seed is None else attn_probs(
+        fn, q, k, lse, softmax_scale, causal, left, right, float(softcap), alibi_slopes,
+        dropout_p, seed)
+    return out, lse, probs
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -279,14 +281,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
     and max_seqlen_k bound the lengths. Masks and ALiBi are per sequence. Returns out
     (total_q, nheads, headdim), and with return_attn_probs (out, softmax_lse (nheads,
-    total_q)) — no keep-mask for packed sequences. sinks: as flash_attn_func."""
+    total_q), S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k), zero-padded, or None
+    without dropout). sinks: as flash_attn_func."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
     left, right = check_window(fn, window_size)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required")
+    seed = _seed(q, dropout_p)
     out, lse = torch.ops.ipex_flash.flash_attn_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
         softmax_scale, causal, left, right, float(softcap), alibi_slopes, float(dropout_p),
-        _seed(q, dropout_p), sinks)
-    return (out, lse) if return_attn_probs else out
+        seed, sinks)
+    if not return_attn_probs:
+        return out
+    probs = None if seed is None else attn_probs(
+        fn, q, k, lse, softmax_scale, causal, left, right, float(softcap), alibi_slopes,
+        dropout_p, seed, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    return out, lse, probs

@@ -124,14 +124,15 @@ def backward(shape, causal, *, dev, dtype) -> list:
 
 def flash_with_grads(dropout_p=0.0, alibi=False, *, dev, dtype, **options) -> list:
     """flash_attn_func's output and gradients against the reference given the keep-mask it
-    reports (torch.ops.ipex_flash.dropout_mask's), at the dtype's tolerance."""
+    reports (the sign of S_dmask), at the dtype's tolerance."""
     q, k, v = qkv(dev, dtype, 2, 4, 2, 45, 70, 64, bnhd=True)
     if alibi:
         options["alibi_slopes"] = torch.rand(4, device=dev) * 0.3
     grad_out = torch.randn_like(q)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out, _, keep = ipex_flash.flash_attn_func(*leaves, dropout_p=dropout_p,
-                                              return_attn_probs=True, **options)
+    out, _, probs = ipex_flash.flash_attn_func(*leaves, dropout_p=dropout_p,
+                                               return_attn_probs=True, **options)
+    keep = None if probs is None else probs >= 0  # S_dmask: dropped entries negative
     out.backward(grad_out)
     ref, want = gradients(lambda a, b, c: flash_attn_reference(
         a, b, c, keep=keep, dropout_p=dropout_p, **options)[0], cpu64(q, k, v), cpu64(grad_out)[0])

@@ -97,10 +97,10 @@ def test_varlen_matches_per_sequence_reference(dtype, causal, window, softcap, a
     k, cu_k, max_k = pack(ks)
     v, _, _ = pack(vs)
     slopes = torch.rand(len(lengths), 4) * 0.3 if alibi else None
-    out, lse = ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
-                                                 window_size=window, softcap=softcap,
-                                                 alibi_slopes=slopes, return_attn_probs=True)
-    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    out, lse, probs = ipex_flash.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=window, softcap=softcap,
+        alibi_slopes=slopes, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0]) and probs is None
     for i, (nq, nk) in enumerate(lengths):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
         if nk == 0:  # no keys at all: zeros, LSE -inf
@@ -133,14 +133,58 @@ def test_varlen_gradients_match_per_sequence():
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_dropout_and_keep_mask():
+def probabilities64(q, k, causal, window=(-1, -1), softcap=0.0, slopes=None):
+    """The reference's softmax probabilities (B, H, Nq, Nk): d out / d v's row weights, read
+    off the float64 reference with an identity V."""
+    n_k, heads_kv = k.shape[1], k.shape[2]
+    eye = torch.eye(n_k, dtype=torch.float64)[None, :, None, :].expand(k.shape[0], n_k,
+                                                                       heads_kv, n_k)
+    weights, _ = flash_attn_reference(q, k, eye, causal, window, softcap, slopes)
+    return weights.transpose(1, 2)  # (B, Nq, H, Nk) -> (B, H, Nq, Nk)
+
+
+@pytest.mark.parametrize("causal,window,softcap,alibi", [OPTIONS[1], OPTIONS[2], OPTIONS[-1]])
+def test_dropout_and_attn_probs(causal, window, softcap, alibi):
+    """S_dmask: the softmax probabilities, negative where dropout dropped the entry; the
+    output is the reference's under that keep-mask."""
     p = 0.25
     q, k, v = random_bnhd(2, 33, 45, 4, 2, 32, torch.float32)
-    out, lse, keep = ipex_flash.flash_attn_func(q, k, v, dropout_p=p, causal=True,
-                                                return_attn_probs=True)
-    assert keep.shape == (2, 4, 33, 45)
-    ref_out, _ = flash_attn_reference(q, k, v, causal=True, keep=keep, dropout_p=p)
+    slopes = torch.rand(4) * 0.3 if alibi else None
+    out, lse, probs = ipex_flash.flash_attn_func(q, k, v, dropout_p=p, causal=causal,
+                                                 window_size=window, softcap=softcap,
+                                                 alibi_slopes=slopes, return_attn_probs=True)
+    assert probs.shape == (2, 4, 33, 45) and probs.dtype == torch.float32
+    keep = probs >= 0
+    assert 0.6 < keep.double().mean().item() < 0.9
+    torch.testing.assert_close(probs.abs().double(),
+                               probabilities64(q, k, causal, window, softcap, slopes),
+                               rtol=1e-5, atol=1e-6)
+    ref_out, _ = flash_attn_reference(q, k, v, causal, window, softcap, slopes, keep=keep,
+                                      dropout_p=p)
     torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_attn_probs_padded_per_sequence():
+    p = 0.3
+    lengths = [(5, 9), (40, 33), (1, 1)]
+    qs, ks, vs = zip(*[(torch.randn(nq, 4, 32), torch.randn(nk, 2, 32), torch.randn(nk, 2, 32))
+                       for nq, nk in lengths])
+    q, cu_q, max_q = pack(qs)
+    k, cu_k, max_k = pack(ks)
+    v, _, _ = pack(vs)
+    out, lse, probs = ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, p,
+                                                        causal=True, return_attn_probs=True)
+    assert probs.shape == (3, 4, max_q, max_k)
+    for i, (nq, nk) in enumerate(lengths):
+        got = probs[i, :, :nq, :nk]
+        torch.testing.assert_close(got.abs().double(),
+                                   probabilities64(qs[i][None], ks[i][None], True)[0],
+                                   rtol=1e-5, atol=1e-6)
+        assert not probs[i, :, nq:].any() and not probs[i, :, :, nk:].any()
+        ref_out, _ = flash_attn_reference(qs[i][None], ks[i][None], vs[i][None], True,
+                                          keep=got[None] >= 0, dropout_p=p)
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        torch.testing.assert_close(out[rows][None].double(), ref_out, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
