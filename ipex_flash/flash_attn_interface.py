@@ -16,6 +16,7 @@ import torch
 
 from ipex_flash import ops, score_grads
 from ipex_flash.attn_probs import attn_probs
+from ipex_flash.paged_varlen import paged_varlen_func
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
@@ -275,19 +276,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, *, sinks=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None, sinks=None):
     """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
     (total_k, nheads_k, headdim); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q
     and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
     and max_seqlen_k bound the lengths. Masks and ALiBi are per sequence. Returns out
     (total_q, nheads, headdim), and with return_attn_probs (out, softmax_lse (nheads,
     total_q), S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k), zero-padded, or None
-    without dropout). sinks: as flash_attn_func."""
+    without dropout). sinks: as flash_attn_func.
+
+    With block_table (batch, max_blocks) int32, k and v are a paged KV cache (num_blocks,
+    page_size, nheads_k, headdim) and sequence b's keys are its first seqused_k[b] (or
+    cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call, prefills and
+    decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
     left, right = check_window(fn, window_size)
+    if block_table is not None:
+        return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 dropout_p, softmax_scale, causal, left, right, softcap,
+                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks)
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required")
+    if seqused_k is not None:
+        raise ValueError(f"{fn}: seqused_k is taken with a paged KV cache (block_table)")
     seed = _seed(q, dropout_p)
     out, lse = torch.ops.ipex_flash.flash_attn_forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),

@@ -1,0 +1,167 @@
+"""The serving call: flash_attn_varlen_func over a paged KV cache (block_table), the call
+vLLM's and SGLang's attention backends make each step, with prefills, chunked prefills and
+single-token decodes mixed in one batch.
+
+One op, ipex_flash::paged_varlen_attention. Sequences with one new token (when the GQA group
+fits the decode kernel) run the split-KV decode kernel, gathered into a dense batch; the rest
+run the general kernel over packed queries and the paged cache, in which the decode sequences
+are given no keys (so they cost one empty work-group per head) and whose rows are then
+overwritten by the decode results. Masks are aligned bottom-right per sequence (new token i of
+a sequence with L keys sits at position L - len_q + i)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ipex_flash import ops
+from ipex_flash._runtime import C
+from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
+from ipex_flash._validation import softmax_scale as resolve_scale
+from ipex_flash.kvcache import _check_page_size
+
+Tensor = torch.Tensor
+_FN = "ipex_flash.flash_attn_varlen_func"
+
+
+def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+           max_seqlen_k, alibi_slopes, sinks) -> int:
+    if not isinstance(q, Tensor) or q.dim() != 3:
+        raise ValueError(f"{_FN}: with block_table, q must be (total_q, nheads, headdim)")
+    for name, t in (("k", k_cache), ("v", v_cache)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            raise ValueError(f"{_FN}: with block_table, {name} must be a paged cache "
+                             "(num_blocks, page_size, nheads_k, headdim)")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"{_FN}: v must have k's shape {tuple(k_cache.shape)}")
+    _check_page_size(k_cache)
+    batch = check_cu_seqlens(_FN, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    for name, t, shape in (("block_table", block_table, (batch, -1)),
+                           ("seqused_k", seqused_k, (batch,))):
+        if not isinstance(t, Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"{_FN}: {name} must be an int32 tensor")
+        if t.dim() != len(shape) or t.shape[0] != batch or t.device != q.device:
+            raise ValueError(f"{_FN}: {name} must have shape {shape} (-1: any) on {q.device}, "
+                             f"got {tuple(t.shape)} on {t.device}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{_FN}: {name} must be an int >= 0, got {value!r}")
+    if q.device.type != "meta" and batch:
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        if int(seqused_k.min()) < 0 or int(seqused_k.max()) > min(capacity, max_seqlen_k):
+            raise ValueError(f"{_FN}: keys per sequence must be in [0, min(max_seqlen_k, "
+                             f"block_table pages * page_size) = {min(capacity, max_seqlen_k)}]")
+        if int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) > max_seqlen_q:
+            raise ValueError(f"{_FN}: a sequence of q has more than max_seqlen_q={max_seqlen_q} "
+                             "tokens")
+        if block_table.numel() and (int(block_table.min()) < 0 or
+                                    int(block_table.max()) >= k_cache.shape[0]):
+            raise ValueError(f"{_FN}: block_table entries must be page indices in "
+                             f"[0, {k_cache.shape[0]})")
+    q_bhnd = q.unsqueeze(0).transpose(1, 2)
+    check_attention_inputs(_FN, q_bhnd, *(t[:1].transpose(1, 2) for t in (k_cache, v_cache)),
+                           None)
+    check_alibi(_FN, alibi_slopes, batch, q.shape[1], q.device)
+    check_sinks(_FN, sinks, q_bhnd)
+    return batch
+
+
+def _options(scale, causal, left, right, softcap, alibi, sinks, seqlens_k, max_seqlen_k,
+             block_table, page_size):
+    options = C.AttentionOptions()
+    options.scale = scale
+    options.mask = C.MaskParams(window_left=left, window_right=0 if causal else right,
+                                bottom_right=True)
+    options.softcap = softcap
+    if alibi is not None:
+        options.alibi_slopes = ops.view(alibi)
+    if sinks is not None:
+        options.sinks = ops.view(sinks)
+    options.seqlens_k = ops.view(seqlens_k)
+    options.max_seqlen_k = max_seqlen_k
+    options.block_table = ops.view(block_table)
+    options.page_size = page_size
+    return options
+
+
+@torch.library.custom_op("ipex_flash::paged_varlen_attention", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
+                           seqused_k: Tensor, block_table: Tensor, max_seqlen_q: int,
+                           max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
+                           window_left: int, window_right: int, softcap: float,
+                           alibi_slopes: Optional[Tensor],
+                           sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    batch = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                   max_seqlen_k, alibi_slopes, sinks)
+    q = ops.with_contiguous_last_dim(q)
+    cu_seqlens_q, seqused_k, block_table, alibi_slopes = (
+        None if t is None else t.contiguous()
+        for t in (cu_seqlens_q, seqused_k, block_table, alibi_slopes))
+    sinks = ops.float_sinks(sinks)
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if batch == 0 or q.shape[0] == 0:
+        return out, lse
+    scale = resolve_scale(softmax_scale, q.shape[-1])
+    page_size = k_cache.shape[1]
+    cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
+    group = q.shape[1] // k_cache.shape[2]
+    decode = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1) & (seqused_k > 0)
+    if group > C.MAX_DECODE_ROWS or not bool(decode.any()):
+        decode = torch.zeros_like(decode)
+    general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
+    options = _options(scale, causal, window_left, window_right, softcap, alibi_slopes, sinks,
+                       general_keys, max_seqlen_k, block_table, page_size)
+    options.cu_seqlens_q = ops.view(cu_seqlens_q)
+    options.max_seqlen_q = max_seqlen_q
+    if not bool(decode.all()):
+        ops.flash_fwd(*(ops.view(t) for t in (q.unsqueeze(0).transpose(1, 2), *cache,
+                                              out.unsqueeze(0).transpose(1, 2), lse)),
+                      options, q.device)
+    if bool(decode.any()):  # one-token sequences: the split-KV decode kernel
+        index = decode.nonzero().flatten()
+        rows = cu_seqlens_q[:-1][index].long()
+        keys, table = seqused_k[index].contiguous(), block_table[index].contiguous()
+        slopes = alibi_slopes[index].contiguous() if alibi_slopes is not None and \
+            alibi_slopes.dim() == 2 else alibi_slopes
+        q_dec = q[rows].unsqueeze(1)  # (B_dec, 1, H, D)
+        out_dec = torch.empty_like(q_dec)
+        lse_dec = torch.empty((q_dec.shape[0], q.shape[1], 1), dtype=torch.float32,
+                              device=q.device)
+        dec_options = _options(scale, causal, window_left, window_right, softcap, slopes, sinks,
+                               keys, max_seqlen_k, table, page_size)
+        ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
+                        lse_dec, dec_options, 0.0, max_seqlen_k)
+        out[rows] = out_dec[:, 0]
+        lse[:, rows] = lse_dec[:, :, 0].transpose(0, 1)
+    return out, lse
+
+
+@paged_varlen_attention.register_fake
+def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
+                                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                 window_right, softcap, alibi_slopes, sinks=None):
+    _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+           max_seqlen_k, alibi_slopes, sinks)
+    return (torch.empty_like(q),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                      max_seqlen_k, dropout_p, softmax_scale, causal, left, right, softcap,
+                      alibi_slopes, return_attn_probs, block_table, seqused_k, sinks):
+    """flash_attn_varlen_func with a block_table: keys per sequence from seqused_k, or from
+    cu_seqlens_k's differences when seqused_k is None."""
+    if dropout_p != 0.0:
+        raise ValueError(f"{_FN}: dropout is not supported with a paged KV cache (block_table)")
+    if seqused_k is None:
+        if cu_seqlens_k is None:
+            raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
+        check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    out, lse = torch.ops.ipex_flash.paged_varlen_attention(
+        q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
+        int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
+        sinks)
+    return (out, lse, None) if return_attn_probs else out

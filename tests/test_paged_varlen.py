@@ -1,0 +1,109 @@
+"""The serving call: flash_attn_varlen_func over a paged KV cache with prefills, chunked
+prefills and one-token decodes mixed in one batch, each sequence against the float64
+reference of its own keys."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.reference import flash_attn_reference, sdpa_reference
+
+from conftest import OUTPUT_TOLERANCE
+
+# (new tokens, keys in the cache including them): decodes, a prefill, a chunked prefill, a
+# few-token step, a sequence with a single key.
+MIXED = [(1, 300), (1, 17), (70, 70), (40, 333), (1, 1), (3, 40), (1, 129)]
+
+
+def paged_batch(lengths, heads_q, heads_kv, head_dim, page_size, dtype):
+    """Packed queries, a shuffled page pool holding every sequence's keys, its block table,
+    cu_seqlens_q, seqused_k, and the per-sequence tensors for the reference."""
+    pages_per_seq = [-(-n_k // page_size) for _, n_k in lengths]
+    width = max(pages_per_seq)
+    pool = sum(pages_per_seq) + 3
+    order = torch.randperm(pool).to(torch.int32)
+    k_pages = torch.randn(pool, page_size, heads_kv, head_dim, dtype=dtype)
+    v_pages = torch.randn(pool, page_size, heads_kv, head_dim, dtype=dtype)
+    table = torch.zeros(len(lengths), width, dtype=torch.int32)
+    used = 0
+    seqs = []
+    for b, ((n_q, n_k), count) in enumerate(zip(lengths, pages_per_seq)):
+        table[b, :count] = order[used:used + count]
+        used += count
+        k = k_pages[table[b, :count].long()].flatten(0, 1)[:n_k]
+        v = v_pages[table[b, :count].long()].flatten(0, 1)[:n_k]
+        seqs.append((torch.randn(n_q, heads_q, head_dim, dtype=dtype), k, v))
+    q = torch.cat([s[0] for s in seqs])
+    cu_q = torch.tensor([0] + [n for n, _ in lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seqused = torch.tensor([n for _, n in lengths], dtype=torch.int32)
+    return q, k_pages, v_pages, table, cu_q, seqused, seqs
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+@pytest.mark.parametrize("causal,window,softcap,alibi", [
+    (True, (-1, -1), 0.0, False), (False, (-1, -1), 0.0, False), (True, (32, -1), 0.0, False),
+    (True, (-1, -1), 8.0, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch_matches_reference(dtype, causal, window, softcap, alibi, page_size):
+    heads_q, heads_kv = 8, 2
+    q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(MIXED, heads_q, heads_kv, 64,
+                                                                  page_size, dtype)
+    slopes = torch.rand(len(MIXED), heads_q) * 0.3 if alibi else None
+    out, lse, probs = ipex_flash.flash_attn_varlen_func(
+        q, k_pages, v_pages, cu_q, None, max(n for n, _ in MIXED), max(n for _, n in MIXED),
+        causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes,
+        return_attn_probs=True, block_table=table, seqused_k=seqused)
+    assert out.shape == q.shape and lse.shape == (heads_q, q.shape[0]) and probs is None
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, (q_b, k_b, v_b) in enumerate(seqs):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ref_out, ref_lse = flash_attn_reference(q_b[None], k_b[None], v_b[None], causal, window,
+                                                softcap, None if slopes is None else slopes[b])
+        torch.testing.assert_close(out[rows].double(), ref_out[0], rtol=rtol, atol=atol)
+        torch.testing.assert_close(lse[:, rows].double(), ref_lse[0], rtol=1e-4, atol=1e-4)
+
+
+def test_cu_seqlens_k_gives_the_lengths_and_sinks_join_the_softmax():
+    lengths = [(1, 50), (30, 90), (1, 200)]
+    q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(lengths, 4, 4, 32, 32,
+                                                                  torch.float32)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), seqused.cumsum(0, dtype=torch.int32)])
+    sinks = torch.randn(4)
+    out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 30, 200,
+                                            block_table=table, sinks=sinks)
+    for b, (q_b, k_b, v_b) in enumerate(seqs):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ref = sdpa_reference(*(t.transpose(0, 1)[None] for t in (q_b, k_b, v_b)), sinks=sinks)
+        torch.testing.assert_close(out[rows].double(), ref[0].transpose(0, 1), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_all_decodes_and_all_prefills():
+    """Batches of only decodes (decode kernel alone) and only prefills (general kernel alone)."""
+    for lengths in ([(1, 100), (1, 7), (1, 260)], [(20, 20), (5, 99)]):
+        q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(lengths, 8, 2, 64, 16,
+                                                                      torch.float32)
+        out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 20, 260,
+                                                causal=True, block_table=table,
+                                                seqused_k=seqused)
+        for b, (q_b, k_b, v_b) in enumerate(seqs):
+            rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+            ref, _ = flash_attn_reference(q_b[None], k_b[None], v_b[None], True)
+            torch.testing.assert_close(out[rows].double(), ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(dropout_p=0.1), ValueError, "dropout is not supported with a paged KV cache"),
+    (dict(seqused_k=None), ValueError, "give seqused_k or cu_seqlens_k"),
+    (dict(seqused_k=torch.tensor([5, 500], dtype=torch.int32)), ValueError,
+     r"keys per sequence must be in \[0, min\(max_seqlen_k"),
+    (dict(block_table=torch.tensor([[0], [99]], dtype=torch.int32)), ValueError,
+     r"block_table entries must be page indices"),
+    (dict(seqused_k=torch.tensor([5, 50])), TypeError, "seqused_k must be an int32 tensor"),
+])
+def test_bad_arguments(change, error, message):
+    q, k_pages, v_pages, table, cu_q, seqused, _ = paged_batch([(1, 5), (4, 50)], 4, 2, 32, 64,
+                                                               torch.float32)
+    args = dict(dropout_p=0.0, block_table=table, seqused_k=seqused)
+    args.update(change)
+    with pytest.raises(error, match=message):
+        ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 4, 64, **args)
