@@ -108,6 +108,30 @@ def _outputs(q: Tensor) -> tuple[Tensor, Tensor]:
                             device=q.device)
 
 
+def cache_options(scale: float, causal: bool, window_left: int, window_right: int,
+                  softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+                  seqlens_k: Tensor, max_len_k: int, block_table: Optional[Tensor],
+                  page_size: int) -> "C.AttentionOptions":
+    """The kernels' options for attention over a KV cache (masks bottom-right, keys per
+    sequence seqlens_k, pages through block_table). Tensors are passed by address: the caller
+    keeps them alive and dense until the launch has returned."""
+    options = C.AttentionOptions()
+    options.scale = scale
+    options.mask = C.MaskParams(window_left=window_left, window_right=0 if causal else window_right,
+                                bottom_right=True)
+    options.softcap = softcap
+    if alibi_slopes is not None:
+        options.alibi_slopes = ops.view(alibi_slopes)
+    if sinks is not None:
+        options.sinks = ops.view(sinks)
+    options.seqlens_k = ops.view(seqlens_k)
+    options.max_seqlen_k = max_len_k
+    if block_table is not None:
+        options.block_table = ops.view(block_table)
+        options.page_size = page_size
+    return options
+
+
 @torch.library.custom_op("ipex_flash::kvcache_attention", mutates_args=(),
                          device_types=("cpu", "xpu"))
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor,
@@ -127,20 +151,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     out, lse = _outputs(q)
     batch, head_dim = q.shape[0], q.shape[3]
     max_len_k = int(seqlens_k.max()) if batch else 0
-    options = C.AttentionOptions()
-    options.scale = resolve_scale(softmax_scale, head_dim)
-    options.mask = C.MaskParams(window_left=window_left, window_right=0 if causal else window_right,
-                                bottom_right=True)
-    options.softcap = softcap
-    if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes)
-    if sinks is not None:
-        options.sinks = ops.view(sinks)
-    options.seqlens_k = ops.view(seqlens_k)
-    options.max_seqlen_k = max_len_k
-    if block_table is not None:
-        options.block_table = ops.view(block_table)
-        options.page_size = k_cache.shape[1]
+    options = cache_options(resolve_scale(softmax_scale, head_dim), causal, window_left,
+                            window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
+                            block_table, k_cache.shape[1])
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
                     max_len_k, num_splits)
@@ -156,7 +169,7 @@ def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax
     return _outputs(q)
 
 
-def _check_page_size(k_cache: Tensor) -> None:
+def check_page_size(k_cache: Tensor) -> None:
     page_size = k_cache.shape[1]
     if page_size % PAGE_SIZE_STEP or not 0 < page_size <= MAX_PAGE_SIZE:
         raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a multiple of "
@@ -233,7 +246,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
     if block_table is not None:
-        _check_page_size(k_cache)
+        check_page_size(k_cache)
     _check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
     rotary_dim = check_rotary(_FN, rotary_cos, rotary_sin, q.shape[3], k is not None)
     if cache_batch_idx is not None:

@@ -18,7 +18,7 @@ from ipex_flash import ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
 from ipex_flash._validation import softmax_scale as resolve_scale
-from ipex_flash.kvcache import _check_page_size
+from ipex_flash.kvcache import check_page_size, cache_options
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_varlen_func"
@@ -34,7 +34,7 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
                              "(num_blocks, page_size, nheads_k, headdim)")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"{_FN}: v must have k's shape {tuple(k_cache.shape)}")
-    _check_page_size(k_cache)
+    check_page_size(k_cache)
     batch = check_cu_seqlens(_FN, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     for name, t, shape in (("block_table", block_table, (batch, -1)),
                            ("seqused_k", seqused_k, (batch,))):
@@ -66,24 +66,6 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
     return batch
 
 
-def _options(scale, causal, left, right, softcap, alibi, sinks, seqlens_k, max_seqlen_k,
-             block_table, page_size):
-    options = C.AttentionOptions()
-    options.scale = scale
-    options.mask = C.MaskParams(window_left=left, window_right=0 if causal else right,
-                                bottom_right=True)
-    options.softcap = softcap
-    if alibi is not None:
-        options.alibi_slopes = ops.view(alibi)
-    if sinks is not None:
-        options.sinks = ops.view(sinks)
-    options.seqlens_k = ops.view(seqlens_k)
-    options.max_seqlen_k = max_seqlen_k
-    options.block_table = ops.view(block_table)
-    options.page_size = page_size
-    return options
-
-
 @torch.library.custom_op("ipex_flash::paged_varlen_attention", mutates_args=(),
                          device_types=("cpu", "xpu"))
 def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
@@ -111,8 +93,8 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     if group > C.MAX_DECODE_ROWS or not bool(decode.any()):
         decode = torch.zeros_like(decode)
     general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
-    options = _options(scale, causal, window_left, window_right, softcap, alibi_slopes, sinks,
-                       general_keys, max_seqlen_k, block_table, page_size)
+    options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,
+                            sinks, general_keys, max_seqlen_k, block_table, page_size)
     options.cu_seqlens_q = ops.view(cu_seqlens_q)
     options.max_seqlen_q = max_seqlen_q
     if not bool(decode.all()):
@@ -129,8 +111,8 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         out_dec = torch.empty_like(q_dec)
         lse_dec = torch.empty((q_dec.shape[0], q.shape[1], 1), dtype=torch.float32,
                               device=q.device)
-        dec_options = _options(scale, causal, window_left, window_right, softcap, slopes, sinks,
-                               keys, max_seqlen_k, table, page_size)
+        dec_options = cache_options(scale, causal, window_left, window_right, softcap, slopes,
+                                    sinks, keys, max_seqlen_k, table, page_size)
         ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
                         lse_dec, dec_options, 0.0, max_seqlen_k)
         out[rows] = out_dec[:, 0]
