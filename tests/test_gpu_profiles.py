@@ -16,9 +16,11 @@ from conftest import (assert_matches_reference, check_against_reference, make_ca
                       random_qkv)
 
 PROFILES = C.profile_names()
-# GPUs whose XMX takes the kernels' shape (N = 16, sub-group 16), and those routed to the
-# vector kernels (DG2 and Arrow Lake-H: N = 8 with sub-group 8; Meteor Lake: no XMX).
-XMX_SHAPED = {"pvc", "bmg", "lnl"}
+# GPUs with XMX, all served by the matrix kernels: with N = 16 and sub-group 16 (PVC, BMG,
+# Lunar Lake), or in their 8-wide form, N = 8 with sub-group 8 (DG2, Arrow Lake-H, whose XMX
+# takes nothing else). Meteor Lake has no XMX.
+XMX_SHAPED = {"pvc", "bmg", "lnl", "dg2", "arl-h"}
+XMX_WIDTH = {"pvc": 16, "bmg": 16, "lnl": 16, "dg2": 8, "arl-h": 8}
 
 
 @pytest.fixture
@@ -31,12 +33,14 @@ def profile(request, monkeypatch):
     C.set_device_profile("")
 
 
-# The one gap (README, "Intel GPUs"): the backward's dK/dV kernel keeps K, V, dK, dV and a Q
-# and dO tile of 16 rows in float32 local memory, 74 KB at head dim 192, so head dims above
-# 160 have no backward on GPUs with 64 KiB per work-group.
-def no_variant_expected(name, family, head_dim):
+# The one gap (README, "Intel GPUs"): the vector backward's dK/dV kernel keeps K, V, dK, dV
+# and a Q and dO tile of 16 rows in float32 local memory, 74 KB at head dim 192, so head dims
+# above 160 have no vector backward on GPUs with 64 KiB per work-group. The matrix backward
+# (16-bit inputs on DG2 / Arrow Lake-H, 8-wide) fits there with smaller key blocks.
+def no_variant_expected(name, family, head_dim, dtype="float32"):
     small = C.profile_limits(name)["local_mem_bytes"] < 128 * 1024
-    return small and family == "backward" and head_dim > 160
+    matrix = name in XMX_SHAPED and dtype != "float32"
+    return small and family == "backward" and head_dim > 160 and not matrix
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -50,7 +54,7 @@ def test_every_call_has_a_variant_that_fits(name):
             for mode in ["auto", "1"]:
                 for family, rows in [("forward", 1), ("backward", 1), *(
                         ("decode", r) for r in (1, 2, 3, 4, 8, 16))]:
-                    if no_variant_expected(name, family, head_dim):
+                    if no_variant_expected(name, family, head_dim, dtype):
                         with pytest.raises(RuntimeError, match=f"{name} has {limit} bytes"):
                             C.plan(family, name, dtype, head_dim, 3, rows, mode)
                         continue
@@ -61,15 +65,19 @@ def test_every_call_has_a_variant_that_fits(name):
 @pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_matrix_shape_per_gpu(name, dtype):
-    """XMX, by default and under IPEX_FLASH_MATRIX=1, takes 8-row tiles with 16-deep steps
-    where the GPU's engine has the kernels' shape (forward, backward, decode), and the vector
-    kernels elsewhere; IPEX_FLASH_MATRIX=0 opts out; naming a tile height the GPU does not
-    take is an error that says so."""
-    expected = (8, 16) if name in XMX_SHAPED else (0, 0)
+    """XMX, by default and under IPEX_FLASH_MATRIX=1, takes 8-row tiles with 16-deep steps,
+    16 or 8 columns wide as the GPU's engine takes them (forward, backward; the decode
+    kernel's scores only 16 wide, its sub-group), and the vector kernels elsewhere;
+    IPEX_FLASH_MATRIX=0 opts out; naming a tile height the GPU does not take is an error
+    that says so."""
+    width = XMX_WIDTH.get(name, 0)
     for mode in ["auto", "1"]:
         for family, rows in [("forward", 1), ("backward", 1), ("decode", 4)]:
             variant = C.plan(family, name, dtype, 128, 0, rows, mode)["variant"]
-            assert (variant.matrix_m, variant.matrix_k) == expected, (family, mode)
+            on = width == 16 or (width == 8 and family != "decode")
+            expected = (8, 16, width) if on else (0, 0, 16)
+            got = (variant.matrix_m, variant.matrix_k, variant.matrix_n)
+            assert got == expected, (family, mode)
     for family, rows in [("forward", 1), ("backward", 1), ("decode", 4)]:
         assert C.plan(family, name, dtype, 128, 0, rows, "0")["variant"].matrix_m == 0
     with pytest.raises(RuntimeError, match="no matrix engine for " + dtype):

@@ -2,6 +2,8 @@
 backward suite's own checks, once per matrix mode:
   emulated  IPEX_FLASH_MATRIX=emulate: the same kernels with the joint_matrix calls replaced by
             sub-group arithmetic of the same tile semantics (matrix_tile.hpp); runs anywhere
+  emulated8 IPEX_FLASH_MATRIX=emulate8: the same, in DG2 / Arrow Lake-H's XMX shape (N = 8
+            with sub-group 8, 8 x 16 tiles): the kernels' 8-wide form
   16, 8     the real joint_matrix kernels with AMX's and XMX's tile heights; run where the
             SYCL CPU device has a matrix engine (AMX)
 Each case first checks that the mode really selects the matrix backward for the call."""
@@ -23,11 +25,13 @@ needs_engine = pytest.mark.skipif(
     reason="the SYCL CPU device of this machine has no matrix engine (AMX bf16 tiles); the "
            "emulated mode runs these kernels here, and gpu-check builds them for Intel GPUs")
 MODES = [pytest.param("emulate", id="emulated"),
+         pytest.param("emulate8", id="emulated8"),
          pytest.param("16", id="amx16", marks=needs_engine),
          pytest.param("8", id="xmx8", marks=needs_engine)]
 # The engine tiles float16 only where it has FP16 tiles (not Sapphire Rapids' AMX): the real
 # modes run bfloat16, the emulated one both.
-DTYPES_OF = {"emulate": [torch.float16, torch.bfloat16], "16": [torch.bfloat16],
+DTYPES_OF = {"emulate": [torch.float16, torch.bfloat16], "emulate8": [torch.bfloat16],
+             "16": [torch.bfloat16],
              "8": [torch.bfloat16]}
 
 
@@ -41,6 +45,7 @@ def matrix_backward(monkeypatch):
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
         assert plan["header"] == "flash_bwd_matrix.hpp", plan
         assert plan["variant"].matrix_m > 0
+        assert plan["variant"].matrix_n == (8 if mode == "emulate8" else 16)
     return use
 
 

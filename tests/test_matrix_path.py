@@ -30,9 +30,12 @@ needs_engine = pytest.mark.skipif(
 # Xe-HPC); the reduction step follows from the head dim (32 where it divides it, else 16).
 TILE_MODES = ["16", "8"]
 # Modes that run the matrix kernels: those tile shapes on the engine (skipped without one), and
-# AMX's shape with joint_matrix emulated by sub-group arithmetic (matrix_tile.hpp), which runs
-# anywhere: the kernels' packing, tiling, masks and softmax are tested on every machine.
-RUN_MODES = [pytest.param(mode, marks=needs_engine) for mode in TILE_MODES] + ["emulate"]
+# with joint_matrix emulated by sub-group arithmetic (matrix_tile.hpp), which runs anywhere:
+# AMX's shape (emulate: N = 16) and DG2 / Arrow Lake-H's XMX shape (emulate8: N = 8 with
+# sub-group 8, M = 8, K = 16), so the kernels' packing, tiling, masks and softmax are tested
+# on every machine in both widths.
+EMULATED = ["emulate", "emulate8"]
+RUN_MODES = [pytest.param(mode, marks=needs_engine) for mode in TILE_MODES] + EMULATED
 ONE_RUN_MODE = [pytest.param("16", marks=needs_engine), "emulate"]
 
 
@@ -61,8 +64,9 @@ def test_matches_reference(matrix_mode, mode, causal, head_dim, len_q, len_k):
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_emulated_matches_reference(matrix_mode, dtype, causal, head_dim, len_q, len_k):
-    matrix_mode("emulate")
+@pytest.mark.parametrize("mode", EMULATED)
+def test_emulated_matches_reference(matrix_mode, mode, dtype, causal, head_dim, len_q, len_k):
+    matrix_mode(mode)
     q, k, v = random_qkv(2, 6, 2, len_q, len_k, head_dim, dtype)
     out, lse = ipex_flash.attention(q, k, v, causal=causal, return_lse=True)
     ref_out, ref_lse = attention_reference(q, k, v, causal=causal)
@@ -85,6 +89,18 @@ def test_emulated_variants_and_build_options(matrix_mode):
         assert C.plan(family, "", "float32", 128, 0, 4, "emulate")["variant"].matrix_m == 0
     # 16-deep steps where 32 does not divide the head dim (the decode kernel pads 80 to 96).
     assert C.plan("forward", "", "bfloat16", 80, 0, 1, "emulate")["variant"].matrix_k == 16
+    # emulate8: DG2's shape for the forward and backward, built for sub-group 8 (the last
+    # template argument); the decode kernel's scores stay 16 wide (its sub-group), so there it
+    # keeps the vector scores.
+    for family in ("forward", "backward"):
+        plan = C.plan(family, "", "bfloat16", 128, 0, 1, "emulate8")
+        variant = plan["variant"]
+        assert (variant.matrix_m, variant.matrix_k, variant.matrix_n) == (8, 16, 8)
+        assert variant.matrix_emulated and "-DIPEX_FLASH_MATRIX_EMULATE" in plan["options"]
+        assert any(k.endswith(", 8, 16, 8>") for k in plan["kernels"])
+    assert C.plan("forward", "", "bfloat16", 128, 0, 1, "emulate")["variant"].matrix_n == 16
+    decode = C.plan("decode", "", "bfloat16", 128, 0, 4, "emulate8")
+    assert decode["variant"].matrix_m == 0 and decode["kernels"][0].endswith(", 0, 0, 16>")
 
 
 @pytest.mark.parametrize("mode", RUN_MODES)
@@ -93,9 +109,10 @@ def test_selected_and_distinct_from_vector_kernel(matrix_mode, mode):
     vector kernel's (it rounds P to bfloat16 before P.V) while both match the reference."""
     matrix_mode(mode)
     variant = C.warmup_fwd("bfloat16", 64, 0)
-    height = 16 if mode == "emulate" else int(mode)
-    assert (variant.matrix_m, variant.matrix_k) == (height, 32)
-    assert variant.matrix_emulated == (mode == "emulate")
+    height = {"emulate": 16, "emulate8": 8}.get(mode) or int(mode)
+    # DG2's shape takes only 16-deep steps.
+    assert (variant.matrix_m, variant.matrix_k) == (height, 16 if mode == "emulate8" else 32)
+    assert variant.matrix_emulated == (mode in EMULATED)
     assert C.warmup_fwd("bfloat16", 80, 0).matrix_k == 16  # 80 is not a multiple of 32
     q, k, v = random_qkv(1, 2, 2, 200, 200, 64, torch.bfloat16)
     out_matrix = ipex_flash.attention(q, k, v)
@@ -163,7 +180,7 @@ def test_forced_on_float16_runs_or_says_why(matrix_mode):
 def test_bad_mode_is_rejected(matrix_mode):
     matrix_mode("fast")
     q, k, v = random_qkv(1, 1, 1, 8, 8, 16, torch.bfloat16)
-    with pytest.raises(ValueError, match="IPEX_FLASH_MATRIX must be auto, 0, 1, 8, 16 or emulate"):
+    with pytest.raises(ValueError, match="IPEX_FLASH_MATRIX must be auto, 0, 1, 8, 16, emulate or emulate8"):
         ipex_flash.attention(q, k, v)
 
 
@@ -217,8 +234,10 @@ def run_decode_case(case, dtype=torch.bfloat16):
 
 
 # bfloat16 in every mode; float16 emulated (AMX takes only bfloat16 here).
-DECODE_RUNS = [pytest.param(mode, torch.bfloat16, marks=mode.marks, id=mode.values[0])
-               for mode in RUN_MODES[:-1] + [pytest.param("0", marks=needs_engine)]]
+# (emulate8 is not among them: the decode kernel's scores take only N = 16, its sub-group, and
+# test_emulated_variants_and_build_options checks that emulate8 leaves them on the vector units.)
+DECODE_RUNS = [pytest.param(mode, torch.bfloat16, marks=needs_engine, id=mode)
+               for mode in TILE_MODES + ["0"]]
 DECODE_RUNS += [pytest.param("emulate", dtype, id=f"emulate-{str(dtype)[6:]}")
                 for dtype in (torch.bfloat16, torch.float16)]
 
@@ -250,11 +269,13 @@ def test_matrix_kernel_compiles():
     device, in a child process: where the CPU runtime targets AMX it must build and yield
     the kernel; elsewhere (SYCL_RUNTIME.md: no AMX) the build must pass the front end (a type
     error fails it) even though the bundle then holds no kernel."""
-    names = [("flash_fwd_matrix.hpp",
-              f"ipex_flash::flash_fwd_matrix_kernel<ipex_flash::bfloat16_bits, {d}, 64, 64, {f}, {m}, {k}>")
-             for d, f, m, k in [(64, 0, 16, 32), (80, 3, 8, 16), (128, 1, 8, 16)]]
+    # The last argument is the tile width N = the sub-group size: 16, or 8 (DG2's XMX shape).
+    fwd = "ipex_flash::flash_fwd_matrix_kernel<ipex_flash::bfloat16_bits"
+    names = [("flash_fwd_matrix.hpp", f"{fwd}, {d}, 64, 64, {f}, {m}, {k}, {n}>")
+             for d, f, m, k, n in [(64, 0, 16, 32, 16), (80, 3, 8, 16, 16), (128, 1, 8, 16, 16),
+                                   (128, 1, 8, 16, 8)]]
     names += [("flash_decode.hpp",
-               f"ipex_flash::flash_decode_kernel<ipex_flash::bfloat16_bits, {d}, {r}, 16, {f}, {m}, {k}>")
+               f"ipex_flash::flash_decode_kernel<ipex_flash::bfloat16_bits, {d}, {r}, 16, {f}, {m}, {k}, 16>")
               for d, r, f, m, k in [(128, 4, 0, 16, 32), (96, 16, 3, 8, 16)]]
     script = textwrap.dedent(f"""
         from ipex_flash._runtime import C

@@ -2,8 +2,9 @@
 // on Xeons), for 16-bit inputs: the blocks, masks, score modifiers, dropout and GQA sums of
 // flash_bwd.hpp, and like it deterministic (no atomics). Dimension legend as in
 // flash_fwd_matrix.hpp. Both kernels give each work-item one query row of a BLOCK_M-row block
-// (16 rows per sub-group) and compute transposed, row index fastest, so that the per-score
-// work (bwd_score_grads.hpp) reads and writes consecutive addresses:
+// (MATRIX_N rows per sub-group: 16, or 8 on DG2 / Arrow Lake-H) and compute transposed, row
+// index fastest, so that the per-score work (bwd_score_grads.hpp) reads and writes consecutive
+// addresses:
 //   S^T (kv, r)  = K (kv, d) . Q^T (d, r)         both kernels
 //   dP^T (kv, r) = V (kv, d) . dO^T (d, r)        both kernels
 //   dV (kv, d)  += P^T (kv, q) . dO (q, d)        dK/dV kernel, all rows of the Q block
@@ -31,38 +32,52 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int MATRIX_M, int MATRIX_K>
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int MATRIX_M, int MATRIX_K, int MATRIX_N>
 constexpr bool bwd_matrix_shape() {
-  return BLOCK_M % MATRIX_SUB_GROUP == 0 && BLOCK_M % MATRIX_K == 0 &&
+  return BLOCK_M % MATRIX_N == 0 && BLOCK_M % MATRIX_K == 0 &&
          BLOCK_N % MATRIX_M == 0 && BLOCK_N % MATRIX_K == 0 && BLOCK_N % MATRIX_KEY_CHUNK == 0 &&
          HEAD_DIM % MATRIX_K == 0 && HEAD_DIM % MATRIX_M == 0 && HEAD_DIM % MATRIX_N == 0;
 }
 
-// S^T and dP^T of one (Q block, K block) for the calling sub-group's 16 rows (columns r0..).
+// Reduction steps per loop iteration of the backward's products. N = 8 (DG2, Arrow Lake-H: 128
+// registers of 32 bytes, a quarter of the N = 16 GPUs' large register file): one. Fully
+// unrolled there, IGC hoisted the dK/dV kernel's K and V tile loads (invariant across its query
+// loop) out of that loop and spilled 3.7-15 KB per thread at d = 64-128, the dQ kernel 0.8-1.9
+// KB with score changes; rolled, neither spills (gpu-check). The forward keeps full unrolling:
+// it has no spill that way, and did spill rolled two steps deep (d = 64).
+template <int MATRIX_N, int DEPTH, int MATRIX_K>
+constexpr int bwd_unroll() { return MATRIX_N == 8 ? 1 : DEPTH / MATRIX_K; }
+
+// S^T and dP^T of one (Q block, K block) for the calling sub-group's MATRIX_N rows (columns
+// r0..).
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int MATRIX_M, int MATRIX_K,
-          typename Packed>
+          int MATRIX_N, typename Packed>
 inline void bwd_scores_to_slm(sycl::sub_group sg, float (&s_t)[BLOCK_N][BLOCK_M],
                               float (&dp_t)[BLOCK_N][BLOCK_M], const typename Packed::Keys& keys,
                               const typename Packed::Rows& rows, int r0) {
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr int STRIPS = matrix_strips(BLOCK_N / MATRIX_M);
+  constexpr int UNROLL = bwd_unroll<MATRIX_N, HEAD_DIM, MATRIX_K>();
   for (int j0 = 0; j0 < BLOCK_N; j0 += STRIPS * MATRIX_M) {
-    matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false, GLOBAL,
-                          GLOBAL>(sg, &s_t[j0][r0], BLOCK_M, keys.k + j0 * HEAD_DIM, HEAD_DIM,
-                                  rows.q_t + r0, BLOCK_M);
-    matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false, GLOBAL,
-                          GLOBAL>(sg, &dp_t[j0][r0], BLOCK_M, keys.v + j0 * HEAD_DIM, HEAD_DIM,
-                                  rows.do_t + r0, BLOCK_M);
+    matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false,
+                          GLOBAL, GLOBAL, UNROLL>(sg, &s_t[j0][r0], BLOCK_M,
+                                                  keys.k + j0 * HEAD_DIM, HEAD_DIM,
+                                                  rows.q_t + r0, BLOCK_M);
+    matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false,
+                          GLOBAL, GLOBAL, UNROLL>(sg, &dp_t[j0][r0], BLOCK_M,
+                                                  keys.v + j0 * HEAD_DIM, HEAD_DIM,
+                                                  rows.do_t + r0, BLOCK_M);
   }
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K>
+          int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_SUB_GROUP>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
-  static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K>(), "tile shape");
+  static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>(),
+                "tile shape");
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;     // S^T (kv, q)
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> dp_slm;    // dP^T (kv, q)
   static syclexp::work_group_static<T[BLOCK_N][BLOCK_M]> p_slm;         // P^T, dropped
@@ -84,8 +99,8 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);
-  const int sg_id = r0 / MATRIX_SUB_GROUP;
-  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_SUB_GROUP;
+  const int sg_id = r0 / MATRIX_N;
+  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_N;
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
@@ -98,6 +113,7 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr auto LOCAL = sycl::access::address_space::local_space;
   constexpr int ACC_STRIPS = matrix_strips(BLOCK_N / MATRIX_M);
+  constexpr int ROW_UNROLL = bwd_unroll<MATRIX_N, BLOCK_M, MATRIX_K>();
 
   for (int r = 0; r < BLOCK_N; ++r)
     for (int d = lid; d < HEAD_DIM; d += BLOCK_M) dk_acc[r][d] = dv_acc[r][d] = 0.f;
@@ -118,7 +134,7 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
           continue;
       }
       const typename Packed::Rows rows = Packed::rows(p, b, h, q_begin / BLOCK_M);
-      bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, Packed>(
+      bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
           sg, s_t, dp_t, keys, rows, r0);
       sycl::group_barrier(sg);
 
@@ -143,15 +159,17 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
       }
       sycl::group_barrier(group);  // dV and dK read every row's P and dS
 
-      // Tiles of 16 head-dim columns dealt to the sub-groups, each over all BLOCK_N keys.
+      // Tiles of MATRIX_N head-dim columns dealt to the sub-groups, each over all BLOCK_N keys.
       for (int d0 = sg_id * MATRIX_N; d0 < HEAD_DIM; d0 += SUB_GROUPS * MATRIX_N)
         for (int j0 = 0; j0 < BLOCK_N; j0 += ACC_STRIPS * MATRIX_M) {
-          matrix_product_to_slm<T, MATRIX_M, MATRIX_K, BLOCK_M, ACC_STRIPS, /*ACCUMULATE=*/true,
-                                LOCAL, GLOBAL>(sg, &dv_acc[j0][d0], HEAD_DIM, &p_rows[j0][0],
-                                               BLOCK_M, rows.do_pairs + d0, HEAD_DIM);
-          matrix_product_to_slm<T, MATRIX_M, MATRIX_K, BLOCK_M, ACC_STRIPS, /*ACCUMULATE=*/true,
-                                LOCAL, GLOBAL>(sg, &dk_acc[j0][d0], HEAD_DIM, &ds_rows[j0][0],
-                                               BLOCK_M, rows.q_pairs + d0, HEAD_DIM);
+          matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_M, ACC_STRIPS,
+                                /*ACCUMULATE=*/true, LOCAL, GLOBAL, ROW_UNROLL>(
+              sg, &dv_acc[j0][d0], HEAD_DIM, &p_rows[j0][0], BLOCK_M, rows.do_pairs + d0,
+              HEAD_DIM);
+          matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_M, ACC_STRIPS,
+                                /*ACCUMULATE=*/true, LOCAL, GLOBAL, ROW_UNROLL>(
+              sg, &dk_acc[j0][d0], HEAD_DIM, &ds_rows[j0][0], BLOCK_M, rows.q_pairs + d0,
+              HEAD_DIM);
         }
       sycl::group_barrier(group);  // P and dS are rewritten by the next block
     }
@@ -172,12 +190,13 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K>
+          int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_SUB_GROUP>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dq_matrix_kernel(BwdParams p) {
-  static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K>(), "tile shape");
+  static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>(),
+                "tile shape");
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;         // S^T (kv, q)
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> dp_slm;        // dP^T (kv, q)
   static syclexp::work_group_static<uint32_t[BLOCK_N / 2][BLOCK_M]> ds_slm;  // dS^T packed
@@ -204,6 +223,7 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr int DQ_STRIPS = matrix_strips(HEAD_DIM / MATRIX_M);
+  constexpr auto LOCAL = sycl::access::address_space::local_space;
 
   for (int d = 0; d < HEAD_DIM; ++d) dq_t[d][lid] = 0.f;
   const BlockMask mask = BlockMask::of(c.mask, seq);
@@ -221,8 +241,8 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
     }
     const typename Packed::Keys keys =
         Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
-    bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, Packed>(sg, s_t, dp_t,
-                                                                                keys, rows, r0);
+    bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
+        sg, s_t, dp_t, keys, rows, r0);
     sycl::group_barrier(sg);
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
@@ -241,9 +261,10 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
     }
     sycl::group_barrier(sg);
     for (int d0 = 0; d0 < HEAD_DIM; d0 += DQ_STRIPS * MATRIX_M)
-      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, BLOCK_N, DQ_STRIPS, /*ACCUMULATE=*/true,
-                            GLOBAL>(sg, &dq_t[d0][r0], BLOCK_M, keys.k_t + d0 * BLOCK_N, BLOCK_N,
-                                    &ds_t[0][r0], BLOCK_M);
+      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_N, DQ_STRIPS,
+                            /*ACCUMULATE=*/true, GLOBAL, LOCAL,
+                            bwd_unroll<MATRIX_N, BLOCK_N, MATRIX_K>()>(
+          sg, &dq_t[d0][r0], BLOCK_M, keys.k_t + d0 * BLOCK_N, BLOCK_N, &ds_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);
   }
 

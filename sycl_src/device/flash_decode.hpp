@@ -63,11 +63,11 @@ constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {
 //
 // MATRIX_M > 0 (16-bit inputs on a device with a matrix engine): the scores of a key block
 // come from the matrix engine instead, S^T (keys, columns) = K (keys, d) . Q^T (d, columns),
-// with K tiles loaded straight from the cache (any row stride) and Q^T packed in SLM, whose 16
-// columns are the rows of HEADS_PER_SET heads; each head's product uses its own columns. The
-// softmax and P.V are the same code.
+// with K tiles loaded straight from the cache (any row stride) and Q^T packed in SLM, whose
+// MATRIX_N = LANES columns are the rows of HEADS_PER_SET heads (so N = 16 only: DG2's N = 8
+// would need the whole kernel on 8 lanes); each head's product uses its own columns.
 template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K>
+          int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 IPEX_FLASH_REGISTER_FILE
@@ -207,11 +207,11 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
         for (int m0 = 0; m0 < BLOCK_N; m0 += MATRIX_M) {
           if (in_place)
-            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, 1, /*ACCUMULATE=*/false,
+            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, LANES, HEAD_DIM, 1, /*ACCUMULATE=*/false,
                                   sycl::access::address_space::global_space>(
                 sg, &s_t[m0][0], LANES, k.row(kv_begin + m0), k.row_stride, q_tile, LANES);
           else
-            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, 1, /*ACCUMULATE=*/false>(
+            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, LANES, HEAD_DIM, 1, /*ACCUMULATE=*/false>(
                 sg, &s_t[m0][0], LANES, &k_stage[m0][0], HEAD_DIM, q_tile, LANES);
         }
         sycl::group_barrier(group);

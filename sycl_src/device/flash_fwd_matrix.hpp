@@ -1,10 +1,11 @@
 // FlashAttention-2 forward with the two products on the matrix engine (XMX on Intel GPUs, AMX
 // on Xeons): the same blocks, mask, score modifiers, dropout and online softmax as
 // flash_fwd.hpp, for 16-bit inputs. Dimension legend as there (q, kv, d), plus
-//   r : the 16 query rows of one sub-group
+//   r : the MATRIX_N query rows of one sub-group (16; 8 on DG2 / Arrow Lake-H's XMX)
 //
-// One work-group per (batch, query head, Q block), BLOCK_M / 16 sub-groups; each sub-group owns
-// 16 query rows and work-item r of it owns row r for the softmax. Per K/V block:
+// One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
+// lanes; each sub-group owns MATRIX_N query rows (the accumulators' columns) and work-item r of
+// it owns row r for the softmax. Per K/V block:
 //   S^T (kv, r) = K (kv, d) . Q^T (d, r)        matrix engine, fp32 accumulators, to SLM
 //   softmax over kv, one row per work-item     vector units
 //   O^T (d, r) += V^T (d, kv) . P^T (kv, r)    matrix engine
@@ -55,13 +56,12 @@ struct PackedKv {
 };
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K>
+          int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_SUB_GROUP>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_fwd_matrix_kernel(FwdParams p) {
-  constexpr int R = MATRIX_SUB_GROUP;
-  static_assert(MATRIX_N == R, "accumulator columns are the sub-group's rows");
+  constexpr int R = MATRIX_N;  // accumulator columns are the sub-group's rows
   static_assert(BLOCK_M % R == 0 && BLOCK_N % MATRIX_M == 0 && BLOCK_N % MATRIX_K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % MATRIX_K == 0 &&
                     HEAD_DIM % MATRIX_M == 0,
@@ -112,7 +112,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
 
     // S^T for this sub-group's rows: S_STRIPS x MATRIX_M keys at a time.
     for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M)
-      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, HEAD_DIM, S_STRIPS, /*ACCUMULATE=*/false,
+      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, R, HEAD_DIM, S_STRIPS, /*ACCUMULATE=*/false,
                             GLOBAL>(sg, &s_t[j0][r0], BLOCK_M, k_tile + j0 * HEAD_DIM, HEAD_DIM,
                                     &q_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);
@@ -160,7 +160,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
 
     // O^T += V^T . P^T for this sub-group's rows, O_STRIPS x MATRIX_M head-dim rows at a time.
     for (int d0 = 0; d0 < HEAD_DIM; d0 += O_STRIPS * MATRIX_M)
-      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, BLOCK_N, O_STRIPS, /*ACCUMULATE=*/true,
+      matrix_product_to_slm<T, MATRIX_M, MATRIX_K, R, BLOCK_N, O_STRIPS, /*ACCUMULATE=*/true,
                             GLOBAL>(sg, &acc_t[d0][r0], BLOCK_M, v_t + d0 * BLOCK_N, BLOCK_N,
                                     &p_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);

@@ -1,10 +1,11 @@
 // Sub-group matrix multiplies on tiles in shared local memory, through the joint_matrix
 // extension: XMX systolic arrays on Intel GPUs, AMX tiles on Xeons that have them. Each call is
-// made by all 16 work-items of a sub-group together.
+// made by all N work-items of a sub-group together.
 //
-// Shapes: M x 16 accumulators, K-deep steps along the reduction dimension (K = 16 or 32). Those
-// fit every Intel matrix engine that takes 16-wide tiles: XMX on Xe-HPC (M <= 8, K = 16) and
-// AMX (M <= 16, K <= 32); the host picks M and K from the device's matrix_combinations.
+// Shapes: M x N accumulators, K-deep steps along the reduction dimension (K = 16 or 32), with
+// a sub-group of N lanes. N = 16 fits XMX on Xe-HPC/Xe2 (M <= 8, K = 16) and AMX (M <= 16,
+// K <= 32); N = 8 fits XMX on DG2 and Arrow Lake-H, which take only sub-group 8 (M <= 8,
+// K = 16). The host picks M, K and N from the device's matrix_combinations (matrix_path.cpp).
 //
 // With IPEX_FLASH_MATRIX_EMULATE (IPEX_FLASH_MATRIX=emulate, matrix_path.hpp) the same
 // interface is implemented with plain sub-group arithmetic, so that the kernels built on it
@@ -20,10 +21,9 @@
 
 namespace ipex_flash {
 
-constexpr int MATRIX_N = 16;  // accumulator columns = sub-group size
-
-// The attention kernels' use of the tiles (flash_fwd_matrix.hpp, flash_bwd_matrix.hpp).
-constexpr int MATRIX_SUB_GROUP = 16;  // query rows per sub-group = accumulator columns
+// The attention kernels' use of the tiles (flash_fwd_matrix.hpp, flash_bwd_matrix.hpp): a
+// sub-group owns N query rows (the accumulator columns, N = the kernels' MATRIX_N), and each
+// work-item works through its row's scores this many at a time, whatever N is.
 constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
 
 // Accumulator tiles multiplied together (matrix_mad_strips) out of `tiles`: up to 4, which with
@@ -42,9 +42,9 @@ inline auto local_ptr(T* p) {
 // read natively (any other layout is converted element by element on every load): element
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
 // (pack_pair, dtypes.hpp); row stride ldb (words).
-// Accumulators (M x 16, fp32) are loaded from and stored to SLM rows of stride ldc (floats).
+// Accumulators (M x N, fp32) are loaded from and stored to SLM rows of stride ldc (floats).
 //
-// matrix_mad_strips: STRIPS products sharing one B: acc[s] (M x 16) += A_s (M x DEPTH) . B,
+// matrix_mad_strips: STRIPS products sharing one B: acc[s] (M x N) += A_s (M x DEPTH) . B,
 // for A_s the s-th M-row strip of A, A in A_SPACE and B in B_SPACE (SLM by default, or global
 // memory). On the engine, each B step is loaded once for all strips, and the strips'
 // accumulators are independent, so consecutive multiplies do not wait on one another (a matrix
@@ -81,14 +81,14 @@ inline auto matrix_ptr(const T* p) {
 template <typename T, int M, int K>
 using MatrixA = jm::joint_matrix<sycl::sub_group, typename MatrixElement<T>::type, jm::use::a,
                                  M, K, jm::layout::row_major>;
-template <typename T, int K>
+template <typename T, int K, int N>
 using MatrixB = jm::joint_matrix<sycl::sub_group, typename MatrixElement<T>::type, jm::use::b,
-                                 K, MATRIX_N, jm::layout::ext_intel_packed>;
-template <int M>
-using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator, M, MATRIX_N>;
+                                 K, N, jm::layout::ext_intel_packed>;
+template <int M, int N>
+using MatrixAcc = jm::joint_matrix<sycl::sub_group, float, jm::use::accumulator, M, N>;
 
 // Accumulator fill, load and store, the operations the emulation replaces. Templated on the
-// accumulator type: joint_matrix's row count is a size_t, which MatrixAcc<int M> cannot deduce.
+// accumulator type: joint_matrix's sizes are size_t, which MatrixAcc<int M, int N> cannot deduce.
 template <typename Acc>
 inline void matrix_fill(sycl::sub_group sg, Acc& acc, float value) {
   jm::joint_matrix_fill(sg, acc, value);
@@ -104,15 +104,17 @@ inline void matrix_store_acc(sycl::sub_group sg, Acc& acc, float* c, int ldc) {
   jm::joint_matrix_store(sg, acc, local_ptr(c), ldc, jm::layout::row_major);
 }
 
-template <typename T, int M, int K, int DEPTH, int STRIPS,
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
-          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
-inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
-                              int64_t lda, const uint32_t* b, int ldb) {
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
+          int UNROLL = DEPTH / K>
+__attribute__((always_inline)) inline void matrix_mad_strips(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a, int64_t lda, const uint32_t* b,
+    int ldb) {
   static_assert(DEPTH % K == 0, "whole reduction steps");
   MatrixA<T, M, K> a_tile;
-  MatrixB<T, K> b_tile;
-#pragma unroll
+  MatrixB<T, K, N> b_tile;
+#pragma unroll(UNROLL)
   for (int k = 0; k < DEPTH; k += K) {
     jm::joint_matrix_load(sg, b_tile,
                           matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)),
@@ -128,8 +130,9 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], c
 
 #else  // IPEX_FLASH_MATRIX_EMULATE
 
-// Lane n of the sub-group holds column n of the accumulator: its M floats.
-template <int M>
+// Lane n of the sub-group (of N lanes) holds column n of the accumulator: its M floats. Lane
+// n reads B's column n, so N only sets how many lanes (columns) there are.
+template <int M, int N>
 struct MatrixAcc {
   float column[M];
 };
@@ -141,31 +144,33 @@ inline T from_bits(uint32_t bits) {
   return sycl::bit_cast<T>(static_cast<uint16_t>(bits));
 }
 
-template <int M>
-inline void matrix_fill(sycl::sub_group, MatrixAcc<M>& acc, float value) {
+template <int M, int N>
+inline void matrix_fill(sycl::sub_group, MatrixAcc<M, N>& acc, float value) {
 #pragma unroll
   for (int m = 0; m < M; ++m) acc.column[m] = value;
 }
 
-template <int M>
-inline void matrix_load_acc(sycl::sub_group sg, MatrixAcc<M>& acc, float* c, int ldc) {
+template <int M, int N>
+inline void matrix_load_acc(sycl::sub_group sg, MatrixAcc<M, N>& acc, float* c, int ldc) {
   const int n = static_cast<int>(sg.get_local_id()[0]);
 #pragma unroll
   for (int m = 0; m < M; ++m) acc.column[m] = c[m * ldc + n];
 }
 
-template <int M>
-inline void matrix_store_acc(sycl::sub_group sg, MatrixAcc<M>& acc, float* c, int ldc) {
+template <int M, int N>
+inline void matrix_store_acc(sycl::sub_group sg, MatrixAcc<M, N>& acc, float* c, int ldc) {
   const int n = static_cast<int>(sg.get_local_id()[0]);
 #pragma unroll
   for (int m = 0; m < M; ++m) c[m * ldc + n] = acc.column[m];
 }
 
-// The address spaces only say where the operands are; plain pointers reach both here.
-template <typename T, int M, int K, int DEPTH, int STRIPS,
+// The address spaces only say where the operands are; plain pointers reach both here. UNROLL
+// is the engine's loop form (below), not this one's.
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
-          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
-inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], const T* a,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
+          int UNROLL = DEPTH / K>
+inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a,
                               int64_t lda, const uint32_t* b, int ldb) {
   static_assert(DEPTH % K == 0 && K % 2 == 0, "whole reduction steps of whole B words");
   const int n = static_cast<int>(sg.get_local_id()[0]);
@@ -195,14 +200,20 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M> (&acc)[STRIPS], c
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
 
-// C (STRIPS * M x 16, row-major in SLM with row stride ldc) = A . B, or += with ACCUMULATE:
+// C (STRIPS * M x N, row-major in SLM with row stride ldc) = A . B, or += with ACCUMULATE:
 // matrix_mad_strips with its accumulators read from (or zeroed) and written back to C.
-template <typename T, int M, int K, int DEPTH, int STRIPS, bool ACCUMULATE,
+// UNROLL: reduction steps per loop iteration on the engine (all of them by default).
+// This and the engine's matrix_mad_strips are always inlined: a kernel module shares one
+// instance among kernels of the same tile shape, which LLVM then did not always inline, and a
+// kernel's code depended on its neighbours (a DG2 dQ kernel spilled 384 bytes in gpu-check's
+// module, none alone).
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, bool ACCUMULATE,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
-          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
-inline void matrix_product_to_slm(sycl::sub_group sg, float* c, int ldc, const T* a,
-                                  int64_t lda, const uint32_t* b, int ldb) {
-  MatrixAcc<M> acc[STRIPS];
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
+          int UNROLL = DEPTH / K>
+__attribute__((always_inline)) inline void matrix_product_to_slm(
+    sycl::sub_group sg, float* c, int ldc, const T* a, int64_t lda, const uint32_t* b, int ldb) {
+  MatrixAcc<M, N> acc[STRIPS];
 #pragma unroll
   for (int s = 0; s < STRIPS; ++s) {
     if constexpr (ACCUMULATE)
@@ -210,7 +221,8 @@ inline void matrix_product_to_slm(sycl::sub_group sg, float* c, int ldc, const T
     else
       matrix_fill(sg, acc[s], 0.f);
   }
-  matrix_mad_strips<T, M, K, DEPTH, STRIPS, A_SPACE, B_SPACE>(sg, acc, a, lda, b, ldb);
+  matrix_mad_strips<T, M, K, N, DEPTH, STRIPS, A_SPACE, B_SPACE, UNROLL>(sg, acc, a, lda, b,
+                                                                      ldb);
 #pragma unroll
   for (int s = 0; s < STRIPS; ++s) matrix_store_acc(sg, acc[s], c + s * M * ldc, ldc);
 }

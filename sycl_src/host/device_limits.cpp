@@ -57,14 +57,15 @@ const std::map<std::string, DeviceLimits>& profiles() {
       {"pvc", gpu_profile("pvc", "pvc", 128, {16, 32}, 448, xmx_shapes(16), true, true)},
       // Arc B580 / Pro B60 (Xe2-HPG).
       {"bmg", gpu_profile("bmg", "bmg", 128, {16, 32}, 160, xmx_shapes(16), true, true)},
-      // Arc A770 / A380 (Xe-HPG): XMX only with sub-group 8, N = 8; 64 KiB of SLM.
-      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false, false)},
+      // Arc A770 / A380 (Xe-HPG): XMX only with sub-group 8, N = 8 (the kernels' 8-wide form);
+      // 64 KiB of SLM.
+      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false, true)},
       // Lunar Lake's Arc 140V (Xe2-LPG).
       {"lnl", gpu_profile("lnl", "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true, true)},
       // Meteor Lake's Arc (Xe-LPG): no XMX.
       {"mtl", gpu_profile("mtl", "mtl-h", 64, {8, 16, 32}, 128, {}, false, false)},
       // Arrow Lake-H's Arc 140T (Xe-LPG+): DPAS with DG2's shape.
-      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false, false)},
+      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false, true)},
   };
   return table;
 }
@@ -104,6 +105,19 @@ bool is_xe_hpc_or_xe2(const sycl::device& device) {
   }
 }
 
+// Arc A-series (DG2) and Arrow Lake-H: XMX with sub-group 8, N = 8, which the matrix kernels'
+// 8-wide form takes; gpu-check's rules pass on every such variant (compile-verified, not run).
+bool is_dg2_or_arl_h(const sycl::device& device) {
+  if (!device.is_gpu()) return false;
+  try {
+    const architecture arch = device.get_info<syclex::info::device::architecture>();
+    return arch == architecture::intel_gpu_dg2_g10 || arch == architecture::intel_gpu_dg2_g11 ||
+           arch == architecture::intel_gpu_dg2_g12 || arch == architecture::intel_gpu_arl_h;
+  } catch (const sycl::exception&) {
+    return false;
+  }
+}
+
 DeviceLimits limits_of(const sycl::device& device) {
   DeviceLimits limits;
   limits.name = device.get_info<sycl::info::device::name>();
@@ -115,7 +129,8 @@ DeviceLimits limits_of(const sycl::device& device) {
   limits.compute_units = static_cast<int>(device.get_info<sycl::info::device::max_compute_units>());
   limits.matrix = matrix_shapes_of(device);
   // On by default where it has run (the CPU device's AMX) or where gpu-check verifies it.
-  limits.matrix_by_default = !limits.matrix.empty() && (limits.is_cpu || is_xe_hpc_or_xe2(device));
+  limits.matrix_by_default = !limits.matrix.empty() && (limits.is_cpu || is_xe_hpc_or_xe2(device) ||
+                                                        is_dg2_or_arl_h(device));
   limits.large_grf = is_xe_hpc_or_xe2(device);
   return limits;
 }

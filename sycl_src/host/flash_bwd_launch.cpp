@@ -75,6 +75,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.features = features;
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;
+  variant.matrix_n = tile.n;
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);

@@ -92,7 +92,9 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true);
-  if (tile.m > 0 && matrix_slm <= limits.local_mem_bytes) {
+  // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
+  // Arrow Lake-H) compute decode scores on the vector units.
+  if (tile.m > 0 && tile.n == DECODE_LANES && matrix_slm <= limits.local_mem_bytes) {
     variant.matrix_m = tile.m;
     variant.matrix_k = tile.k;
     variant.matrix_emulated = tile.emulated;

@@ -50,6 +50,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
   variant.matrix_emulated = tile.emulated;
+  variant.matrix_n = tile.n;
   variant.features = features;
   return variant;
 }

@@ -15,24 +15,27 @@ namespace ipex_flash {
 //   vector kernels);  "8", "16": on, with that tile height (an error where it is not taken)
 //   "emulate": the matrix kernels on any device, their joint_matrix calls replaced by
 //   sub-group arithmetic of the same tile semantics (matrix_tile.hpp): a test vehicle for
-//   their data flow where no matrix engine runs them, not a fast path
+//   their data flow where no matrix engine runs them, not a fast path; AMX's shape (N = 16)
+//   "emulate8": the same with DG2 / Arrow Lake-H's XMX shape (N = 8, sub-group 8, M = 8, K = 16)
 // Only 16-bit inputs use it.
 struct MatrixTile {
   int m = 0;  // accumulator rows (MATRIX_M); 0: use the vector kernels
   int k = 0;  // reduction step (MATRIX_K): 32 where the engine takes it and the head dim allows
   bool emulated = false;  // built with IPEX_FLASH_MATRIX_EMULATE
+  int n = 16;  // accumulator columns = sub-group size (MATRIX_N)
 };
 
-// The kernels' B tiles are 16 columns wide (MATRIX_N), their sub-group 16 lanes: devices whose
-// engine takes other widths only (DG2, Arrow Lake-H: N = 8 with sub-group 8) use the vector
-// kernels.
-constexpr int kMatrixN = 16;
+// The widths (MATRIX_N, each with a sub-group of that size) the kernels are built for, widest
+// first: 16 where the engine takes it (AMX, Xe-HPC, Xe2), else 8 (DG2, Arrow Lake-H, whose
+// XMX takes only sub-group 8, N = 8).
+constexpr int kMatrixWidths[] = {16, 8};
 
 // IPEX_FLASH_MATRIX's value, checked ("auto" when unset). Throws std::invalid_argument.
 std::string matrix_mode();
 
 // The tile for `dtype` at `head_dim` under `mode`. Throws std::runtime_error when a tile height
-// is asked for ("8", "16") that the device does not take for that dtype.
+// is asked for ("8", "16") that the device does not take for that dtype, or an emulated shape
+// whose sub-group the device lacks.
 MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int head_dim,
                        const std::string& mode);
 

@@ -21,7 +21,8 @@ std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_ar
   return kernel + "<" + device_type_name(dtype) + ", " + std::to_string(head_dim) + ", " +
          std::to_string(block_m) + ", " + std::to_string(block_n) + ", " +
          std::to_string(features) +
-         (matrix_args ? ", " + std::to_string(matrix_m) + ", " + std::to_string(matrix_k)
+         (matrix_args ? ", " + std::to_string(matrix_m) + ", " + std::to_string(matrix_k) +
+                            ", " + std::to_string(matrix_n)
                       : std::string()) +
          ">";
 }

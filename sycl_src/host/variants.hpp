@@ -19,18 +19,20 @@ struct KernelVariant {
   int features = 0;   // FEATURE_* bits (params.hpp): softcap, ALiBi
   int matrix_m = 0;   // matrix-engine kernels: tile height (matrix_path.hpp); 0 otherwise
   int matrix_k = 0;   // and reduction step
+  int matrix_n = 16;  // and width = sub-group size (16, or 8 on DG2 / Arrow Lake-H); 16 in the
+                      // decode kernel's vector instantiation, which takes the argument anyway
   bool matrix_emulated = false;  // those kernels with sub-group arithmetic for joint_matrix
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
 
   // "kernel<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES>" for a kernel template with that
-  // signature, with ", MATRIX_M, MATRIX_K" appended for the matrix-engine kernels.
+  // signature, with ", MATRIX_M, MATRIX_K, MATRIX_N" appended for the matrix-engine kernels.
   std::string instantiate(const std::string& kernel) const {
     return instantiate(kernel, matrix_m > 0);
   }
   // The same, with the matrix arguments always (matrix_args) or never appended: for a kernel
-  // template that takes them whichever products it runs (the decode kernel; 0, 0: vector).
+  // template that takes them whichever products it runs (the decode kernel; 0, 0, 16: vector).
   std::string instantiate(const std::string& kernel, bool matrix_args) const;
 };
 
