@@ -25,7 +25,9 @@ _FN = "ipex_flash.flash_attn_varlen_func"
 
 
 def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-           max_seqlen_k, alibi_slopes, sinks) -> int:
+           max_seqlen_k, alibi_slopes, sinks, values: bool = True) -> int:
+    """Checks the call, returns the batch; values=False (fake tensors, torch.compile) skips
+    what needs the tensors' contents."""
     if not isinstance(q, Tensor) or q.dim() != 3:
         raise ValueError(f"{_FN}: with block_table, q must be (total_q, nheads, headdim)")
     for name, t in (("k", k_cache), ("v", v_cache)):
@@ -35,7 +37,10 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"{_FN}: v must have k's shape {tuple(k_cache.shape)}")
     check_page_size(k_cache)
-    batch = check_cu_seqlens(_FN, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    if values:
+        batch = check_cu_seqlens(_FN, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    else:
+        batch = cu_seqlens_q.shape[0] - 1
     for name, t, shape in (("block_table", block_table, (batch, -1)),
                            ("seqused_k", seqused_k, (batch,))):
         if not isinstance(t, Tensor) or t.dtype != torch.int32:
@@ -46,7 +51,7 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{_FN}: {name} must be an int >= 0, got {value!r}")
-    if q.device.type != "meta" and batch:
+    if values and q.device.type != "meta" and batch:
         capacity = block_table.shape[1] * k_cache.shape[1]
         if int(seqused_k.min()) < 0 or int(seqused_k.max()) > min(capacity, max_seqlen_k):
             raise ValueError(f"{_FN}: keys per sequence must be in [0, min(max_seqlen_k, "
@@ -125,7 +130,7 @@ def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, b
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                  window_right, softcap, alibi_slopes, sinks=None):
     _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-           max_seqlen_k, alibi_slopes, sinks)
+           max_seqlen_k, alibi_slopes, sinks, values=False)
     return (torch.empty_like(q),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 

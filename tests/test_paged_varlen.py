@@ -107,3 +107,13 @@ def test_bad_arguments(change, error, message):
     args.update(change)
     with pytest.raises(error, match=message):
         ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 4, 64, **args)
+
+
+def test_opcheck():
+    """The op's fake (meta) implementation, schema and dispatch agree with the real one
+    (torch.compile traces it), on a batch that takes both kernels."""
+    q, k_pages, v_pages, table, cu_q, seqused, _ = paged_batch([(1, 40), (9, 70)], 4, 2, 32, 16,
+                                                               torch.float32)
+    torch.library.opcheck(torch.ops.ipex_flash.paged_varlen_attention.default,
+                          (q, k_pages, v_pages, cu_q, seqused, table, 9, 70, None, True, -1, -1,
+                           0.0, None))
