@@ -95,18 +95,19 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
     group = q.shape[1] // k_cache.shape[2]
     decode = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1) & (seqused_k > 0)
-    if group > C.MAX_DECODE_ROWS or not bool(decode.any()):
+    if group > C.MAX_DECODE_ROWS:
         decode = torch.zeros_like(decode)
+    decodes = int(decode.sum())  # one read of the device's answer for both branches below
     general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
     options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,
                             sinks, general_keys, max_seqlen_k, block_table, page_size)
     options.cu_seqlens_q = ops.view(cu_seqlens_q)
     options.max_seqlen_q = max_seqlen_q
-    if not bool(decode.all()):
+    if decodes < batch:
         ops.flash_fwd(*(ops.view(t) for t in (q.unsqueeze(0).transpose(1, 2), *cache,
                                               out.unsqueeze(0).transpose(1, 2), lse)),
                       options, q.device)
-    if bool(decode.any()):  # one-token sequences: the split-KV decode kernel
+    if decodes:  # one-token sequences: the split-KV decode kernel
         index = decode.nonzero().flatten()
         rows = cu_seqlens_q[:-1][index].long()
         keys, table = seqused_k[index].contiguous(), block_table[index].contiguous()
