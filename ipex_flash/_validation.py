@@ -14,9 +14,11 @@ MAX_HEAD_DIM = 256
 
 
 def check_attention_inputs(
-    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]
+    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float],
+    fp8_kv: bool = False,
 ) -> None:
-    """Checks q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); raises naming the bad argument."""
+    """Checks q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); raises naming the bad argument.
+    fp8_kv: k and v are an FP8 cache (kv_quant.py, which checks their dtypes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -25,13 +27,13 @@ def check_attention_inputs(
                 f"{fn}: {name} must be 4-D (batch, heads, seq_len, head_dim), "
                 f"got shape {tuple(t.shape)}"
             )
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in SUPPORTED_DTYPES and not (fp8_kv and name != "q"):
             raise TypeError(
                 f"{fn}: {name} has dtype {t.dtype}; expected torch.float32, "
                 "torch.float16 or torch.bfloat16"
             )
     for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
+        if t.dtype != q.dtype and not fp8_kv:
             raise TypeError(f"{fn}: {name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
         if t.device != q.device:
             raise ValueError(

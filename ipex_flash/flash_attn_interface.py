@@ -277,7 +277,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           seqused_k=None, sinks=None):
+                           seqused_k=None, sinks=None, k_descale=None, v_descale=None):
     """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
     (total_k, nheads_k, headdim); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q
     and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
@@ -289,14 +289,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     With block_table (batch, max_blocks) int32, k and v are a paged KV cache (num_blocks,
     page_size, nheads_k, headdim) and sequence b's keys are its first seqused_k[b] (or
     cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call, prefills and
-    decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward."""
+    decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward. The cache may be FP8
+    with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
     left, right = check_window(fn, window_size)
     if block_table is not None:
         return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  dropout_p, softmax_scale, causal, left, right, softcap,
-                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks)
+                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
+                                 k_descale, v_descale)
+    if k_descale is not None or v_descale is not None:
+        raise ValueError(f"{fn}: k_descale and v_descale are taken with a paged FP8 cache "
+                         "(block_table)")
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required")
     if seqused_k is not None:

@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 import torch
 
-from ipex_flash import ops
+from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_attention_inputs, check_sinks, check_softcap, check_window)
@@ -30,7 +30,8 @@ def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
     return k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
 
 
-def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> None:
+def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> bool:
+    """Checks the call's tensors; returns whether the cache is FP8 (kv_quant.py)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -57,7 +58,10 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optio
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"{_FN}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got "
                          f"{tuple(v_cache.shape)}")
-    check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None)
+    fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
+    check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None,
+                           fp8_kv=fp8)
+    return fp8
 
 
 def _check_seqlens(seqlens: Tensor, batch: int, device: torch.device, name: str) -> None:
@@ -81,10 +85,15 @@ def _check_fits(seqlens: Tensor, new: int, capacity: int) -> None:
 @torch.library.custom_op("ipex_flash::kvcache_append", mutates_args=("k_cache", "v_cache"),
                          device_types=("cpu", "xpu"))
 def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
-                   cache_seqlens: Tensor, block_table: Optional[Tensor]) -> None:
+                   cache_seqlens: Tensor, block_table: Optional[Tensor],
+                   k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> None:
     """Writes k, v (B, Nnew, Hkv, D) into the caches at positions cache_seqlens[b] + i, and
-    nowhere else."""
+    nowhere else. 16-bit k, v into an FP8 cache are quantised: divided by their descales
+    ((B, Hkv) float32, see kv_quant.descales), saturating."""
     batch, new = k.shape[:2]
+    if kv_quant.is_fp8(k_cache) and k.dtype != k_cache.dtype:
+        k = kv_quant.quantise(k, k_descale, k_cache.dtype)
+        v = kv_quant.quantise(v, v_descale, v_cache.dtype)
     positions = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # (B, Nnew)
     if block_table is None:
         rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
@@ -98,7 +107,8 @@ def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
 
 
 @kvcache_append.register_fake
-def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table):
+def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale=None,
+                         v_descale=None):
     return None
 
 
@@ -111,7 +121,8 @@ def _outputs(q: Tensor) -> tuple[Tensor, Tensor]:
 def cache_options(scale: float, causal: bool, window_left: int, window_right: int,
                   softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
                   seqlens_k: Tensor, max_len_k: int, block_table: Optional[Tensor],
-                  page_size: int) -> "C.AttentionOptions":
+                  page_size: int, k_descale: Optional[Tensor] = None,
+                  v_descale: Optional[Tensor] = None) -> "C.AttentionOptions":
     """The kernels' options for attention over a KV cache (masks bottom-right, keys per
     sequence seqlens_k, pages through block_table). Tensors are passed by address: the caller
     keeps them alive and dense until the launch has returned."""
@@ -129,6 +140,8 @@ def cache_options(scale: float, causal: bool, window_left: int, window_right: in
     if block_table is not None:
         options.block_table = ops.view(block_table)
         options.page_size = page_size
+    if k_descale is not None:  # an FP8 cache: (B, Hkv) float32 each (kv_quant.descales)
+        options.k_descale, options.v_descale = ops.view(k_descale), ops.view(v_descale)
     return options
 
 
@@ -139,8 +152,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                       causal: bool, window_left: int, window_right: int, softcap: float,
                       alibi_slopes: Optional[Tensor],
                       sinks: Optional[Tensor] = None,
-                      num_splits: int = 0) -> tuple[Tensor, Tensor]:
-    _check_cache(q, k_cache, v_cache, block_table)
+                      num_splits: int = 0, k_descale: Optional[Tensor] = None,
+                      v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    fp8 = _check_cache(q, k_cache, v_cache, block_table)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     q = ops.with_contiguous_last_dim(q)
@@ -150,10 +164,12 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     sinks = ops.float_sinks(sinks)
     out, lse = _outputs(q)
     batch, head_dim = q.shape[0], q.shape[3]
+    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
+                                             k_cache.shape[2], q.device)
     max_len_k = int(seqlens_k.max()) if batch else 0
     options = cache_options(resolve_scale(softmax_scale, head_dim), causal, window_left,
                             window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
-                            block_table, k_cache.shape[1])
+                            block_table, k_cache.shape[1], k_descale, v_descale)
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
                     max_len_k, num_splits)
@@ -163,8 +179,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
 @kvcache_attention.register_fake
 def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
                             window_left, window_right, softcap, alibi_slopes, sinks=None,
-                            num_splits=0):
-    _check_cache(q, k_cache, v_cache, block_table)
+                            num_splits=0, k_descale=None, v_descale=None):
+    fp8 = _check_cache(q, k_cache, v_cache, block_table)
+    kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     return _outputs(q)
 
@@ -205,7 +222,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, sinks=None):
+                            return_softmax_lse=False, *, sinks=None, k_descale=None,
+                            v_descale=None):
     """Attention of new query tokens against a KV cache, with flash-attn's semantics and
     positional order (flash_attn_interface v2.8).
 
@@ -233,11 +251,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         num_splits: splits of each sequence's keys in the decode kernel; 0 chooses.
         return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
         sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
+        k_descale, v_descale: with a float8_e4m3fn or float8_e5m2 cache (q float16 or
+            bfloat16), the factors its elements are multiplied by (flash-attn 3's names): one
+            value, or (batch, nheads_k); default 1. New k, v in q's dtype are divided by them
+            and rounded to the cache's dtype, saturating; the kernels dequantise in registers.
 
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
-    _check_cache(q, k_cache, v_cache, block_table)
+    fp8 = _check_cache(q, k_cache, v_cache, block_table)
+    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0],
+                                             k_cache.shape[2], q.device)
     left, right = check_window(_FN, window_size)
     check_softcap(_FN, softcap)
     check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
@@ -268,17 +292,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_k, "
                                  f"headdim) = {expected}, got "
                                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else t}")
-            if t.dtype != k_cache.dtype:
-                raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's ({k_cache.dtype})")
+            if t.dtype != k_cache.dtype and not (fp8 and t.dtype == q.dtype):
+                raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's "
+                                f"({k_cache.dtype})" + (f" or q's ({q.dtype})" if fp8 else ""))
         _check_fits(cache_seqlens, k.shape[1], capacity)
         if rotary_dim:
             q, k = _rotate_new_tokens(q, k, rotary_cos, rotary_sin, cache_seqlens,
                                       rotary_interleaved, causal, window_size)
-        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                            k_descale, v_descale)
         seqlens_k = cache_seqlens + k.shape[1]
     else:
         _check_fits(cache_seqlens, 0, capacity)
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
-        float(softcap), alibi_slopes, sinks, num_splits)
+        float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale)
     return (out, lse) if return_softmax_lse else out

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import ops
+from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
 from ipex_flash._validation import softmax_scale as resolve_scale
@@ -25,9 +25,9 @@ _FN = "ipex_flash.flash_attn_varlen_func"
 
 
 def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-           max_seqlen_k, alibi_slopes, sinks, values: bool = True) -> int:
-    """Checks the call, returns the batch; values=False (fake tensors, torch.compile) skips
-    what needs the tensors' contents."""
+           max_seqlen_k, alibi_slopes, sinks, values: bool = True) -> tuple[int, bool]:
+    """Checks the call, returns the batch and whether the cache is FP8; values=False (fake
+    tensors, torch.compile) skips what needs the tensors' contents."""
     if not isinstance(q, Tensor) or q.dim() != 3:
         raise ValueError(f"{_FN}: with block_table, q must be (total_q, nheads, headdim)")
     for name, t in (("k", k_cache), ("v", v_cache)):
@@ -64,11 +64,12 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
             raise ValueError(f"{_FN}: block_table entries must be page indices in "
                              f"[0, {k_cache.shape[0]})")
     q_bhnd = q.unsqueeze(0).transpose(1, 2)
+    fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, q_bhnd, *(t[:1].transpose(1, 2) for t in (k_cache, v_cache)),
-                           None)
+                           None, fp8_kv=fp8)
     check_alibi(_FN, alibi_slopes, batch, q.shape[1], q.device)
     check_sinks(_FN, sinks, q_bhnd)
-    return batch
+    return batch, fp8
 
 
 @torch.library.custom_op("ipex_flash::paged_varlen_attention", mutates_args=(),
@@ -78,9 +79,12 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                            max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
                            window_left: int, window_right: int, softcap: float,
                            alibi_slopes: Optional[Tensor],
-                           sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    batch = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                   max_seqlen_k, alibi_slopes, sinks)
+                           sinks: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                           v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                        max_seqlen_k, alibi_slopes, sinks)
+    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
+                                             k_cache.shape[2], q.device)
     q = ops.with_contiguous_last_dim(q)
     cu_seqlens_q, seqused_k, block_table, alibi_slopes = (
         None if t is None else t.contiguous()
@@ -100,7 +104,8 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     decodes = int(decode.sum())  # one read of the device's answer for both branches below
     general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
     options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,
-                            sinks, general_keys, max_seqlen_k, block_table, page_size)
+                            sinks, general_keys, max_seqlen_k, block_table, page_size,
+                            k_descale, v_descale)
     options.cu_seqlens_q = ops.view(cu_seqlens_q)
     options.max_seqlen_q = max_seqlen_q
     if decodes < batch:
@@ -117,8 +122,10 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         out_dec = torch.empty_like(q_dec)
         lse_dec = torch.empty((q_dec.shape[0], q.shape[1], 1), dtype=torch.float32,
                               device=q.device)
+        dec_descales = (None, None) if k_descale is None else (k_descale[index].contiguous(),
+                                                               v_descale[index].contiguous())
         dec_options = cache_options(scale, causal, window_left, window_right, softcap, slopes,
-                                    sinks, keys, max_seqlen_k, table, page_size)
+                                    sinks, keys, max_seqlen_k, table, page_size, *dec_descales)
         ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
                         lse_dec, dec_options, 0.0, max_seqlen_k)
         out[rows] = out_dec[:, 0]
@@ -129,16 +136,19 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
 @paged_varlen_attention.register_fake
 def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                 window_right, softcap, alibi_slopes, sinks=None):
-    _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-           max_seqlen_k, alibi_slopes, sinks, values=False)
+                                 window_right, softcap, alibi_slopes, sinks=None, k_descale=None,
+                                 v_descale=None):
+    batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                        max_seqlen_k, alibi_slopes, sinks, values=False)
+    kv_quant.descales(_FN, k_descale, v_descale, fp8, batch, k_cache.shape[2], q.device)
     return (torch.empty_like(q),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
 def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                       max_seqlen_k, dropout_p, softmax_scale, causal, left, right, softcap,
-                      alibi_slopes, return_attn_probs, block_table, seqused_k, sinks):
+                      alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
+                      k_descale=None, v_descale=None):
     """flash_attn_varlen_func with a block_table: keys per sequence from seqused_k, or from
     cu_seqlens_k's differences when seqused_k is None."""
     if dropout_p != 0.0:
@@ -151,5 +161,5 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
     out, lse = torch.ops.ipex_flash.paged_varlen_attention(
         q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
         int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
-        sinks)
+        sinks, k_descale, v_descale)
     return (out, lse, None) if return_attn_probs else out

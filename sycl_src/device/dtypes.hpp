@@ -42,6 +42,29 @@ inline bfloat16_bits from_float<bfloat16_bits>(float x) {
   return bfloat16_bits{static_cast<uint16_t>(u >> 16)};
 }
 
+// FP8 KV-cache elements by their bit patterns (float8_e4m3fn and float8_e5m2; kv_quant.hpp).
+// Only read, never written by a kernel: appends are quantised by the caller.
+struct float8_e4m3_bits {
+  uint8_t bits;
+};
+struct float8_e5m2_bits {
+  uint8_t bits;
+};
+
+// e5m2 is the top byte of an IEEE half (same exponent, bias 15, infinities and NaNs).
+inline float to_float(float8_e5m2_bits x) {
+  return static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(x.bits << 8)));
+}
+// e4m3fn (bias 7, no infinities, S.1111.111 is NaN): its exponent and mantissa moved into a
+// half's fields give the same number times 2^-8, subnormals included, so one conversion the
+// hardware does and one exact multiply.
+inline float to_float(float8_e4m3_bits x) {
+  const uint32_t magnitude = x.bits & 0x7fu;
+  const uint16_t half_bits = static_cast<uint16_t>(((x.bits & 0x80u) << 8) | (magnitude << 7));
+  const float value = static_cast<float>(sycl::bit_cast<sycl::half>(half_bits)) * 256.f;
+  return magnitude == 0x7fu ? sycl::bit_cast<float>(0x7fc00000u) : value;
+}
+
 // Two 16-bit values in one 32-bit word, the first in the low half: the packed (VNNI) layout of
 // the matrix engines' B operands (matrix_tile.hpp).
 template <typename T>

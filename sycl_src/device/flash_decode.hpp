@@ -28,6 +28,7 @@
 #include "block_schedule.hpp"
 #include "kernel_props.hpp"
 #include "decode_merge.hpp"
+#include "kv_quant.hpp"
 #include "mask.hpp"
 #include "matrix_tile.hpp"
 #include "online_softmax.hpp"
@@ -77,7 +78,8 @@ void flash_decode_kernel(DecodeParams p) {
   constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes once
   constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
   constexpr int D_VECS = HEAD_DIM / LANES;
-  using Row = RowVectors<T, LANES>;
+  using KV = kv_storage_t<T, FEATURES>;  // the cache's elements: T, or FP8 (kv_quant.hpp)
+  using Row = RowVectors<KV, LANES>;
   constexpr int PER_LOAD = Row::PER_LOAD;  // head-dim vectors per block load
   constexpr int PV_VECS = decode_pv_vecs(D_VECS, PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS);
   static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
@@ -87,7 +89,8 @@ void flash_decode_kernel(DecodeParams p) {
   constexpr int HEADS_PER_SET = LANES / GROUP_ROWS;  // heads sharing one Q^T tile
   constexpr int SETS = (MAX_HEADS + HEADS_PER_SET - 1) / HEADS_PER_SET;
   static_assert(!MATRIX || (LANES == MATRIX_N && BLOCK_N % MATRIX_M == 0 &&
-                            HEAD_DIM % MATRIX_K == 0 && sizeof(T) == 2),
+                            HEAD_DIM % MATRIX_K == 0 && sizeof(T) == 2 &&
+                            std::is_same_v<KV, T>),
                 "matrix tile shape");
   // Q (* prescale) and O of every row the group serves, in vector order (i = vi * LANES + lane,
   // column Row::column(vi, lane)); the running softmax of each head's rows, per lane.
@@ -187,13 +190,14 @@ void flash_decode_kernel(DecodeParams p) {
     const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
     for (int hk = 0; hk < group_heads; ++hk) {
       const int h_kv = head0 + hk;
-      const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
-      const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
+      const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
+      const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
+      const float k_descale = kv_descale(c, b, h_kv).k;
       float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
       const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // matrix: this head's columns
       // The cache row of key j of step t, clamped to the last key (see the scores below).
-      const auto step_row = [&](const KvRows<T>& rows_of, int t, int j) {
+      const auto step_row = [&](const KvRows<KV>& rows_of, int t, int j) {
         return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
       };
 
@@ -244,6 +248,7 @@ void flash_decode_kernel(DecodeParams p) {
           }
           score[0] = transpose_sum<LANES>(sg, partial, lid);
         }
+        score[0] *= k_descale;
         // Read the step's V rows now, while the K misses are in flight, so that P.V finds
         // them in cache: P.V alone issues too few misses at a time to keep memory busy
         // (bf16 decode +20-30 %, NOTES.md).
@@ -286,7 +291,7 @@ void flash_decode_kernel(DecodeParams p) {
           for (int r = 0; r < GROUP_ROWS; ++r)
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
         for (int key = 0; key < block_keys; ++key) {
-          const T* v_row = v.row(kv_begin + key);
+          const KV* v_row = v.row(kv_begin + key);
           const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
 #pragma unroll
           for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
@@ -315,7 +320,7 @@ void flash_decode_kernel(DecodeParams p) {
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-    row_factor[lid] = softmax.inverse_sum();
+    row_factor[lid] = softmax.inverse_sum() * kv_descale(c, b, h_kv).v;
     if (valid_row && my_key == 0) {
       const int64_t row =
           (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, my_row)) * c.dims.len_q +

@@ -17,6 +17,7 @@
 #include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "fwd_block.hpp"
+#include "kv_quant.hpp"
 #include "mask.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
@@ -56,14 +57,16 @@ void flash_fwd_kernel(FwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   const int64_t batch_head = block.batch_head;
-  const ForwardOperands<T> operands = forward_operands<T>(p, block);
+  using KV = kv_storage_t<T, FEATURES>;  // the K/V elements: T, or FP8 (kv_quant.hpp)
+  const ForwardOperands<T, KV> operands = forward_operands<T, KV>(p, block);
   const T* q = operands.q;
-  const KvRows<T>& k = operands.k;
-  const KvRows<T>& v = operands.v;
+  const KvRows<KV>& k = operands.k;
+  const KvRows<KV>& v = operands.v;
 
-  load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q, p.q_stride.row,
-                                          static_cast<int>(q_end - q_begin), c.dims.head_dim,
-                                          c.q_prescale, lid, BLOCK_M);
+  // K's descale is folded into Q's scale (kv_quant.hpp).
+  load_tile_transposed<BLOCK_M, HEAD_DIM>(
+      q_t, q, p.q_stride.row, static_cast<int>(q_end - q_begin), c.dims.head_dim,
+      c.q_prescale * kv_descale(c, block.batch, block.head_kv).k, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
 
   const BlockMask mask = BlockMask::of(c.mask, seq);

@@ -66,6 +66,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % MATRIX_K == 0 &&
                     HEAD_DIM % MATRIX_M == 0,
                 "tile shape");
+  static_assert((FEATURES & FEATURE_KV_FP8) == 0, "FP8 caches run the vector kernels");
   static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;          // (kv, q) scores
   static syclexp::work_group_static<uint32_t[BLOCK_N / 2][BLOCK_M]> p_slm;   // (kv/2, q) packed

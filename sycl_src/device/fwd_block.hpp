@@ -5,6 +5,7 @@
 
 #include "block_schedule.hpp"
 #include "dtypes.hpp"
+#include "kv_quant.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
@@ -12,22 +13,24 @@
 
 namespace ipex_flash {
 
-// The block's first Q row and its K/V rows (contiguous, packed or paged).
-template <typename T>
+// The block's first Q row and its K/V rows (contiguous, packed or paged), whose elements are
+// KV: T, or an FP8 type (kv_quant.hpp).
+template <typename T, typename KV = T>
 struct ForwardOperands {
   const T* q;
-  KvRows<T> k;
-  KvRows<T> v;
+  KvRows<KV> k;
+  KvRows<KV> v;
 };
 
-template <typename T>
-inline ForwardOperands<T> forward_operands(const FwdParams& p, const QueryBlock& block) {
+template <typename T, typename KV = T>
+inline ForwardOperands<T, KV> forward_operands(const FwdParams& p, const QueryBlock& block) {
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = block.seq;
   const T* q = static_cast<const T*>(p.q) + block.batch * p.q_stride.batch +
                block.head * p.q_stride.head + (seq.q_row0 + block.begin) * p.q_stride.row;
-  return ForwardOperands<T>{q, kv_rows<T>(p.k, p.k_stride, c, seq, block.batch, block.head_kv),
-                            kv_rows<T>(p.v, p.v_stride, c, seq, block.batch, block.head_kv)};
+  return ForwardOperands<T, KV>{
+      q, kv_rows<KV>(p.k, p.k_stride, c, seq, block.batch, block.head_kv),
+      kv_rows<KV>(p.v, p.v_stride, c, seq, block.batch, block.head_kv)};
 }
 
 // acc_t (d, q): the block's unnormalised output, transposed; lid: the work-item's row in it.
@@ -39,7 +42,7 @@ inline void write_output_row(const FwdParams& p, const QueryBlock& block, int li
   const SeqInfo& seq = block.seq;
   const int64_t row = block.begin + lid;
   if (row >= seq.len_q) return;
-  const float inv_sum = softmax.inverse_sum();
+  const float inv_sum = softmax.inverse_sum() * kv_descale(c, block.batch, block.head_kv).v;
   T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
            block.head * p.out_stride.head + (seq.q_row0 + row) * p.out_stride.row;
   for (int d = 0; d < c.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);

@@ -31,6 +31,10 @@ constexpr int FEATURE_MASK_F16 = 16;
 constexpr int FEATURE_MASK_BF16 = 32;
 constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
+// An FP8 KV cache (kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
+constexpr int FEATURE_KV_E4M3 = 64;
+constexpr int FEATURE_KV_E5M2 = 128;
+constexpr int FEATURE_KV_FP8 = FEATURE_KV_E4M3 | FEATURE_KV_E5M2;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.
@@ -116,6 +120,12 @@ struct LseStrides {
   int64_t head;
 };
 
+// Descale factors of an FP8 KV cache (kv_quant.hpp): float32 (B, Hkv), contiguous; null = 1.
+struct KvDescaleParams {
+  const float* k;
+  const float* v;
+};
+
 // What every attention kernel shares: sizes, masks, score changes, sequence layout.
 struct AttentionCommon {
   AttentionDims dims;
@@ -124,6 +134,7 @@ struct AttentionCommon {
   ScoreModParams score_mod;
   DropoutParams dropout;
   LseStrides lse_stride;
+  KvDescaleParams kv_descale;
   float scale;          // softmax scale
   float q_prescale;     // what Q is multiplied by on load (see score_mod.hpp)
   int32_t num_blocks;   // work-groups per (batch, head) of the launch

@@ -183,12 +183,12 @@ inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
 // lane-indexed loads from a computed row pointer became gathers on the CPU device (NOTES.md);
 // on GPUs they are the block reads such an access should use. The loads are 32-bit: 16-bit
 // block loads were lowered to one insert per element on the CPU device. So for a 16-bit T a
-// lane takes two neighbouring columns and one load gives PER_LOAD = 2 vectors (rows must then
+// lane takes two neighbouring columns and one load gives PER_LOAD = 2 vectors (an FP8 T: four) (rows must then
 // start on a 4-byte boundary, which the launcher checks): vector vi holds column
 // column(vi, lane) in each lane, and whatever meets these vectors (Q, O) is laid out the same.
 template <typename T, int LANES>
 struct RowVectors {
-  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit elements");
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4, "8-, 16- or 32-bit elements");
   static constexpr int PER_LOAD = 4 / static_cast<int>(sizeof(T));
 
   static constexpr int column(int vi, int lane) {
@@ -197,7 +197,7 @@ struct RowVectors {
 
   // Vectors vi0 .. vi0 + PER_LOAD - 1 of `row` (vi0 a multiple of PER_LOAD). With `whole`
   // false (a head dim padded up to the kernel's) masked lane-wise loads, columns at or past
-  // `cols` reading 0; for 16-bit types `cols` must be even (a word is read or not).
+  // `cols` reading 0; `cols` must be a multiple of PER_LOAD (a word is read or not).
   static inline void load(sycl::sub_group sg, const T* row, int vi0, bool whole, int cols,
                           int lane, float (&out)[PER_LOAD]) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + (vi0 / PER_LOAD) * LANES;
@@ -209,9 +209,13 @@ struct RowVectors {
     }
     if constexpr (PER_LOAD == 1) {
       out[0] = to_float(sycl::bit_cast<T>(word));
-    } else {
+    } else if constexpr (PER_LOAD == 2) {
       out[0] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word)));
       out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
+    } else {  // FP8 (kv_quant.hpp)
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        out[u] = to_float(sycl::bit_cast<T>(static_cast<uint8_t>(word >> (8 * u))));
     }
   }
 

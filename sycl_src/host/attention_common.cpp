@@ -29,8 +29,14 @@ int64_t element_bytes(const std::string& dtype) {
 
 }  // namespace
 
-int features_of(const AttentionOptions& options) {
-  return (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
+int kv_feature(const std::string& kv_dtype) {
+  return kv_dtype == "float8_e4m3fn" ? FEATURE_KV_E4M3
+         : kv_dtype == "float8_e5m2" ? FEATURE_KV_E5M2
+                                     : 0;
+}
+
+int features_of(const AttentionOptions& options, const TensorView& k) {
+  return kv_feature(k.dtype) | (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
          (options.alibi_slopes ? FEATURE_ALIBI : 0) |
          (options.attn_mask ? attn_mask_feature(options.attn_mask->dtype) : 0);
 }
@@ -74,6 +80,7 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
   if (o.alibi_slopes && o.alibi_slopes->sizes.size() == 2)
     c.score_mod.alibi_batch_stride = o.alibi_slopes->strides[0];
   c.dropout = o.dropout;
+  c.kv_descale = KvDescaleParams{data_of<float>(o.k_descale), data_of<float>(o.v_descale)};
   c.lse_stride = lse.sizes.size() == 3 ? LseStrides{lse.strides[0], lse.strides[1]}
                                         : LseStrides{0, lse.strides.at(0)};
   c.scale = o.scale;

@@ -19,6 +19,8 @@ struct AttentionOptions {
   std::optional<TensorView> alibi_slopes;    // (Hq,) or (B, Hq) float32
   std::optional<TensorView> attn_mask;       // (B, Hq, Nq, Nk) view, broadcast dims stride 0
   std::optional<TensorView> sinks;           // (Hq,) float32
+  std::optional<TensorView> k_descale;       // (B, Hkv) float32, contiguous: FP8 caches
+  std::optional<TensorView> v_descale;       // (B, Hkv) float32, contiguous
   std::optional<TensorView> cu_seqlens_q;    // (B + 1) int32: q packed as (1, Hq, total, D)
   std::optional<TensorView> cu_seqlens_k;    // (B + 1) int32: k, v packed likewise
   std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
@@ -53,8 +55,11 @@ void set_forward_tensors(Params& params, const TensorView& q, const TensorView& 
   params.out_stride = bhnd_strides(out, "out");
 }
 
-// The FEATURE_* bits a call needs compiled in.
-int features_of(const AttentionOptions& options);
+// The FEATURE_* bits a call needs compiled in; k (or its cache) says the K/V element type.
+int features_of(const AttentionOptions& options, const TensorView& k);
+
+// FEATURE_KV_E4M3 or FEATURE_KV_E5M2 for an FP8 K/V dtype, 0 otherwise.
+int kv_feature(const std::string& kv_dtype);
 
 // Work-groups of a launch: `blocks` per (batch, head), each `group_size` work-items.
 inline sycl::nd_range<1> block_range(int64_t batch_heads, int64_t blocks, int group_size) {

@@ -90,6 +90,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("alibi_slopes", &AttentionOptions::alibi_slopes)
       .def_readwrite("attn_mask", &AttentionOptions::attn_mask)
       .def_readwrite("sinks", &AttentionOptions::sinks)
+      .def_readwrite("k_descale", &AttentionOptions::k_descale)
+      .def_readwrite("v_descale", &AttentionOptions::v_descale)
       .def_readwrite("cu_seqlens_q", &AttentionOptions::cu_seqlens_q)
       .def_readwrite("cu_seqlens_k", &AttentionOptions::cu_seqlens_k)
       .def_readwrite("seqlens_k", &AttentionOptions::seqlens_k)

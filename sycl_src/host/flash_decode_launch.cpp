@@ -26,27 +26,33 @@ constexpr int kMergeGroup = 64;
 constexpr int kDecodeBlockBytes = 8192;
 constexpr int kMinDecodeBlockKeys = 16, kMaxDecodeBlockKeys = 64;
 
-int decode_block_keys(const std::string& dtype, int head_dim) {
-  const int row_bytes = head_dim * (dtype == "float32" ? 4 : 2);
+// Bytes of one K/V element: the input's, or 1 for an FP8 cache (features).
+int kv_element_bytes(const std::string& dtype, int features) {
+  return (features & FEATURE_KV_FP8) != 0 ? 1 : dtype == "float32" ? 4 : 2;
+}
+
+int decode_block_keys(int kv_bytes, int head_dim) {
+  const int row_bytes = head_dim * kv_bytes;
   int keys = kMinDecodeBlockKeys;
   while (keys < kMaxDecodeBlockKeys && 2 * keys * row_bytes <= kDecodeBlockBytes) keys *= 2;
   return keys;
 }
 
-// Whether every row of a 16-bit K/V cache (or page pool) starts on a 4-byte boundary: its
-// data pointer, and every stride but the contiguous last one, in whole 4-byte words (an even
-// number of elements).
-bool word_aligned_rows(const TensorView& t) {
+// Whether every row of a K/V cache (or page pool) of kv_bytes elements starts on a 4-byte
+// boundary: its data pointer, and every stride but the contiguous last one, in whole 4-byte
+// words.
+bool word_aligned_rows(const TensorView& t, int kv_bytes) {
   if (t.data % 4 != 0) return false;
   for (size_t dim = 0; dim + 1 < t.strides.size(); ++dim)
-    if (t.strides[dim] % 2 != 0) return false;
+    if (t.strides[dim] * kv_bytes % 4 != 0) return false;
   return true;
 }
 
-// The head dim the decode kernel is compiled for: 16-bit K/V rows are read two columns per
-// lane (RowVectors), so whole 32-column loads.
-int decode_head_dim(const std::string& dtype, int padded_head_dim) {
-  return dtype == "float32" ? padded_head_dim : static_cast<int>(ceil_div(padded_head_dim, 32) * 32);
+// The head dim the decode kernel is compiled for: K/V rows are read a 32-bit word per lane
+// (RowVectors), 4 / kv_bytes columns, so whole loads of 16 lanes.
+int decode_head_dim(int kv_bytes, int padded_head_dim) {
+  const int64_t columns = DECODE_LANES * 4 / kv_bytes;
+  return static_cast<int>(ceil_div(padded_head_dim, columns) * columns);
 }
 
 // The query rows of one K/V head rounded up to a power of two: the kernel's GROUP_ROWS.
@@ -83,13 +89,16 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
 // local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              const DeviceLimits& limits, const std::string& mode) {
+  const int kv_bytes = kv_element_bytes(dtype, features);
   KernelVariant variant = base_variant(dtype, head_dim, limits);
-  variant.head_dim = decode_head_dim(dtype, variant.head_dim);
+  variant.head_dim = decode_head_dim(kv_bytes, variant.head_dim);
   variant.block_m = decode_group_rows(rows);
-  variant.block_n = decode_block_keys(dtype, variant.head_dim);
+  variant.block_n = decode_block_keys(kv_bytes, variant.head_dim);
   variant.features = features;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
-  const MatrixTile tile = matrix_tile(limits, dtype, variant.head_dim, mode);
+  // FP8 caches (kv_quant.hpp) compute their scores on the vector units.
+  const MatrixTile tile = kv_bytes == 1 ? MatrixTile{}
+                                        : matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true);
   // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
@@ -139,9 +148,10 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v) {
   const int64_t heads_kv = k.size(1);
   if (heads_kv <= 0 || (q.size(1) / heads_kv) * q.size(2) > kMaxDecodeRows) return false;
-  // The decode kernel reads 16-bit rows a 32-bit word at a time.
-  return q.dtype == "float32" ||
-         (word_aligned_rows(k) && word_aligned_rows(v) && q.size(3) % 2 == 0);
+  // The decode kernel reads 16-bit and FP8 rows a 32-bit word at a time.
+  const int kv_bytes = kv_element_bytes(k.dtype, kv_feature(k.dtype));
+  return kv_bytes == 4 || (word_aligned_rows(k, kv_bytes) && word_aligned_rows(v, kv_bytes) &&
+                           q.size(3) * kv_bytes % 4 == 0);
 }
 
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -155,13 +165,13 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     throw std::invalid_argument(
         "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
         "than " + std::to_string(kMaxDecodeRows) +
-        " query rows per K/V head, or a 16-bit cache whose rows are not word-aligned");
+        " query rows per K/V head, or a 16-bit or FP8 cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
   const DeviceLimits& limits = device_limits(queue.get_device());
   const KernelVariant variant =
-      decode_variant(q.dtype, c.dims.head_dim, rows, features_of(options), limits, matrix_mode());
+      decode_variant(q.dtype, c.dims.head_dim, rows, features_of(options, k), limits, matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);

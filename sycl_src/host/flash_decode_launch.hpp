@@ -25,8 +25,8 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
                       std::uintptr_t queue_handle);
 
 // Whether flash_decode serves q (B, Hq, Nq, D) against this cache: at most kMaxDecodeRows query
-// rows per K/V head and, for 16-bit caches, rows starting on 4-byte boundaries and an even
-// head dim. Other problems go to flash_fwd (which also reads caches).
+// rows per K/V head and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
+// head dims in whole 4-byte words. Other problems go to flash_fwd (which also reads caches).
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v);
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).

@@ -44,7 +44,11 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant)
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
                           const DeviceLimits& limits, const std::string& mode) {
-  const MatrixTile tile = matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
+  // FP8 caches (kv_quant.hpp) run the vector kernel: the matrix engine would need K and V
+  // converted to T first.
+  const MatrixTile tile = (features & FEATURE_KV_FP8) != 0
+                              ? MatrixTile{}
+                              : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
   KernelVariant variant = choose_variant(dtype, head_dim, limits,
                                          tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
   variant.matrix_m = tile.m;
@@ -75,7 +79,7 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, features_of(options),
+  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, features_of(options, k),
                                             device_limits(queue.get_device()), matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
@@ -109,7 +113,7 @@ int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, options);
   const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
-  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, features_of(options), limits,
+  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, features_of(options, k), limits,
                                            matrix_mode()));
 }
 
