@@ -5,6 +5,8 @@ in the same run (these machines are shared and noisy, so only same-run ratios me
     python scripts/benchmark.py --passes backward fwd+bwd --seq-lens 1024 2048
     python scripts/benchmark.py --quick                  # N 512..2048, D 64
     python scripts/benchmark.py --decode                 # KV-cache decoding bandwidth
+    python scripts/benchmark.py --decode --dtypes bfloat16 --decode-caches same float8_e4m3fn
+                                                         # FP8 caches against 16-bit ones
 Prints a table and writes benchmarks/results.json (--output to change).
 FLOPs: forward 4 * B * H * Nq * Nk * D (two matmuls), halved when causal; backward 2.5x the
 forward (five matmuls), forward+backward 3.5x.
@@ -133,44 +135,58 @@ def decode_cache(layout, batch, length, heads_kv, head_dim, dtype):
 
 
 def run_decode(args):
-    """One new token per sequence against a KV cache: bytes of K and V read per second."""
+    """One new token per sequence against a KV cache: bytes of K and V read per second, and
+    for FP8 caches (--decode-caches) tokens per second against the q-dtype cache's."""
     heads_q, heads_kv, head_dim = 32, 8, 128
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth (read + write): {copy_bw / 1e9:.1f} GB/s")
     header = (f"{'dtype':>8} {'layout':>6} {'batch':>5} {'cache':>6} | {'ipex_flash GB/s':>15} | "
-              f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9}")
+              f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9} | {'cache dtype':>13} | "
+              f"{'tok/s vs same':>13}")
     print(header)
     print("-" * len(header))
-    rows = []
-    for dtype_name in args.dtypes:
+    rows, same_seconds = [], {}
+    for dtype_name, cache_name, (layout, batch, length) in itertools.product(
+            args.dtypes, args.decode_caches,
+            itertools.product(args.decode_layouts, args.decode_batches, args.decode_lengths)):
         dtype = DTYPES[dtype_name]
-        for layout, batch, length in itertools.product(args.decode_layouts, args.decode_batches,
-                                                       args.decode_lengths):
-            torch.manual_seed(0)
-            k_cache, v_cache = (decode_cache(layout, batch, length, heads_kv, head_dim, dtype)
-                                for _ in range(2))
-            q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
-            kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
-            ours = best_seconds(
-                lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
-                                                           cache_seqlens=length),
-                args.repeats, args.budget)
-            q_s, k_s, v_s = (t.transpose(1, 2) for t in (q, k_cache, v_cache))
-            sdpa = best_seconds(
-                lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
-                args.repeats, args.budget)
-            row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
-                       cache_len=length, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
-                       ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
-                       ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
-                       copy_gbps=copy_bw / 1e9)
-            row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
-            row["ratio_to_sdpa"] = sdpa / ours
-            rows.append(row)
-            print(f"{dtype_name:>8} {layout:>6} {batch:>5} {length:>6} | "
-                  f"{row['ipex_flash_gbps']:15.1f} | {row['sdpa_gbps']:10.1f} | "
-                  f"{row['ratio_to_copy']:9.2f} | "
-                  f"{row['ratio_to_sdpa']:9.2f}", flush=True)
+        cache_dtype = dtype if cache_name == "same" else getattr(torch, cache_name)
+        if cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and dtype == torch.float32:
+            continue  # FP8 caches take 16-bit queries
+        torch.manual_seed(0)
+        k_cache, v_cache = (decode_cache(layout, batch, length, heads_kv, head_dim,
+                                         torch.float32).to(cache_dtype) for _ in range(2))
+        q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+        kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
+        ours = best_seconds(
+            lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                       cache_seqlens=length),
+            args.repeats, args.budget)
+        q_s, k_s, v_s = (t.transpose(1, 2).to(dtype) for t in (q, k_cache, v_cache))
+        sdpa = best_seconds(
+            lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
+            args.repeats, args.budget)
+        row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
+                   cache_len=length, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                   ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
+                   ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
+                   copy_gbps=copy_bw / 1e9, cache_dtype=str(cache_dtype).removeprefix("torch."),
+                   tokens_per_s=batch / ours)
+        row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
+        row["ratio_to_sdpa"] = sdpa / ours
+        key = (dtype_name, layout, batch, length)
+        if cache_name == "same":
+            same_seconds[key] = ours
+        # Tokens per second against the same call with a cache in q's dtype, this run.
+        row["tokens_ratio_to_same_cache"] = (same_seconds[key] / ours
+                                             if key in same_seconds else None)
+        rows.append(row)
+        ratio = row["tokens_ratio_to_same_cache"]
+        print(f"{dtype_name:>8} {layout:>6} {batch:>5} {length:>6} | "
+              f"{row['ipex_flash_gbps']:15.1f} | {row['sdpa_gbps']:10.1f} | "
+              f"{row['ratio_to_copy']:9.2f} | {row['ratio_to_sdpa']:9.2f} | "
+              f"{row['cache_dtype']:>13} | "
+              f"{'-' if ratio is None else f'{ratio:.2f}':>13}", flush=True)
     return rows
 
 
@@ -194,6 +210,9 @@ def main():
     parser.add_argument("--decode-batches", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--decode-lengths", nargs="+", type=int,
                         default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--decode-caches", nargs="+", default=["same"],
+                        choices=["same", "float8_e4m3fn", "float8_e5m2"],
+                        help="the cache's dtype: q's (same) or FP8 (16-bit q only)")
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results.json")
     args = parser.parse_args()
     if args.quick:
