@@ -1,8 +1,9 @@
 """The calls gpu-check plans for each GPU, and the kernel programs they select.
 
 The grid reaches every kernel: forward (vector, and matrix with its K/V pack where the GPU
-takes XMX tiles), backward (preprocess, dK/dV, dQ; matrix dK/dV and dQ with their packing), decode (split and merge) and the dropout
-mask, over float32/float16/bfloat16, head-dim buckets and the compile-time score features.
+takes XMX tiles), backward (preprocess, dK/dV, dQ; matrix dK/dV and dQ with their packing),
+decode (split and merge) and the dropout mask, over float32/float16/bfloat16, head-dim buckets
+and the compile-time score features, and the decode and forward kernels over FP8 caches.
 Variants are chosen by the host module from the target's device-limits record, the same code
 that chooses for a real device (C.plan). The KV-cache append has no kernel of its own (it is a
 tensor copy in ipex_flash/kvcache.py), so it has nothing to compile.
@@ -21,6 +22,9 @@ ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one pe
 # quick grid's 7 puts every score change in one kernel, the most registers any variant needs.
 FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
+# FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
+# the vector forward, which read them.
+FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
 
 
 @dataclass
@@ -68,6 +72,11 @@ def _calls(full: bool):
                     for rows in DECODE_ROWS[size]:
                         yield "decode", dtype, head_dim, features, rows, mode
                     yield "backward", dtype, head_dim, features, 1, mode
+        for head_dim in head_dims if dtype != "float32" else []:
+            for features in FP8_FEATURE_SETS[size]:
+                yield "forward", dtype, head_dim, features, 1, "auto"
+                for rows in DECODE_ROWS[size]:
+                    yield "decode", dtype, head_dim, features, rows, "auto"
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
 
 
