@@ -192,7 +192,7 @@ void flash_decode_kernel(DecodeParams p) {
       const int h_kv = head0 + hk;
       const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
       const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
-      const float k_descale = kv_descale(c, b, h_kv).k;
+      const float k_descale = kv_descale<FEATURES>(c, b, h_kv).k;
       float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
       const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // matrix: this head's columns
@@ -320,7 +320,7 @@ void flash_decode_kernel(DecodeParams p) {
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-    row_factor[lid] = softmax.inverse_sum() * kv_descale(c, b, h_kv).v;
+    row_factor[lid] = softmax.inverse_sum() * kv_descale<FEATURES>(c, b, h_kv).v;
     if (valid_row && my_key == 0) {
       const int64_t row =
           (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, my_row)) * c.dims.len_q +

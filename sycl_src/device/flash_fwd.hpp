@@ -66,7 +66,7 @@ void flash_fwd_kernel(FwdParams p) {
   // K's descale is folded into Q's scale (kv_quant.hpp).
   load_tile_transposed<BLOCK_M, HEAD_DIM>(
       q_t, q, p.q_stride.row, static_cast<int>(q_end - q_begin), c.dims.head_dim,
-      c.q_prescale * kv_descale(c, block.batch, block.head_kv).k, lid, BLOCK_M);
+      c.q_prescale * kv_descale<FEATURES>(c, block.batch, block.head_kv).k, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
 
   const BlockMask mask = BlockMask::of(c.mask, seq);
@@ -107,7 +107,8 @@ void flash_fwd_kernel(FwdParams p) {
     }
   }
 
-  write_output_row<T>(p, block, lid, acc_t, softmax);
+  write_output_row<T>(p, block, lid, acc_t, softmax,
+                      kv_descale<FEATURES>(c, block.batch, block.head_kv).v);
 }
 
 }  // namespace ipex_flash

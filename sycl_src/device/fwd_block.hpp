@@ -5,7 +5,6 @@
 
 #include "block_schedule.hpp"
 #include "dtypes.hpp"
-#include "kv_quant.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
@@ -33,16 +32,17 @@ inline ForwardOperands<T, KV> forward_operands(const FwdParams& p, const QueryBl
       kv_rows<KV>(p.v, p.v_stride, c, seq, block.batch, block.head_kv)};
 }
 
-// acc_t (d, q): the block's unnormalised output, transposed; lid: the work-item's row in it.
+// acc_t (d, q): the block's unnormalised output, transposed; lid: the work-item's row in it;
+// v_descale: an FP8 cache's V descale (kv_quant.hpp), folded into the normalisation.
 template <typename T, int HEAD_DIM, int BLOCK_M>
 inline void write_output_row(const FwdParams& p, const QueryBlock& block, int lid,
                              const float (&acc_t)[HEAD_DIM][BLOCK_M],
-                             const OnlineSoftmaxRow& softmax) {
+                             const OnlineSoftmaxRow& softmax, float v_descale = 1.f) {
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = block.seq;
   const int64_t row = block.begin + lid;
   if (row >= seq.len_q) return;
-  const float inv_sum = softmax.inverse_sum() * kv_descale(c, block.batch, block.head_kv).v;
+  const float inv_sum = softmax.inverse_sum() * v_descale;  // an FP8 cache's (kv_quant.hpp)
   T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
            block.head * p.out_stride.head + (seq.q_row0 + row) * p.out_stride.row;
   for (int d = 0; d < c.dims.head_dim; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);

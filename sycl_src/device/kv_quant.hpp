@@ -27,8 +27,11 @@ struct KvDescale {
   float v;
 };
 
-// The descales of sequence b's K/V head h_kv (1 when the cache is not quantised).
+// The descales of sequence b's K/V head h_kv; 1 in kernels compiled for other caches, which
+// carry none of this code (on DG2 the loads alone made the fp32 forward spill).
+template <int FEATURES>
 inline KvDescale kv_descale(const AttentionCommon& c, int b, int h_kv) {
+  if constexpr ((FEATURES & FEATURE_KV_FP8) == 0) return KvDescale{1.f, 1.f};
   if (c.kv_descale.k == nullptr) return KvDescale{1.f, 1.f};
   const int64_t i = static_cast<int64_t>(b) * c.dims.heads_kv() + h_kv;
   return KvDescale{c.kv_descale.k[i], c.kv_descale.v[i]};
