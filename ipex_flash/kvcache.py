@@ -5,7 +5,8 @@ place. Layout (batch, seq_len, heads, head_dim).
 Ops behind it (torch.library, with fake implementations):
     ipex_flash::kvcache_append(k_cache!, v_cache!, k, v, cache_seqlens, block_table) -> ()
     ipex_flash::kvcache_attention(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale,
-        causal, window_left, window_right, softcap, alibi_slopes) -> (out, softmax_lse)
+        causal, window_left, window_right, softcap, alibi_slopes, sinks, num_splits, k_descale,
+        v_descale, cache_leftpad) -> (out, softmax_lse)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_attention_inputs, check_sinks, check_softcap, check_window)
 from ipex_flash._validation import softmax_scale as resolve_scale
+from ipex_flash.kvcache_leftpad import check_leftpad, check_leftpad_combination, max_keys
 from ipex_flash.rotary import apply_rotary, check_rotary
 
 Tensor = torch.Tensor
@@ -153,23 +155,28 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                       alibi_slopes: Optional[Tensor],
                       sinks: Optional[Tensor] = None,
                       num_splits: int = 0, k_descale: Optional[Tensor] = None,
-                      v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                      v_descale: Optional[Tensor] = None,
+                      cache_leftpad: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     fp8 = _check_cache(q, k_cache, v_cache, block_table)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
+    check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
     q = ops.with_contiguous_last_dim(q)
     # Passed by address: dense, and referenced here until the launch has returned.
-    seqlens_k, block_table, alibi_slopes = (
-        None if t is None else t.contiguous() for t in (seqlens_k, block_table, alibi_slopes))
+    seqlens_k, block_table, alibi_slopes, cache_leftpad = (
+        None if t is None else t.contiguous()
+        for t in (seqlens_k, block_table, alibi_slopes, cache_leftpad))
     sinks = ops.float_sinks(sinks)
     out, lse = _outputs(q)
     batch, head_dim = q.shape[0], q.shape[3]
     k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
-    max_len_k = int(seqlens_k.max()) if batch else 0
+    max_len_k = max_keys(seqlens_k, cache_leftpad)
     options = cache_options(resolve_scale(softmax_scale, head_dim), causal, window_left,
                             window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
                             block_table, k_cache.shape[1], k_descale, v_descale)
+    if cache_leftpad is not None:
+        options.k_start = ops.view(cache_leftpad)
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
                     max_len_k, num_splits)
@@ -179,10 +186,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
 @kvcache_attention.register_fake
 def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
                             window_left, window_right, softcap, alibi_slopes, sinks=None,
-                            num_splits=0, k_descale=None, v_descale=None):
+                            num_splits=0, k_descale=None, v_descale=None, cache_leftpad=None):
     fp8 = _check_cache(q, k_cache, v_cache, block_table)
     kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
+    check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
     return _outputs(q)
 
 
@@ -241,7 +249,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             the whole cache).
         cache_batch_idx: optional (batch,) int32: the cache row of each sequence (default
             0 .. batch - 1); not with block_table.
-        cache_leftpad: not supported yet (must be None).
+        cache_leftpad: optional (batch,) int32: the cache row where each sequence's keys
+            start (default 0): keys are rows cache_leftpad[b] .. cache_seqlens[b] (+ new);
+            masks and ALiBi count from there. Not with block_table.
         block_table: optional (batch, max_blocks_per_seq) int32: the pages of each sequence.
         softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; masks
             are aligned to the bottom-right, i.e. new token i sits at position
@@ -265,8 +275,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     left, right = check_window(_FN, window_size)
     check_softcap(_FN, softcap)
     check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
-    if cache_leftpad is not None:
-        raise NotImplementedError(f"{_FN}: cache_leftpad is not supported yet")
+    check_leftpad_combination(_FN, cache_leftpad, block_table)
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
     if block_table is not None:
@@ -282,6 +291,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     _check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
+    check_leftpad(_FN, cache_leftpad, q.shape[0], q.device, cache_seqlens)
     seqlens_k = cache_seqlens
     if (k is None) != (v is None):
         raise ValueError(f"{_FN}: k and v must be given together")
@@ -306,5 +316,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _check_fits(cache_seqlens, 0, capacity)
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
-        float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale)
+        float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

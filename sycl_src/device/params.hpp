@@ -82,6 +82,7 @@ struct SeqLayout {
   const int32_t* block_table;   // (B, max_pages) page of each page_size keys, or null
   int64_t block_table_stride;   // elements between block_table rows
   int32_t page_size;            // keys per page (a power of two) when paged
+  const int32_t* k_start;       // (B) or null: a cache's keys are rows k_start[b] .. seqlens_k[b]
 };
 
 // Element strides of one (B, H, N, D) tensor; the D stride is always 1. Packed varlen

@@ -10,7 +10,7 @@ namespace ipex_flash {
 
 struct SeqInfo {
   int64_t q_row0;  // first row of sequence b in packed q / out / lse (0 for fixed length)
-  int64_t k_row0;  // first row of sequence b in packed k / v (0 for fixed length or a cache)
+  int64_t k_row0;  // first row of sequence b in packed k / v (0 for fixed length, a cache's k_start)
   int32_t len_q;   // query rows of sequence b
   int32_t len_k;   // keys of sequence b
   int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams)
@@ -27,6 +27,10 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
     s.len_k = c.seq.cu_seqlens_k[b + 1] - c.seq.cu_seqlens_k[b];
   }
   if (c.seq.seqlens_k != nullptr) s.len_k = c.seq.seqlens_k[b];
+  if (c.seq.k_start != nullptr) {  // cache_leftpad: key 0 is cache row k_start[b]
+    s.k_row0 += c.seq.k_start[b];
+    s.len_k -= c.seq.k_start[b];
+  }
   s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
   return s;
 }

@@ -64,7 +64,12 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
 
   c.seq = SeqLayout{data_of<int32_t>(o.cu_seqlens_q), data_of<int32_t>(o.cu_seqlens_k),
                     data_of<int32_t>(o.seqlens_k), data_of<int32_t>(o.block_table),
-                    o.block_table ? o.block_table->strides.at(0) : 0, o.page_size};
+                    o.block_table ? o.block_table->strides.at(0) : 0, o.page_size,
+                    data_of<int32_t>(o.k_start)};
+  // k_start moves the base row, which kv_rows applies before the page lookup: right only for
+  // one page per sequence (cache_batch_idx), so a real paged cache cannot take it.
+  if (o.k_start && o.block_table && o.block_table->size(1) != 1)
+    throw std::invalid_argument("ipex_flash: k_start (cache_leftpad) with a paged KV cache is not supported");
   c.mask = o.mask;
   c.score_mod = ScoreModParams{o.softcap, data_of<float>(o.alibi_slopes), 0, AttnMaskParams{},
                                data_of<float>(o.sinks)};

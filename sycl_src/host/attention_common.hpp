@@ -25,6 +25,7 @@ struct AttentionOptions {
   std::optional<TensorView> cu_seqlens_k;    // (B + 1) int32: k, v packed likewise
   std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
   std::optional<TensorView> block_table;     // (B, max_pages) int32: paged KV cache
+  std::optional<TensorView> k_start;         // (B) int32: first key row of each cache (leftpad)
   int32_t page_size = 0;                     // keys per page when paged
   int32_t max_seqlen_q = -1;                 // with cu_seqlens_q
   int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
