@@ -140,8 +140,8 @@ def test_positional_order_is_flash_attns():
     (lambda t: dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
      r"cache_batch_idx entries must index k_cache's batch, in \[0, 2\)"),
     (lambda t: dict(cache_batch_idx=torch.tensor([0, 1])), TypeError, "cache_batch_idx must be"),
-    (lambda t: dict(cache_leftpad=torch.zeros(2, dtype=torch.int32)), NotImplementedError,
-     "cache_leftpad is not supported yet"),
+    (lambda t: dict(cache_leftpad=torch.zeros(2, dtype=torch.int64)), TypeError,
+     "cache_leftpad must be an int32 tensor"),
     (lambda t: dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
 ])
 def test_bad_arguments(build, error, message):
