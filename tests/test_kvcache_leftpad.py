@@ -13,6 +13,7 @@ from ipex_flash._runtime import C
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
 from conftest import DTYPES, LSE_TOLERANCE, OUTPUT_TOLERANCE, make_cache, to_paged
+from test_fp8_kvcache import quantised_cache
 from test_kvcache_api import rotate64
 
 
@@ -238,8 +239,25 @@ def test_opcheck():
     seqlens = torch.tensor([30, 99], dtype=torch.int32)
     leftpad = torch.tensor([29, 5], dtype=torch.int32)
     torch.library.opcheck(torch.ops.ipex_flash.kvcache_attention.default,
-                          (q, k_cache, v_cache, seqlens, None, None, True, -1, -1, 0.0, None, None,
-                           0, leftpad))
+                          (q, k_cache, v_cache, seqlens, None, None, True, -1, -1, 0.0, None),
+                          {"cache_leftpad": leftpad})
+
+
+@pytest.mark.parametrize("len_q", [1, 20])
+def test_fp8_cache(len_q):
+    """An FP8 cache with per-head descales: the pad rows are skipped before dequantising."""
+    fp8, dtype = torch.float8_e4m3fn, torch.bfloat16
+    (k_cache, v_cache), (k_descale, v_descale), (k64, v64) = quantised_cache(2, 250, 2, 64, fp8,
+                                                                             per_head=True)
+    seqlens = torch.tensor([249, 90], dtype=torch.int32)
+    leftpad = torch.tensor([60, 1], dtype=torch.int32)
+    q = torch.randn(2, len_q, 8, 64, dtype=dtype)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                             cache_leftpad=leftpad, causal=True,
+                                             k_descale=k_descale, v_descale=v_descale)
+    want, _ = expected(q, k64, v64, None, None, seqlens, leftpad, causal=True)
+    torch.testing.assert_close(out.double(), want, rtol=OUTPUT_TOLERANCE[dtype][0],
+                               atol=OUTPUT_TOLERANCE[dtype][1])
 
 
 @pytest.mark.parametrize("build,error,message", [
