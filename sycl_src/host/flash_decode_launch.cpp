@@ -141,7 +141,8 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
   if (heads_kv <= 0 || (q.size(1) / heads_kv) * q.size(2) > kMaxDecodeRows) return false;
   // The decode kernel reads 16-bit rows a 32-bit word at a time.
   return q.dtype == "float32" ||
-         (word_aligned_rows(k) && word_aligned_rows(v) && q.size(3) % 2 == 0);
+         (word_aligned_rows(k) && word_aligned_rows(v) && q.size(3) % 2 == 0 &&
+          v.size(3) % 2 == 0);
 }
 
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -149,7 +150,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& partial_lse, const AttentionOptions& options,
                   std::uintptr_t queue_handle) {
   DecodeParams params{};
-  params.common = make_common(q, k, lse, options);
+  params.common = make_common(q, k, v, lse, options);
   AttentionCommon& c = params.common;
   if (!flash_decode_supported(q, k, v))
     throw std::invalid_argument(
@@ -161,10 +162,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::queue& queue = queue_from_handle(queue_handle);
   const DeviceLimits& limits = device_limits(queue.get_device());
   const KernelVariant variant =
-      decode_variant(q.dtype, c.dims.head_dim, rows, features_of(options), limits, matrix_mode());
+      decode_variant(q.dtype, c.dims.head_dim_max(), rows, features_of(options), limits,
+                     matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();
-  params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
+  params.heads_per_group =
+      decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
