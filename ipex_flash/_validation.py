@@ -17,7 +17,8 @@ def check_attention_inputs(
     fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float],
     fp8_kv: bool = False,
 ) -> None:
-    """Checks q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); raises naming the bad argument.
+    """Checks q (B, Hq, Nq, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv), Dv (the output's head
+    dim) independent of D (MLA: D = 192, Dv = 128); raises naming the bad argument.
     fp8_kv: k and v are an FP8 cache (kv_quant.py, which checks their dtypes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -47,10 +48,8 @@ def check_attention_inputs(
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != batch:
             raise ValueError(f"{fn}: {name}.shape[0] (batch) is {t.shape[0]}, q's is {batch}")
-        if t.shape[3] != head_dim:
-            raise ValueError(
-                f"{fn}: {name}.shape[3] (head_dim) is {t.shape[3]}, q's is {head_dim}"
-            )
+    if k.shape[3] != head_dim:
+        raise ValueError(f"{fn}: k.shape[3] (head_dim) is {k.shape[3]}, q's is {head_dim}")
     if v.shape[1:3] != k.shape[1:3]:
         raise ValueError(
             f"{fn}: v must have k's heads and seq_len, got v {tuple(v.shape)} and "
@@ -62,6 +61,9 @@ def check_attention_inputs(
         )
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: head_dim (q.shape[3]) must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if not 1 <= v.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: v's head_dim (v.shape[3]) must be in [1, {MAX_HEAD_DIM}], got "
+                         f"{v.shape[3]}")
     if len_k == 0:
         raise ValueError(f"{fn}: k and v must have at least one key (seq_len k.shape[2] >= 1)")
     if scale is not None and not math.isfinite(scale):
@@ -88,13 +90,14 @@ def check_dropout(fn: str, dropout_p: float, dropout_seed: Optional[torch.Tensor
 
 
 def check_backward_inputs(fn: str, grad_out: torch.Tensor, out: torch.Tensor,
-                          lse: torch.Tensor, q: torch.Tensor) -> None:
+                          lse: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> None:
     if not isinstance(grad_out, torch.Tensor):
         raise TypeError(f"{fn}: grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
-    if grad_out.shape != q.shape or out.shape != q.shape:
-        raise ValueError(
-            f"{fn}: grad_out must have the output's shape {tuple(q.shape)}, got "
-            f"{tuple(grad_out.shape)}")
+    shape = (*q.shape[:3], v.shape[3])  # the output's: q's rows, v's head dim
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        if t.shape != shape:
+            raise ValueError(
+                f"{fn}: {name} must have the output's shape {shape}, got {tuple(t.shape)}")
     if grad_out.dtype != q.dtype or out.dtype != q.dtype:
         raise TypeError(
             f"{fn}: grad_out must have the output's dtype {q.dtype}, got {grad_out.dtype}")

@@ -28,7 +28,7 @@ def attention(
     Args:
         q: (B, Hq, Nq, D) queries.
         k: (B, Hkv, Nk, D) keys; Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA).
-        v: (B, Hkv, Nk, D) values.
+        v: (B, Hkv, Nk, Dv) values; Dv may differ from D (MLA prefill: D = 192, Dv = 128).
         causal: mask keys after the query's position, aligned to the top-left corner as in
             SDPA: query row i sees keys 0..i, also when Nq != Nk::
 
@@ -51,11 +51,11 @@ def attention(
 
     All three tensors share one dtype (float32, float16 or bfloat16) and one device (cpu:
     the SYCL CPU device; xpu: the tensor's stream queue). Any strides are accepted; a last
-    dimension that is not contiguous costs a copy. D may be 1 to 256. Softmax and
+    dimension that is not contiguous costs a copy. D and Dv may be 1 to 256. Softmax and
     accumulation run in float32.
 
     Returns:
-        out: (B, Hq, Nq, D) in q's dtype and layout; with return_lse also
+        out: (B, Hq, Nq, Dv) in q's dtype and layout; with return_lse also
         lse: (B, Hq, Nq) float32, natural log.
     """
     # Checked here too, so a non-tensor argument gets our message rather than the dispatcher's.

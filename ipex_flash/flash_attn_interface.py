@@ -87,8 +87,8 @@ def _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     check_dropout(fn, dropout_p, dropout_seed)
 
 
-def _forward_outputs(q: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
-    out = torch.empty_like(ops.with_contiguous_last_dim(q))
+def _forward_outputs(q: Tensor, v: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
+    out = ops.output_like(ops.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
     lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
     return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
 
@@ -108,7 +108,7 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
     cu_seqlens_q, cu_seqlens_k, alibi_slopes = _contiguous_extras(cu_seqlens_q, cu_seqlens_k,
                                                                   alibi_slopes)
-    out, lse = _forward_outputs(q, packed)
+    out, lse = _forward_outputs(q, v, packed)
     sinks32 = ops.float_sinks(sinks)  # read by address: referenced until the launch returns
     options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
@@ -129,7 +129,7 @@ def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     _check("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
            max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
            sinks)
-    return _forward_outputs(q, cu_seqlens_q is not None)
+    return _forward_outputs(q, v, cu_seqlens_q is not None)
 
 
 @torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
@@ -227,8 +227,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """Attention with flash-attn's semantics and layout.
 
     Args:
-        q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim) with
-            nheads a multiple of nheads_k (GQA/MQA). float32, float16 or bfloat16; headdim <= 256.
+        q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), v:
+            (batch, seqlen_k, nheads_k, headdim_v) with nheads a multiple of nheads_k
+            (GQA/MQA). float32, float16 or bfloat16; headdim, headdim_v <= 256 (headdim_v may
+            differ, as in MLA's 192 / 128).
         dropout_p: dropout probability on the attention probabilities (training only).
         softmax_scale: default 1 / sqrt(headdim).
         causal: causal mask aligned to the bottom-right corner of the score matrix: with
@@ -254,7 +256,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Differentiable in q, k, v and sinks.
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out, softmax_lse
+        out (batch, seqlen_q, nheads, headdim_v); with return_attn_probs, (out, softmax_lse
         (batch, nheads, seqlen_q) float32, S_dmask (batch, nheads, seqlen_q, seqlen_k)
         float32 or None without dropout).
     """
@@ -279,18 +281,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            seqused_k=None, sinks=None, k_descale=None, v_descale=None):
     """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
-    (total_k, nheads_k, headdim); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q
-    and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (int32, shape (batch + 1,)); max_seqlen_q
-    and max_seqlen_k bound the lengths. Masks and ALiBi are per sequence. Returns out
-    (total_q, nheads, headdim), and with return_attn_probs (out, softmax_lse (nheads,
-    total_q), S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k), zero-padded, or None
-    without dropout). sinks: as flash_attn_func.
+    (total_k, nheads_k, headdim or headdim_v); sequence b is rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
+    (int32, shape (batch + 1,)); max_seqlen_q and max_seqlen_k bound the lengths. Masks and
+    ALiBi are per sequence. Returns out (total_q, nheads, headdim_v), and with
+    return_attn_probs (out, softmax_lse (nheads, total_q), S_dmask (batch, nheads,
+    max_seqlen_q, max_seqlen_k), zero-padded, or None without dropout). sinks: as
+    flash_attn_func.
 
     With block_table (batch, max_blocks) int32, k and v are a paged KV cache (num_blocks,
-    page_size, nheads_k, headdim) and sequence b's keys are its first seqused_k[b] (or
-    cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call, prefills and
-    decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward. The cache may be FP8
-    with k_descale, v_descale, as in flash_attn_with_kvcache."""
+    page_size, nheads_k, headdim or headdim_v) and sequence b's keys are its first
+    seqused_k[b] (or cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call,
+    prefills and decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward. The cache
+    may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
     left, right = check_window(fn, window_size)

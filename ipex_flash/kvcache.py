@@ -57,9 +57,9 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optio
             raise ValueError(f"{_FN}: block_table entries must be page indices in "
                              f"[0, {k_cache.shape[0]})")
         k_view, v_view = k_cache[:1].expand(batch, -1, -1, -1), v_cache[:1].expand(batch, -1, -1, -1)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"{_FN}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
+        raise ValueError(f"{_FN}: v_cache must have k_cache's shape but for the head dim, "
+                         f"{tuple(k_cache.shape[:3])}, got {tuple(v_cache.shape)}")
     fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None,
                            fp8_kv=fp8)
@@ -114,8 +114,8 @@ def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_d
     return None
 
 
-def _outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    out = torch.empty_like(ops.with_contiguous_last_dim(q))
+def _outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
+    out = ops.output_like(ops.with_contiguous_last_dim(q), v_cache.shape[3])
     return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
                             device=q.device)
 
@@ -167,7 +167,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         None if t is None else t.contiguous()
         for t in (seqlens_k, block_table, alibi_slopes, cache_leftpad))
     sinks = ops.float_sinks(sinks)
-    out, lse = _outputs(q)
+    out, lse = _outputs(q, v_cache)
     batch, head_dim = q.shape[0], q.shape[3]
     k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
@@ -191,7 +191,7 @@ def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax
     kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
-    return _outputs(q)
+    return _outputs(q, v_cache)
 
 
 def check_page_size(k_cache: Tensor) -> None:
@@ -238,9 +238,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Args:
         q: (batch, seqlen_q, nheads, headdim): the new tokens' queries.
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
-            a paged cache (num_blocks, page_size, nheads_k, headdim), page_size a multiple of
+            a paged cache (num_blocks, page_size, nheads_k, headdim); v_cache's head dim
+            (headdim_v, that of the output) may differ from headdim. page_size a multiple of
             16 up to 512. Modified in place when k and v are given.
-        k, v: optional (batch, seqlen_new, nheads_k, headdim): appended to the cache at
+        k, v: optional (batch, seqlen_new, nheads_k, headdim or headdim_v): appended to the cache at
             positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
         rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the
             first rotary_dim features of the new k (token i at position cache_seqlens + i)
@@ -296,8 +297,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (k is None) != (v is None):
         raise ValueError(f"{_FN}: k and v must be given together")
     if k is not None:
-        expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, k_cache.shape[2], k_cache.shape[3])
-        for name, t in (("k", k), ("v", v)):
+        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
+            expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, cache.shape[2],
+                        cache.shape[3])
             if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != expected:
                 raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_k, "
                                  f"headdim) = {expected}, got "

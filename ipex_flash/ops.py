@@ -69,7 +69,7 @@ def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
     kernel reads K and V from a copy packed in tile order (as large as K and V), allocated here
     so that torch's allocator keeps it alive until the kernel has run on an XPU stream."""
     queue = queue_handle(device)
-    scratch = torch.empty(C.fwd_scratch_bytes(q, k, options, queue), dtype=torch.uint8,
+    scratch = torch.empty(C.fwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)
     C.flash_fwd(q, k, v, out, lse, view(scratch), options, queue)
 
@@ -82,7 +82,7 @@ def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
     K, K^T, V and the packed Q and dO tiles from copies (twice Q, dO and 1.5 times K, V in
     size), allocated here through torch's allocator for the same reason as flash_fwd's."""
     queue = queue_handle(device)
-    scratch = torch.empty(C.bwd_scratch_bytes(q, k, options, queue), dtype=torch.uint8,
+    scratch = torch.empty(C.bwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)
     C.flash_bwd(q, k, v, out, grad_out, lse, dq, dk, dv, delta, view(scratch), options, queue)
 
@@ -90,6 +90,16 @@ def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
 def with_contiguous_last_dim(t: Tensor) -> Tensor:
     # The kernels read rows as contiguous vectors; other layouts pay one copy.
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def output_like(q: Tensor, head_dim_v: int) -> Tensor:
+    """An uninitialised output for q with v's head dim, its dimensions in q's memory order (a
+    (B, N, H, D) tensor seen as (B, H, N, D) gets a (B, N, H, Dv) one seen the same way)."""
+    if q.shape[-1] == head_dim_v:
+        return torch.empty_like(q)
+    order = sorted(range(q.dim() - 1), key=lambda i: -q.stride(i))  # outermost first
+    out = q.new_empty([q.shape[i] for i in order] + [head_dim_v])
+    return out.permute(*(order.index(i) for i in range(q.dim() - 1)), q.dim() - 1)
 
 
 def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
@@ -137,19 +147,20 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 max_len_k: Optional[int] = None, num_splits: int = 0) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
     splits the keys across work-groups (num_splits of them, or as many as it chooses for 0);
-    everything else the general forward kernel. q, out (B, Hq, Nq, D); k, v (B, Hkv, Nk, D),
+    everything else the general forward kernel. q (B, Hq, Nq, D), out (B, Hq, Nq, Dv); k
+    (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv),
     or a KV cache seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k
     is (default Nk)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v):
         batch, heads_q, len_q, head_dim = q.shape
-        heads_kv, device = k.shape[1], q.device
+        heads_kv, head_dim_v, device = k.shape[1], v.shape[3], q.device
         queue = queue_handle(device)
         splits = num_splits or C.decode_num_splits(
-            batch, heads_kv, len_q * (heads_q // heads_kv), head_dim,
+            batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v),
             k.shape[2] if max_len_k is None else max_len_k, queue)
-        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim), dtype=torch.float32,
-                                  device=device)
+        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),
+                                  dtype=torch.float32, device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
                                   device=device)
         C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
@@ -166,10 +177,10 @@ def draw_dropout_seed(device: torch.device) -> Tensor:
     return words.cpu()
 
 
-def _forward_outputs(q: Tensor) -> tuple[Tensor, Tensor]:
-    """out in q's layout (a (B, N, H, D) tensor transposed to (B, H, N, D) gets the same
-    strides back), lse (B, Hq, Nq) float32."""
-    out = torch.empty_like(q)
+def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """out in q's layout with v's head dim (a (B, N, H, D) tensor transposed to (B, H, N, D)
+    gets the same dimension order back), lse (B, Hq, Nq) float32."""
+    out = output_like(q, v.shape[-1])
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     return out, lse
 
@@ -183,7 +194,7 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     # can hand it on. attn_mask is a (B, Hq, Nq, Nk) view, read in place through its strides.
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
     q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
-    out, lse = _forward_outputs(q)
+    out, lse = _forward_outputs(q, v)
     sinks = float_sinks(sinks)
     run_forward(q, k, v, out, lse,
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
@@ -209,7 +220,7 @@ def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, so
 def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dropout_seed=None,
                             deterministic=False, attn_mask=None, sinks=None, softcap=0.0):
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
-    return _forward_outputs(with_contiguous_last_dim(q))
+    return _forward_outputs(with_contiguous_last_dim(q), v)
 
 
 def _gradients_like(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -229,7 +240,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     # own pass, no atomics), so both settings give bitwise-reproducible gradients. Sinks need
     # nothing here: the LSE the forward kept includes them.
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
-    check_backward_inputs(_FN, grad_out, out, lse, q)
+    check_backward_inputs(_FN, grad_out, out, lse, q, v)
     q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()  # passed by address: must stay referenced through the launch
     dq, dk, dv = _gradients_like(q, k, v)
@@ -246,7 +257,7 @@ def _attention_backward_fake(grad_out, q, k, v, out, lse, causal=False, scale=No
                              dropout_p=0.0, dropout_seed=None, deterministic=False,
                              attn_mask=None, softcap=0.0):
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
-    check_backward_inputs(_FN, grad_out, out, lse, q)
+    check_backward_inputs(_FN, grad_out, out, lse, q, v)
     return _gradients_like(q, k, v)
 
 

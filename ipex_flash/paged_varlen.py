@@ -34,8 +34,9 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"{_FN}: with block_table, {name} must be a paged cache "
                              "(num_blocks, page_size, nheads_k, headdim)")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"{_FN}: v must have k's shape {tuple(k_cache.shape)}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
+        raise ValueError(f"{_FN}: v must have k's shape but for the head dim, "
+                         f"{tuple(k_cache.shape[:3])}, got {tuple(v_cache.shape)}")
     check_page_size(k_cache)
     if values:
         batch = check_cu_seqlens(_FN, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
@@ -90,7 +91,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         None if t is None else t.contiguous()
         for t in (cu_seqlens_q, seqused_k, block_table, alibi_slopes))
     sinks = ops.float_sinks(sinks)
-    out = torch.empty_like(q)
+    out = ops.output_like(q, v_cache.shape[3])
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if batch == 0 or q.shape[0] == 0:
         return out, lse
@@ -119,7 +120,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         slopes = alibi_slopes[index].contiguous() if alibi_slopes is not None and \
             alibi_slopes.dim() == 2 else alibi_slopes
         q_dec = q[rows].unsqueeze(1)  # (B_dec, 1, H, D)
-        out_dec = torch.empty_like(q_dec)
+        out_dec = ops.output_like(q_dec, v_cache.shape[3])
         lse_dec = torch.empty((q_dec.shape[0], q.shape[1], 1), dtype=torch.float32,
                               device=q.device)
         dec_descales = (None, None) if k_descale is None else (k_descale[index].contiguous(),
@@ -141,7 +142,7 @@ def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, b
     batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                         max_seqlen_k, alibi_slopes, sinks, values=False)
     kv_quant.descales(_FN, k_descale, v_descale, fp8, batch, k_cache.shape[2], q.device)
-    return (torch.empty_like(q),
+    return (ops.output_like(q, v_cache.shape[3]),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 

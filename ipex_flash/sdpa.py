@@ -22,8 +22,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  sinks: Optional[Tensor] = None) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention, computed by FlashAttention kernels.
 
-    query (..., Hq, L, E), key and value (..., Hkv, S, E) with the same leading dimensions
-    (any number, including none). Hkv must equal Hq, or be 1, or divide Hq with enable_gqa.
+    query (..., Hq, L, E), key (..., Hkv, S, E) and value (..., Hkv, S, Ev) with the same
+    leading dimensions (any number, including none); the output is (..., Hq, L, Ev).
+    E, Ev <= 256 (Ev may differ from E, as in MLA's 192 / 128). Hkv must equal Hq, or be 1, or divide Hq with enable_gqa.
     attn_mask: bool (True = take part) or additive float (float32 or the query's dtype),
     broadcastable to (..., Hq, L, S); read in place (broadcast dimensions are never expanded
     in memory); blocks it hides entirely are skipped. is_causal is top-left aligned and, as in
@@ -82,10 +83,9 @@ def _contract_error(query, key, value, attn_mask, dropout_p, is_causal,
         return RuntimeError(f"{_FN}: query, key and value must have the same leading (batch) "
                             f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
                             f"{tuple(value.shape)}")
-    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
-        return ValueError(f"{_FN}: key's and value's head dim (last dimension) must equal "
-                          f"query's ({query.shape[-1]}), got {key.shape[-1]} and "
-                          f"{value.shape[-1]}")
+    if key.shape[-1] != query.shape[-1]:
+        return ValueError(f"{_FN}: key's head dim (last dimension) must equal query's "
+                          f"({query.shape[-1]}), got {key.shape[-1]}")
     heads_q = query.shape[-3] if query.dim() >= 3 else 1
     heads_kv = key.shape[-3] if key.dim() >= 3 else 1
     if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
@@ -134,7 +134,8 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         return False
     if key.device != query.device or value.device != query.device:
         return False
-    if not 1 <= query.shape[-1] <= MAX_HEAD_DIM or key.shape[-2] == 0:
+    if not (1 <= query.shape[-1] <= MAX_HEAD_DIM and 1 <= value.shape[-1] <= MAX_HEAD_DIM) or \
+            key.shape[-2] == 0:
         return False
     if scale is not None and not math.isfinite(scale):
         return False

@@ -63,7 +63,7 @@ def to_paged(k_cache, v_cache, page_size):
     pool = batch * per_seq + 3
     order = torch.randperm(pool)[: batch * per_seq].reshape(batch, per_seq).to(torch.int32)
     k_pages = torch.randn(pool, page_size, heads, dim).to(k_cache.dtype)  # (FP8 has no randn)
-    v_pages = torch.randn(pool, page_size, heads, dim).to(v_cache.dtype)
+    v_pages = torch.randn(pool, page_size, heads, v_cache.shape[3]).to(v_cache.dtype)
     for b in range(batch):
         for p in range(per_seq):
             rows = slice(p * page_size, min((p + 1) * page_size, capacity))

@@ -19,7 +19,7 @@ BAD_SHAPES = [
     (dict(k=(3, 2, 12, 32)), r"k.shape\[0\] \(batch\) is 3"),
     (dict(v=(3, 2, 12, 32)), r"v.shape\[0\] \(batch\) is 3"),
     (dict(k=(2, 2, 12, 16)), r"k.shape\[3\] \(head_dim\) is 16"),
-    (dict(v=(2, 2, 12, 16)), r"v.shape\[3\] \(head_dim\) is 16"),
+    (dict(v=(2, 2, 12, 257)), r"v's head_dim \(v.shape\[3\]\) must be in \[1, 256\], got 257"),
     (dict(v=(2, 2, 13, 32)), r"v must have k's heads and seq_len"),
     (dict(k=(2, 3, 12, 32), v=(2, 3, 12, 32)), r"head count \(4\) must be a multiple of k's and v's \(3\)"),
     (dict(q=(2, 4, 10, 300), k=(2, 2, 12, 300), v=(2, 2, 12, 300)), r"head_dim .* must be in \[1, 256\], got 300"),

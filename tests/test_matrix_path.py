@@ -310,11 +310,11 @@ def test_forward_scratch_is_checked(matrix_mode, mode):
     views = [ops.view(t) for t in (q, k, v)]
     # 2 sequences x 2 K/V heads x 2 blocks of 64 keys x (K + V^T) x 64 x 48 (head dim padded to
     # 48) x 2 bytes.
-    assert C.fwd_scratch_bytes(views[0], views[1], options, 0) == 2 * 2 * 2 * 2 * 64 * 48 * 2
+    assert C.fwd_scratch_bytes(*views, options, 0) == 2 * 2 * 2 * 2 * 64 * 48 * 2
     out, lse = torch.zeros_like(q), torch.zeros(2, 4, 30)
     short = torch.empty(2 * 2 * 2 * 2 * 64 * 48 * 2 - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match="scratch must be a uint8 tensor of at least"):
         C.flash_fwd(*views, ops.view(out), ops.view(lse), ops.view(short), options, 0)
     assert not out.any()
     matrix_mode("0")
-    assert C.fwd_scratch_bytes(views[0], views[1], options, 0) == 0
+    assert C.fwd_scratch_bytes(*views, options, 0) == 0

@@ -19,7 +19,7 @@ TORCH_SDPA = F.scaled_dot_product_attention
     ("heads_not_dividing", RuntimeError, "divide"),
     ("mask_dtype", RuntimeError, "attn_mask dtype"),
     ("mask_shape", RuntimeError, "does not broadcast"),
-    ("value_head_dim", ValueError, "head dim"),
+    ("key_head_dim", ValueError, "key's head dim"),
     ("batch_dims", RuntimeError, "leading"),
     ("dropout", ValueError, "dropout_p"),
     ("sinks_shape", ValueError, "sinks"),
@@ -37,8 +37,8 @@ def test_errors_name_the_argument(case, error, match):
         kwargs["attn_mask"] = torch.zeros(8, 9, dtype=torch.int32)
     elif case == "mask_shape":
         kwargs["attn_mask"] = torch.ones(7, 9, dtype=torch.bool)
-    elif case == "value_head_dim":
-        v = v[..., :8]
+    elif case == "key_head_dim":
+        k = k[..., :8]
     elif case == "batch_dims":
         k, v = k[:1], v[:1]
     elif case == "dropout":

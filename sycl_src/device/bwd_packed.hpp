@@ -83,7 +83,7 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
   load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(out.k_t), k,
                                           kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
   load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.v), v, kv_begin, rows,
-                               c.dims.head_dim, lid, BLOCK_N);
+                               c.dims.head_dim_v, lid, BLOCK_N);
 }
 
 // One query block of PackedBwd::Rows per work-group of BLOCK_M work-items.
@@ -107,15 +107,15 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
   const typename Packed::Rows out = Packed::rows(p, coord.batch, coord.head, coord.block);
   using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_M];
   using RowPairs = uint32_t[BLOCK_M / 2][HEAD_DIM];
-  const int d = c.dims.head_dim;
+  const int d = c.dims.head_dim, d_v = c.dims.head_dim_v;  // Q's, dO's columns
   load_tile_packed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.q_t), q,
                                       p.q_stride.row, rows, d, lid, BLOCK_M);
   load_tile_packed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.do_t), dout,
-                                      p.dout_stride.row, rows, d, lid, BLOCK_M);
+                                      p.dout_stride.row, rows, d_v, lid, BLOCK_M);
   load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.q_pairs), q,
                                          p.q_stride.row, rows, d, lid, BLOCK_M);
   load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.do_pairs), dout,
-                                         p.dout_stride.row, rows, d, lid, BLOCK_M);
+                                         p.dout_stride.row, rows, d_v, lid, BLOCK_M);
 }
 
 }  // namespace ipex_flash

@@ -38,10 +38,11 @@ void flash_decode_merge_kernel(DecodeParams p) {
   const float inv_total = total > 0.f ? 1.f / total : 0.f;
   T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
            token * p.out_stride.row;
-  for (int d = 0; d < c.dims.head_dim; ++d) {
+  for (int d = 0; d < c.dims.head_dim_v; ++d) {
     float sum = 0.f;
     for (int s = 0; s < splits; ++s)
-      sum += sycl::exp(lse_s[s] - safe_max) * p.partial_out[(row * splits + s) * c.dims.head_dim + d];
+      sum += sycl::exp(lse_s[s] - safe_max) *
+             p.partial_out[(row * splits + s) * c.dims.head_dim_v + d];
     out[d] = from_float<T>(sum * inv_total);
   }
   p.lse[lse_index(c, seq, b, h, token)] = total > 0.f ? safe_max + sycl::log(total) : NEG_INF;

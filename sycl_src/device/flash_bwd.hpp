@@ -49,7 +49,7 @@ void flash_bwd_preprocess_kernel(BwdParams p) {
   const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.batch +
                   h * p.dout_stride.head + (seq.q_row0 + row) * p.dout_stride.row;
   float sum = 0.f;
-  for (int d = 0; d < c.dims.head_dim; ++d) sum += to_float(out[d]) * to_float(dout[d]);
+  for (int d = 0; d < c.dims.head_dim_v; ++d) sum += to_float(out[d]) * to_float(dout[d]);
   p.delta[lse_index(c, seq, b, h, row)] = sum;
 }
 
@@ -93,7 +93,7 @@ void flash_bwd_dq_kernel(BwdParams p) {
   load_tile_transposed<BLOCK_M, HEAD_DIM>(q_t, q, p.q_stride.row, q_rows, c.dims.head_dim,
                                           c.q_prescale, lid, BLOCK_M);
   load_tile_transposed<BLOCK_M, HEAD_DIM>(do_t, dout, p.dout_stride.row, q_rows,
-                                          c.dims.head_dim, 1.f, lid, BLOCK_M);
+                                          c.dims.head_dim_v, 1.f, lid, BLOCK_M);
   for (int d = 0; d < HEAD_DIM; ++d) dq_t[d][lid] = 0.f;
   const bool valid_row = row < seq.len_q;
   const int64_t stats = lse_index(c, seq, b, h, valid_row ? row : 0);
@@ -111,8 +111,8 @@ void flash_bwd_dq_kernel(BwdParams p) {
               static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
         continue;
     }
-    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
-                  BLOCK_M);
+    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim,
+                  c.dims.head_dim_v, lid, BLOCK_M);
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
@@ -196,7 +196,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
                                           static_cast<int>(kv_end - kv_begin), c.dims.head_dim,
                                           c.q_prescale, lid, BLOCK_N);
   load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v, p.v_stride.row,
-                                          static_cast<int>(kv_end - kv_begin), c.dims.head_dim,
+                                          static_cast<int>(kv_end - kv_begin), c.dims.head_dim_v,
                                           1.f, lid, BLOCK_N);
   for (int d = 0; d < HEAD_DIM; ++d) dk_t[d][lid] = dv_t[d][lid] = 0.f;
 
@@ -224,7 +224,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
       load_tile<BLOCK_M, HEAD_DIM>(q_tile, q + q_begin * p.q_stride.row, p.q_stride.row, q_rows,
                                    c.dims.head_dim, lid, BLOCK_N);
       load_tile<BLOCK_M, HEAD_DIM>(do_tile, dout + q_begin * p.dout_stride.row,
-                                   p.dout_stride.row, q_rows, c.dims.head_dim, lid, BLOCK_N);
+                                   p.dout_stride.row, q_rows, c.dims.head_dim_v, lid, BLOCK_N);
       for (int i = lid; i < BLOCK_M; i += BLOCK_N) {
         const bool valid = q_begin + i < seq.len_q;
         const int64_t stats = lse_index(c, seq, b, h, valid ? q_begin + i : 0);
@@ -273,10 +273,8 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
             (seq.k_row0 + key) * p.dk_stride.row;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.batch + h_kv * p.dv_stride.head +
             (seq.k_row0 + key) * p.dv_stride.row;
-    for (int d = 0; d < c.dims.head_dim; ++d) {
-      dk[d] = from_float<T>(dk_t[d][lid] * c.scale);
-      dv[d] = from_float<T>(dv_t[d][lid]);
-    }
+    for (int d = 0; d < c.dims.head_dim; ++d) dk[d] = from_float<T>(dk_t[d][lid] * c.scale);
+    for (int d = 0; d < c.dims.head_dim_v; ++d) dv[d] = from_float<T>(dv_t[d][lid]);
   }
 }
 

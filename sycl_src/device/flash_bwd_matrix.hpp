@@ -182,10 +182,10 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
             key_row * p.dk_stride.row;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.batch + h_kv * p.dv_stride.head +
             key_row * p.dv_stride.row;
-    for (int d = lid; d < c.dims.head_dim; d += BLOCK_M) {
+    for (int d = lid; d < c.dims.head_dim; d += BLOCK_M)
       dk[d] = from_float<T>(dk_acc[r][d] * c.scale);
+    for (int d = lid; d < c.dims.head_dim_v; d += BLOCK_M)
       dv[d] = from_float<T>(dv_acc[r][d]);
-    }
   }
 }
 

@@ -131,7 +131,7 @@ void flash_decode_kernel(DecodeParams p) {
   const SeqInfo seq = seq_info(c, b);
   const int len_q = seq.len_q;
   const int rows = c.dims.heads_per_kv * len_q;
-  const int head_dim = c.dims.head_dim;
+  const int head_dim = c.dims.head_dim, head_dim_v = c.dims.head_dim_v;  // Q, K; V, O
   // Row r of K/V head h_kv: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the
   // softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
@@ -179,6 +179,7 @@ void flash_decode_kernel(DecodeParams p) {
   sycl::group_barrier(group);
   // K and V rows as block loads, unless the head dim is padded.
   const bool whole_rows = head_dim == HEAD_DIM;
+  const bool whole_v = head_dim_v == HEAD_DIM;
   // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
   // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
   // SLM. A tile starts at a multiple of MATRIX_M keys.
@@ -252,7 +253,7 @@ void flash_decode_kernel(DecodeParams p) {
         // Read the step's V rows now, while the K misses are in flight, so that P.V finds
         // them in cache: P.V alone issues too few misses at a time to keep memory busy
         // (bf16 decode +20-30 %, NOTES.md).
-        if (whole_rows) {
+        if (whole_v) {
 #pragma unroll
           for (int j = 0; j < KEYS_PER_STEP; ++j)
             touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
@@ -296,7 +297,7 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
             float v_vec[PER_LOAD];
-            Row::load(sg, v_row, v0 + u0, whole_rows, head_dim, lid, v_vec);
+            Row::load(sg, v_row, v0 + u0, whole_v, head_dim_v, lid, v_vec);
 #pragma unroll
             for (int u = 0; u < PER_LOAD; ++u)
 #pragma unroll
@@ -332,10 +333,10 @@ void flash_decode_kernel(DecodeParams p) {
       const int64_t row =
           (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, r)) * c.dims.len_q +
           r % len_q;
-      float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim;
+      float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim_v;
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);
-        if (d < head_dim) partial[d] = acc_all[hk][r][i] * row_factor[r * KEYS_PER_STEP];
+        if (d < head_dim_v) partial[d] = acc_all[hk][r][i] * row_factor[r * KEYS_PER_STEP];
       }
     }
     sycl::group_barrier(group);  // before the next head overwrites row_factor

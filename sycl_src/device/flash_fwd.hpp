@@ -2,7 +2,8 @@
 //   q  : query rows of this work-group's block (BLOCK_M)
 //   kv : keys of the K/V block currently in SLM (BLOCK_N)
 //   c  : keys of one register chunk (FWD_KEY_CHUNK)
-//   d  : head dim, padded to the compiled HEAD_DIM (padding columns are zero)
+//   d  : head dim, padded to the compiled HEAD_DIM (padding columns are zero): Q and K have
+//        dims.head_dim columns, V and O dims.head_dim_v (the P.V product runs over HEAD_DIM)
 //
 // One work-group per (batch, query head, Q block); work-item i owns query row i of the block
 // and keeps a FWD_KEY_CHUNK-wide register tile of its scores. Consecutive work-items are SIMD
@@ -82,8 +83,8 @@ void flash_fwd_kernel(FwdParams p) {
               static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
         continue;
     }
-    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim, lid,
-                  BLOCK_M);
+    load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim,
+                  c.dims.head_dim_v, lid, BLOCK_M);
     // Only blocks that straddle a mask boundary (or the end of the keys) test elements.
     const bool fully_visible =
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);

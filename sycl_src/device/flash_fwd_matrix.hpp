@@ -192,7 +192,7 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
                                rows, c.dims.head_dim, lid, BLOCK_N);
   load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
                                           kv_rows<T>(p.v, p.v_stride, c, seq, batch, head_kv),
-                                          kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
+                                          kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
 }
 
 }  // namespace ipex_flash

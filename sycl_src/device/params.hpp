@@ -110,9 +110,12 @@ struct AttentionDims {
   int32_t heads_per_kv;  // Hq / Hkv: query heads sharing one K/V head (GQA, MQA)
   int32_t len_q;         // Nq (max)
   int32_t len_k;         // Nk (max)
-  int32_t head_dim;      // D, at most the kernel's compiled HEAD_DIM
+  int32_t head_dim;      // D: Q's and K's, at most the kernel's compiled HEAD_DIM
+  int32_t head_dim_v;    // Dv: V's and O's (MLA: 128 with D = 192), also at most HEAD_DIM
 
   inline int32_t heads_kv() const { return heads_q / heads_per_kv; }  // Hkv
+  // The kernel's HEAD_DIM covers both; columns past D (Q, K) or Dv (V, O) are zero padding.
+  inline int32_t head_dim_max() const { return head_dim > head_dim_v ? head_dim : head_dim_v; }
 };
 
 // The log-sum-exp of row r of (b, h) is at lse[b * batch + h * head + row0(b) + r].
@@ -145,7 +148,7 @@ struct FwdParams {
   const void* q;         // (B, Hq, Nq, D), input dtype
   const void* k;         // (B, Hkv, Nk, D), or pages (P, Hkv, page_size, D)
   const void* v;         // like k
-  void* out;             // (B, Hq, Nq, D), input dtype
+  void* out;             // (B, Hq, Nq, Dv), input dtype
   float* lse;            // natural-log log-sum-exp, float32, see LseStrides
   BhndStrides q_stride;
   BhndStrides k_stride;  // paged: batch = elements between pages
@@ -164,12 +167,12 @@ struct FwdParams {
 struct BwdParams {
   const void* q;         // (B, Hq, Nq, D), input dtype
   const void* k;         // (B, Hkv, Nk, D)
-  const void* v;         // (B, Hkv, Nk, D)
-  const void* out;       // (B, Hq, Nq, D): the forward's output
-  const void* dout;      // (B, Hq, Nq, D): gradient of the loss w.r.t. out
+  const void* v;         // (B, Hkv, Nk, Dv)
+  const void* out;       // (B, Hq, Nq, Dv): the forward's output
+  const void* dout;      // (B, Hq, Nq, Dv): gradient of the loss w.r.t. out
   void* dq;              // (B, Hq, Nq, D), input dtype
   void* dk;              // (B, Hkv, Nk, D)
-  void* dv;              // (B, Hkv, Nk, D)
+  void* dv;              // (B, Hkv, Nk, Dv)
   const float* lse;      // the forward's log-sum-exp, see LseStrides
   float* delta;          // rowsum(dO * O), float32 scratch laid out like lse
   BhndStrides q_stride;
@@ -196,9 +199,9 @@ struct DecodeParams {
   const void* q;             // (B, Hq, Nq, D), input dtype
   const void* k;             // cache (B, Hkv, capacity, D) or pages (P, Hkv, page_size, D)
   const void* v;             // like k
-  float* partial_out;        // (B, Hq, Nq, splits, D) float32: each split's normalised output
+  float* partial_out;        // (B, Hq, Nq, splits, Dv) float32: each split's normalised output
   float* partial_lse;        // (B, Hq, Nq, splits) float32: each split's LSE (-inf: no key)
-  void* out;                 // (B, Hq, Nq, D), input dtype (merge kernel)
+  void* out;                 // (B, Hq, Nq, Dv), input dtype (merge kernel)
   float* lse;                // see LseStrides (merge kernel)
   BhndStrides q_stride;
   BhndStrides k_stride;      // paged: batch = elements between pages

@@ -41,13 +41,20 @@ int features_of(const AttentionOptions& options, const TensorView& k) {
          (options.attn_mask ? attn_mask_feature(options.attn_mask->dtype) : 0);
 }
 
-AttentionDims make_dims(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
+AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& o) {
   const int64_t heads_q = q.size(1), heads_kv = k.size(1);
   if (heads_kv <= 0 || heads_q % heads_kv != 0)
     throw std::invalid_argument("ipex_flash: query heads must be a multiple of key/value heads");
   AttentionDims dims{static_cast<int32_t>(q.size(0)), static_cast<int32_t>(heads_q),
                      static_cast<int32_t>(heads_q / heads_kv), static_cast<int32_t>(q.size(2)),
-                     static_cast<int32_t>(k.size(2)), static_cast<int32_t>(q.size(3))};
+                     static_cast<int32_t>(k.size(2)), static_cast<int32_t>(q.size(3)),
+                     static_cast<int32_t>(v.size(3))};
+  if (k.size(3) != q.size(3))
+    throw std::invalid_argument("ipex_flash: k's head dim (" + std::to_string(k.size(3)) +
+                                ") must equal q's (" + std::to_string(q.size(3)) + ")");
+  if (v.size(1) != heads_kv || v.size(2) != k.size(2))
+    throw std::invalid_argument("ipex_flash: v must have k's heads and keys");
   if (o.cu_seqlens_q) {
     dims.batch = static_cast<int32_t>(o.cu_seqlens_q->size(0) - 1);
     dims.len_q = o.max_seqlen_q;
@@ -57,10 +64,10 @@ AttentionDims make_dims(const TensorView& q, const TensorView& k, const Attentio
   return dims;
 }
 
-AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
-                            const AttentionOptions& o) {
+AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& lse, const AttentionOptions& o) {
   AttentionCommon c{};
-  c.dims = make_dims(q, k, o);
+  c.dims = make_dims(q, k, v, o);
 
   c.seq = SeqLayout{data_of<int32_t>(o.cu_seqlens_q), data_of<int32_t>(o.cu_seqlens_k),
                     data_of<int32_t>(o.seqlens_k), data_of<int32_t>(o.block_table),

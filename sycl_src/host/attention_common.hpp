@@ -31,14 +31,17 @@ struct AttentionOptions {
   int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
 };
 
-// The problem's sizes (AttentionDims) from q, k and the options; see make_common.
-AttentionDims make_dims(const TensorView& q, const TensorView& k, const AttentionOptions& options);
+// The problem's sizes (AttentionDims) from q, k, v and the options; see make_common. k's head
+// dim must be q's; v's (head_dim_v) may differ.
+AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& options);
 
 // q (B, Hq, Nq, D) or packed (1, Hq, total_q, D); k likewise, or the KV cache
-// (B, Hkv, capacity, D), or its pages (num_pages, Hkv, page_size, D). lse (B, Hq, Nq), or
-// (Hq, total_q) when packed. num_blocks is left for the launcher.
-AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& lse,
-                            const AttentionOptions& options);
+// (B, Hkv, capacity, D), or its pages (num_pages, Hkv, page_size, D); v like k with its own
+// head dim Dv. lse (B, Hq, Nq), or (Hq, total_q) when packed. num_blocks is left for the
+// launcher.
+AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& lse, const AttentionOptions& options);
 
 // Pointers and strides of the tensors a forward-style kernel (FwdParams, DecodeParams) reads
 // and writes.

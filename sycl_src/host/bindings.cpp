@@ -103,7 +103,7 @@ PYBIND11_MODULE(_C, m) {
 
   // The launchers release the GIL: a kernel may run for seconds, and other Python threads
   // (and concurrent calls, which the kernel cache serialises safely) should not stall.
-  m.def("fwd_scratch_bytes", &fwd_scratch_bytes, "q"_a, "k"_a, "options"_a, "queue"_a);
+  m.def("fwd_scratch_bytes", &fwd_scratch_bytes, "q"_a, "k"_a, "v"_a, "options"_a, "queue"_a);
   m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "scratch"_a, "options"_a,
         "queue"_a,
         py::call_guard<py::gil_scoped_release>());
@@ -130,7 +130,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "delta"_a,
       "scratch"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
-  m.def("bwd_scratch_bytes", &bwd_scratch_bytes, "q"_a, "k"_a, "options"_a, "queue"_a);
+  m.def("bwd_scratch_bytes", &bwd_scratch_bytes, "q"_a, "k"_a, "v"_a, "options"_a, "queue"_a);
   m.def("warmup_bwd", &warmup_bwd, "dtype"_a, "head_dim"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def(

@@ -109,11 +109,12 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   if (kv_feature(t.k.dtype) != 0)
     throw std::invalid_argument("ipex_flash: attention over FP8 keys and values has no backward");
   BwdParams params{};
-  params.common = make_common(t.q, t.k, t.lse, options);
+  params.common = make_common(t.q, t.k, t.v, t.lse, options);
   AttentionCommon& c = params.common;
   const AttentionDims& dims = c.dims;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim, features_of(options, t.k),
+  const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim_max(),
+                                            features_of(options, t.k),
                                             device_limits(queue.get_device()), matrix_mode());
   params.q = reinterpret_cast<const void*>(t.q.data);
   params.k = reinterpret_cast<const void*>(t.k.data);
@@ -189,12 +190,12 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   finish_launch(queue, queue_handle, done, "flash_bwd");
 }
 
-int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k,
+int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
-  const AttentionDims dims = make_dims(q, k, options);
+  const AttentionDims dims = make_dims(q, k, v, options);
   const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
-  return packed_bwd_bytes(dims, bwd_variant(q.dtype, dims.head_dim, features_of(options, k), limits,
-                                            matrix_mode()));
+  return packed_bwd_bytes(dims, bwd_variant(q.dtype, dims.head_dim_max(), features_of(options, k),
+                                            limits, matrix_mode()));
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

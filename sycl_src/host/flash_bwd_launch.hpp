@@ -9,8 +9,8 @@
 
 namespace ipex_flash {
 
-// Tensors of one backward call. q, out, dout, dq laid out like the forward's q; k, v, dk, dv
-// like its k; lse and delta (float32 scratch) like its lse; scratch: uint8, at least
+// Tensors of one backward call. q, dq laid out like the forward's q, out and dout like its out;
+// k, dk like its k, v and dv like its v; lse and delta (float32 scratch) like its lse; scratch: uint8, at least
 // bwd_scratch_bytes (the matrix kernels' packed operands; may be empty for the vector ones).
 struct BwdTensors {
   TensorView q, k, v, out, dout, lse, dq, dk, dv, delta, scratch;
@@ -23,7 +23,7 @@ void flash_bwd(const BwdTensors& tensors, const AttentionOptions& options,
 
 // Bytes of scratch flash_bwd needs for this problem on this queue's device (0 on the vector
 // kernels).
-int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k,
+int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // The backward variant for a problem on a device with these limits under IPEX_FLASH_MATRIX

@@ -151,7 +151,7 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
   // The decode kernel reads 16-bit and FP8 rows a 32-bit word at a time.
   const int kv_bytes = kv_element_bytes(k.dtype, kv_feature(k.dtype));
   return kv_bytes == 4 || (word_aligned_rows(k, kv_bytes) && word_aligned_rows(v, kv_bytes) &&
-                           q.size(3) * kv_bytes % 4 == 0);
+                           q.size(3) * kv_bytes % 4 == 0 && v.size(3) * kv_bytes % 4 == 0);
 }
 
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -159,7 +159,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& partial_lse, const AttentionOptions& options,
                   std::uintptr_t queue_handle) {
   DecodeParams params{};
-  params.common = make_common(q, k, lse, options);
+  params.common = make_common(q, k, v, lse, options);
   AttentionCommon& c = params.common;
   if (!flash_decode_supported(q, k, v))
     throw std::invalid_argument(
@@ -171,10 +171,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::queue& queue = queue_from_handle(queue_handle);
   const DeviceLimits& limits = device_limits(queue.get_device());
   const KernelVariant variant =
-      decode_variant(q.dtype, c.dims.head_dim, rows, features_of(options, k), limits, matrix_mode());
+      decode_variant(q.dtype, c.dims.head_dim_max(), rows, features_of(options, k), limits,
+                     matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();
-  params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim);
+  params.heads_per_group =
+      decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));

@@ -20,17 +20,19 @@ constexpr int kMaxDecodeRows = DECODE_LANES;
 int decode_heads_per_group(int heads_kv, int rows, int head_dim);
 
 // How many splits of the keys to run for this problem, so that batch x head groups x splits
-// work-groups fill the device while each split keeps a few key blocks.
+// work-groups fill the device while each split keeps a few key blocks. head_dim: the larger of
+// q's and v's.
 int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
                       std::uintptr_t queue_handle);
 
 // Whether flash_decode serves q (B, Hq, Nq, D) against this cache: at most kMaxDecodeRows query
 // rows per K/V head and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
-// head dims in whole 4-byte words. Other problems go to flash_fwd (which also reads caches).
+// head dims (q's and v's) in whole 4-byte words. Other problems go to flash_fwd (which also
+// reads caches).
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v);
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
-// partial_out (B, Hq, Nq, splits, D) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
+// partial_out (B, Hq, Nq, splits, Dv: v's head dim) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
 // their splits dimension sets the number of splits.
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,

@@ -74,12 +74,12 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const TensorView& lse, const TensorView& scratch,
                const AttentionOptions& options, std::uintptr_t queue_handle) {
   FwdParams params{};
-  params.common = make_common(q, k, lse, options);
+  params.common = make_common(q, k, v, lse, options);
   AttentionCommon& c = params.common;
   if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim, features_of(options, k),
+  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim_max(), features_of(options, k),
                                             device_limits(queue.get_device()), matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
@@ -109,12 +109,12 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   finish_launch(queue, queue_handle, done, "flash_fwd");
 }
 
-int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
+int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
-  const AttentionDims dims = make_dims(q, k, options);
+  const AttentionDims dims = make_dims(q, k, v, options);
   const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
-  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim, features_of(options, k), limits,
-                                           matrix_mode()));
+  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim_max(), features_of(options, k),
+                                           limits, matrix_mode()));
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

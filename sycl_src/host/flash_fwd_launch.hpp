@@ -12,19 +12,20 @@ namespace ipex_flash {
 
 // out = softmax(modified, masked q k^T * scale, with dropout) v, and lse = per-row
 // log-sum-exp, on the queue named by queue_handle (0 = the SYCL CPU device). Layouts: see
-// make_common; out is laid out like q. scratch: a uint8 tensor of at least
-// fwd_scratch_bytes(q, k, options) bytes on the same device (the matrix-engine kernel's
+// make_common; out is laid out like q, with v's head dim. scratch: a uint8 tensor of at least
+// fwd_scratch_bytes(q, k, v, options) bytes on the same device (the matrix-engine kernel's
 // packed copy of K and V), free to reuse once this launch has run.
 void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const TensorView& lse, const TensorView& scratch,
                const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // The scratch bytes flash_fwd needs for this problem (0 on the vector kernel).
-int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k,
+int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle);
 
-// The forward variant for a problem on a device with these limits, under IPEX_FLASH_MATRIX
-// mode `mode` (matrix_path.hpp), and the program holding its kernels.
+// The forward variant for a problem (head_dim: the larger of q's and v's) on a device with
+// these limits, under IPEX_FLASH_MATRIX mode `mode` (matrix_path.hpp), and the program
+// holding its kernels.
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
                           const DeviceLimits& limits, const std::string& mode);
 KernelProgram fwd_program(const KernelVariant& variant);
