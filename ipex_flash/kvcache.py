@@ -16,72 +16,15 @@ import torch
 
 from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
-from ipex_flash._validation import (
-    check_alibi, check_attention_inputs, check_sinks, check_softcap, check_window)
+from ipex_flash._validation import check_alibi, check_sinks, check_softcap, check_window
+from ipex_flash.kvcache_checks import (
+    cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash._validation import softmax_scale as resolve_scale
 from ipex_flash.kvcache_leftpad import check_leftpad, check_leftpad_combination, max_keys
-from ipex_flash.rotary import apply_rotary, check_rotary
+from ipex_flash.rotary import check_rotary, rotate_new_tokens
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
-PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 512
-
-
-def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
-    """Keys a sequence can hold: the cache's length, or its pages times the page size."""
-    return k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-
-
-def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> bool:
-    """Checks the call's tensors; returns whether the cache is FP8 (kv_quant.py)."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{_FN}: {name} must be 4-D (batch or pages, seq_len, heads, "
-                             f"head_dim), got {shape}")
-    batch = q.shape[0]
-    if block_table is None:
-        if k_cache.shape[0] < batch:
-            raise ValueError(f"{_FN}: k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
-        k_view, v_view = k_cache[:batch], v_cache[:batch]
-    else:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            raise TypeError(f"{_FN}: block_table must be an int32 tensor")
-        if block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"{_FN}: block_table must have shape ({batch}, max_blocks), got "
-                             f"{tuple(block_table.shape)}")
-        if block_table.device != q.device:
-            raise ValueError(f"{_FN}: block_table is on {block_table.device}, q on {q.device}")
-        if block_table.device.type != "meta" and block_table.numel() and (
-                int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
-            raise ValueError(f"{_FN}: block_table entries must be page indices in "
-                             f"[0, {k_cache.shape[0]})")
-        k_view, v_view = k_cache[:1].expand(batch, -1, -1, -1), v_cache[:1].expand(batch, -1, -1, -1)
-    if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
-        raise ValueError(f"{_FN}: v_cache must have k_cache's shape but for the head dim, "
-                         f"{tuple(k_cache.shape[:3])}, got {tuple(v_cache.shape)}")
-    fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
-    check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None,
-                           fp8_kv=fp8)
-    return fp8
-
-
-def _check_seqlens(seqlens: Tensor, batch: int, device: torch.device, name: str) -> None:
-    if not isinstance(seqlens, torch.Tensor) or seqlens.dtype != torch.int32:
-        raise TypeError(f"{_FN}: {name} must be an int or an int32 tensor")
-    if tuple(seqlens.shape) != (batch,):
-        raise ValueError(f"{_FN}: {name} must have shape ({batch},), got {tuple(seqlens.shape)}")
-    if seqlens.device != device:
-        raise ValueError(f"{_FN}: {name} is on {seqlens.device}, q on {device}")
-
-
-def _check_fits(seqlens: Tensor, new: int, capacity: int) -> None:
-    if seqlens.device.type != "meta" and seqlens.numel():
-        if int(seqlens.min()) < 0:
-            raise ValueError(f"{_FN}: cache_seqlens must be >= 0, got {seqlens.tolist()}")
-        if int(seqlens.max()) + new > capacity:
-            raise ValueError(f"{_FN}: cache_seqlens + new tokens ({int(seqlens.max())} + {new}) "
-                             f"exceeds the cache capacity {capacity}")
 
 
 @torch.library.custom_op("ipex_flash::kvcache_append", mutates_args=("k_cache", "v_cache"),
@@ -157,9 +100,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
                       num_splits: int = 0, k_descale: Optional[Tensor] = None,
                       v_descale: Optional[Tensor] = None,
                       cache_leftpad: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    fp8 = _check_cache(q, k_cache, v_cache, block_table)
+    fp8 = check_cache(q, k_cache, v_cache, block_table)
     check_sinks(_FN, sinks, q.transpose(1, 2))
-    _check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
+    check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
     q = ops.with_contiguous_last_dim(q)
     # Passed by address: dense, and referenced here until the launch has returned.
@@ -187,42 +130,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
 def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal,
                             window_left, window_right, softcap, alibi_slopes, sinks=None,
                             num_splits=0, k_descale=None, v_descale=None, cache_leftpad=None):
-    fp8 = _check_cache(q, k_cache, v_cache, block_table)
+    fp8 = check_cache(q, k_cache, v_cache, block_table)
     kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
     return _outputs(q, v_cache)
-
-
-def check_page_size(k_cache: Tensor) -> None:
-    page_size = k_cache.shape[1]
-    if page_size % PAGE_SIZE_STEP or not 0 < page_size <= MAX_PAGE_SIZE:
-        raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a multiple of "
-                         f"{PAGE_SIZE_STEP} up to {MAX_PAGE_SIZE}, got {page_size}")
-
-
-def _check_batch_idx(cache_batch_idx, batch: int, k_cache: Tensor, block_table) -> None:
-    if cache_batch_idx is None:
-        return
-    if block_table is not None:
-        raise ValueError(f"{_FN}: cache_batch_idx and block_table cannot be used together")
-    _check_seqlens(cache_batch_idx, batch, k_cache.device, "cache_batch_idx")
-    if cache_batch_idx.device.type != "meta" and batch and (
-            int(cache_batch_idx.min()) < 0 or int(cache_batch_idx.max()) >= k_cache.shape[0]):
-        raise ValueError(f"{_FN}: cache_batch_idx entries must index k_cache's batch, in "
-                         f"[0, {k_cache.shape[0]})")
-
-
-def _rotate_new_tokens(q, k, cos, sin, seqlens, interleaved, causal, window_size):
-    """q and the new k rotated as flash-attn does: k's token i at position cache_seqlens + i;
-    q's likewise when the mask is causal or local, else every q token at cache_seqlens."""
-    offsets = seqlens.long()[:, None]
-    k_positions = offsets + torch.arange(k.shape[1], device=k.device)
-    local = causal or tuple(window_size) != (-1, -1)
-    q_positions = (offsets + torch.arange(q.shape[1], device=q.device) if local
-                   else offsets.expand(-1, q.shape[1]))
-    return (apply_rotary(_FN, q, cos, sin, q_positions, interleaved),
-            apply_rotary(_FN, k, cos, sin, k_positions, interleaved))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -270,7 +182,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
-    fp8 = _check_cache(q, k_cache, v_cache, block_table)
+    fp8 = check_cache(q, k_cache, v_cache, block_table)
     k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0],
                                              k_cache.shape[2], q.device)
     left, right = check_window(_FN, window_size)
@@ -281,17 +193,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
     if block_table is not None:
         check_page_size(k_cache)
-    _check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
+    check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
     rotary_dim = check_rotary(_FN, rotary_cos, rotary_sin, q.shape[3], k is not None)
     if cache_batch_idx is not None:
         # Each sequence's cache row is one page of seqlen_cache keys: the paged path reads it.
         block_table = cache_batch_idx.view(-1, 1)
-    capacity = _capacity(k_cache, block_table)
+    capacity = cache_capacity(k_cache, block_table)
     if cache_seqlens is None:
         cache_seqlens = capacity if k is None else 0
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    _check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
+    check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device, cache_seqlens)
     seqlens_k = cache_seqlens
     if (k is None) != (v is None):
@@ -307,15 +219,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if t.dtype != k_cache.dtype and not (fp8 and t.dtype == q.dtype):
                 raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's "
                                 f"({k_cache.dtype})" + (f" or q's ({q.dtype})" if fp8 else ""))
-        _check_fits(cache_seqlens, k.shape[1], capacity)
+        check_fits(cache_seqlens, k.shape[1], capacity)
         if rotary_dim:
-            q, k = _rotate_new_tokens(q, k, rotary_cos, rotary_sin, cache_seqlens,
+            q, k = rotate_new_tokens(_FN, q, k, rotary_cos, rotary_sin, cache_seqlens,
                                       rotary_interleaved, causal, window_size)
         torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table,
                                             k_descale, v_descale)
         seqlens_k = cache_seqlens + k.shape[1]
     else:
-        _check_fits(cache_seqlens, 0, capacity)
+        check_fits(cache_seqlens, 0, capacity)
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
         float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)

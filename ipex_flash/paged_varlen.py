@@ -18,7 +18,8 @@ from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
 from ipex_flash._validation import softmax_scale as resolve_scale
-from ipex_flash.kvcache import check_page_size, cache_options
+from ipex_flash.kvcache import cache_options
+from ipex_flash.kvcache_checks import check_block_table_entries, check_page_size
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_varlen_func"
@@ -60,10 +61,7 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
         if int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) > max_seqlen_q:
             raise ValueError(f"{_FN}: a sequence of q has more than max_seqlen_q={max_seqlen_q} "
                              "tokens")
-        if block_table.numel() and (int(block_table.min()) < 0 or
-                                    int(block_table.max()) >= k_cache.shape[0]):
-            raise ValueError(f"{_FN}: block_table entries must be page indices in "
-                             f"[0, {k_cache.shape[0]})")
+        check_block_table_entries(_FN, block_table, k_cache.shape[0])
     q_bhnd = q.unsqueeze(0).transpose(1, 2)
     fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, q_bhnd, *(t[:1].transpose(1, 2) for t in (k_cache, v_cache)),

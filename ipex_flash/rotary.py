@@ -52,3 +52,15 @@ def apply_rotary(fn: str, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor
         first, second = rot[..., :half], rot[..., half:]
         rotated = torch.cat((first * c - second * s, first * s + second * c), dim=-1)
     return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def rotate_new_tokens(fn, q, k, cos, sin, seqlens, interleaved, causal, window_size):
+    """q and the new k rotated as flash-attn does: k's token i at position cache_seqlens + i;
+    q's likewise when the mask is causal or local, else every q token at cache_seqlens."""
+    offsets = seqlens.long()[:, None]
+    k_positions = offsets + torch.arange(k.shape[1], device=k.device)
+    local = causal or tuple(window_size) != (-1, -1)
+    q_positions = (offsets + torch.arange(q.shape[1], device=q.device) if local
+                   else offsets.expand(-1, q.shape[1]))
+    return (apply_rotary(fn, q, cos, sin, q_positions, interleaved),
+            apply_rotary(fn, k, cos, sin, k_positions, interleaved))
