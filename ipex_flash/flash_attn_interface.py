@@ -17,80 +17,12 @@ import torch
 from ipex_flash import ops, score_grads
 from ipex_flash.attn_probs import attn_probs
 from ipex_flash.paged_varlen import paged_varlen_func
-from ipex_flash._runtime import C
-from ipex_flash._validation import (
-    check_alibi, check_cu_seqlens, check_dropout, check_dropout_p,
-    check_flash_inputs, check_sinks, check_softcap, check_window)
+from ipex_flash.flash_attn_args import (
+    bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
+from ipex_flash._validation import check_dropout_p, check_window
 from ipex_flash._validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
-
-
-def _bhnd(t: Tensor, packed: bool) -> Tensor:
-    """The kernels' (B, H, N, D) view of a flash-attn tensor, without a copy."""
-    return (t.unsqueeze(0) if packed else t).transpose(1, 2)
-
-
-def _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
-                   causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                   dropout_seed, sinks=None) -> "C.AttentionOptions":
-    """The kernels' options. Tensors are passed by address: the caller keeps them alive (and
-    contiguous, see _contiguous_extras) until the launch has returned."""
-    options = C.AttentionOptions()
-    options.scale = softmax_scale_value
-    # flash-attn aligns masks to the bottom-right corner; causal is the window (left, 0).
-    options.mask = C.MaskParams(window_left=window_left,
-                                window_right=0 if causal else window_right, bottom_right=True)
-    options.dropout = ops.dropout_params(dropout_p, dropout_seed)
-    options.softcap = softcap
-    if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes)
-    if sinks is not None:
-        options.sinks = ops.view(sinks)
-    if cu_seqlens_q is not None:
-        options.cu_seqlens_q = ops.view(cu_seqlens_q)
-        options.cu_seqlens_k = ops.view(cu_seqlens_k)
-        options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
-    return options
-
-
-def _contiguous_extras(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    """cu_seqlens and ALiBi slopes as the kernels read them: dense, in variables that outlive
-    the launch."""
-    return tuple(None if t is None else t.contiguous() for t in tensors)
-
-
-def _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
-           window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks=None) -> None:
-    packed = cu_seqlens_q is not None
-    check_flash_inputs(fn, q, k, v, packed)
-    check_sinks(fn, sinks, _bhnd(q, packed))
-    if packed:
-        batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-        batch_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
-        if batch_k != batch:
-            raise ValueError(f"{fn}: cu_seqlens_k describes {batch_k} sequences, cu_seqlens_q {batch}")
-        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{fn}: {name} must be an int >= 0, got {value!r}")
-        if cu_seqlens_q.device.type != "meta":
-            for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
-                longest = int((cu[1:] - cu[:-1]).max())
-                if longest > value:
-                    raise ValueError(f"{fn}: a sequence of {name} has {longest} tokens, more than "
-                                     f"max_seqlen_{name}={value}")
-    else:
-        batch = q.shape[0]
-    check_window(fn, (window_left, window_right))
-    check_softcap(fn, softcap)
-    check_alibi(fn, alibi_slopes, batch, q.shape[-2], q.device)
-    check_dropout(fn, dropout_p, dropout_seed)
-
-
-def _forward_outputs(q: Tensor, v: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
-    out = ops.output_like(ops.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
-    lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
-    return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("ipex_flash::flash_attn_forward", mutates_args=(),
@@ -102,23 +34,23 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                        dropout_p: float, dropout_seed: Optional[Tensor],
                        sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     fn = "ipex_flash.flash_attn_func"
-    _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
+    check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks)
     packed = cu_seqlens_q is not None
     q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes = _contiguous_extras(cu_seqlens_q, cu_seqlens_k,
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes = contiguous_extras(cu_seqlens_q, cu_seqlens_k,
                                                                   alibi_slopes)
-    out, lse = _forward_outputs(q, v, packed)
+    out, lse = forward_outputs(q, v, packed)
     sinks32 = ops.float_sinks(sinks)  # read by address: referenced until the launch returns
-    options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
                              sinks32)
     if packed:
-        ops.flash_fwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse),
+        ops.flash_fwd(*(ops.view(bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse),
                       options, q.device)
     else:  # few query rows per K/V head take the decode kernel
-        ops.run_forward(*(_bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p)
+        ops.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p)
     return out, lse
 
 
@@ -126,10 +58,10 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
 def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, causal, window_left, window_right, softcap,
                              alibi_slopes, dropout_p, dropout_seed, sinks=None):
-    _check("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    check_call("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
            max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
            sinks)
-    return _forward_outputs(q, v, cu_seqlens_q is not None)
+    return forward_outputs(q, v, cu_seqlens_q is not None)
 
 
 @torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
@@ -144,17 +76,17 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     packed = cu_seqlens_q is not None
     _check_grad_out(grad_out, out)
     q, k, v, out, grad_out = (ops.with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse = _contiguous_extras(
+    cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse = contiguous_extras(
         cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse)
     # Packed K/V rows past cu_seqlens_k[-1] belong to no sequence: their gradient is zero.
     dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
     delta = torch.empty_like(lse)
-    options = _flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
-    ops.flash_bwd(*(ops.view(_bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
+    ops.flash_bwd(*(ops.view(bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
                   ops.view(lse),
-                  *(ops.view(_bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
+                  *(ops.view(bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
                   q.device)
     return dq, dk, dv
 

@@ -18,13 +18,16 @@ CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 
-from ipex_flash import _runtime, score_grads
+from ipex_flash import score_grads
 from ipex_flash._runtime import C
+# The launch helpers, used by the other op modules as ops.*.
+from ipex_flash.launch import (  # noqa: F401
+    DTYPE_NAMES, flash_bwd, flash_fwd, float_sinks, output_like, queue_handle, run_forward, view,
+    warn_openmp_spin, with_contiguous_last_dim)
 from ipex_flash._validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
@@ -32,74 +35,6 @@ from ipex_flash._validation import (
 Tensor = torch.Tensor
 _FN = "ipex_flash.attention"
 
-
-
-def queue_handle(device: torch.device) -> int:
-    """0 selects the SYCL CPU device; otherwise the sycl::queue* of the current XPU stream
-    (untested here: no machine of ours has an Intel GPU)."""
-    if device.type == "cpu":
-        if _runtime.OPENMP_SPIN == "late":
-            warn_openmp_spin()
-        return 0
-    return int(torch.xpu.current_stream(device).sycl_queue)
-
-
-def warn_openmp_spin() -> None:
-    _runtime.OPENMP_SPIN = "warned"
-    warnings.warn(
-        "ipex_flash: torch was imported before ipex_flash, so torch's OpenMP threads spin for "
-        "milliseconds after each op and slow attention on the SYCL CPU device inside models "
-        "(up to ~1.7x). Import ipex_flash before torch, or set GOMP_SPINCOUNT=10000 (or "
-        "OMP_WAIT_POLICY=PASSIVE) in the environment.", RuntimeWarning, stacklevel=3)
-
-
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.bool: "bool", torch.int32: "int32", torch.int64: "int64",
-                torch.uint8: "uint8"}
-
-
-def view(t: Tensor) -> "C.TensorView":
-    dtype = DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
-    return C.TensorView(t.data_ptr(), dtype, t.shape, t.stride())
-
-
-def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
-              lse: "C.TensorView", options: "C.AttentionOptions", device: torch.device) -> None:
-    """C.flash_fwd on (B, H, N, D) views, with the scratch it asks for: the matrix-engine
-    kernel reads K and V from a copy packed in tile order (as large as K and V), allocated here
-    so that torch's allocator keeps it alive until the kernel has run on an XPU stream."""
-    queue = queue_handle(device)
-    scratch = torch.empty(C.fwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
-                          device=device)
-    C.flash_fwd(q, k, v, out, lse, view(scratch), options, queue)
-
-
-def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
-              grad_out: "C.TensorView", lse: "C.TensorView", dq: "C.TensorView",
-              dk: "C.TensorView", dv: "C.TensorView", delta: "C.TensorView",
-              options: "C.AttentionOptions", device: torch.device) -> None:
-    """C.flash_bwd on (B, H, N, D) views, with its scratch: the matrix-engine kernels read
-    K, K^T, V and the packed Q and dO tiles from copies (twice Q, dO and 1.5 times K, V in
-    size), allocated here through torch's allocator for the same reason as flash_fwd's."""
-    queue = queue_handle(device)
-    scratch = torch.empty(C.bwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
-                          device=device)
-    C.flash_bwd(q, k, v, out, grad_out, lse, dq, dk, dv, delta, view(scratch), options, queue)
-
-
-def with_contiguous_last_dim(t: Tensor) -> Tensor:
-    # The kernels read rows as contiguous vectors; other layouts pay one copy.
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
-def output_like(q: Tensor, head_dim_v: int) -> Tensor:
-    """An uninitialised output for q with v's head dim, its dimensions in q's memory order (a
-    (B, N, H, D) tensor seen as (B, H, N, D) gets a (B, N, H, Dv) one seen the same way)."""
-    if q.shape[-1] == head_dim_v:
-        return torch.empty_like(q)
-    order = sorted(range(q.dim() - 1), key=lambda i: -q.stride(i))  # outermost first
-    out = q.new_empty([q.shape[i] for i in order] + [head_dim_v])
-    return out.permute(*(order.index(i) for i in range(q.dim() - 1)), q.dim() - 1)
 
 
 def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
@@ -135,38 +70,6 @@ def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: flo
 # The options of calls without mask, sinks, softcap or dropout, by (causal, scale, head dim):
 # building them is a visible part of a small call's host time.
 _PLAIN_OPTIONS: dict = {}
-
-
-def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
-    # Read by address: float32 and dense, and kept referenced until the launch has returned.
-    return None if sinks is None else sinks.to(torch.float32).contiguous()
-
-
-def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                options: "C.AttentionOptions", dropout_p: float,
-                max_len_k: Optional[int] = None, num_splits: int = 0) -> None:
-    """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
-    splits the keys across work-groups (num_splits of them, or as many as it chooses for 0);
-    everything else the general forward kernel. q (B, Hq, Nq, D), out (B, Hq, Nq, Dv); k
-    (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv),
-    or a KV cache seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k
-    is (default Nk)."""
-    q_v, k_v, v_v = view(q), view(k), view(v)
-    if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v):
-        batch, heads_q, len_q, head_dim = q.shape
-        heads_kv, head_dim_v, device = k.shape[1], v.shape[3], q.device
-        queue = queue_handle(device)
-        splits = num_splits or C.decode_num_splits(
-            batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v),
-            k.shape[2] if max_len_k is None else max_len_k, queue)
-        partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),
-                                  dtype=torch.float32, device=device)
-        partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
-                                  device=device)
-        C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
-                       view(partial_lse), options, queue)
-    else:  # many rows, dropout, or a 16-bit cache with rows not word-aligned
-        flash_fwd(q_v, k_v, v_v, view(out), view(lse), options, q.device)
 
 
 def draw_dropout_seed(device: torch.device) -> Tensor:

@@ -1,0 +1,82 @@
+"""flash-attn's arguments as the kernels take them (flash_attn_interface.py): the checks of a
+call, the kernels' options, and the outputs' shapes."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ipex_flash import ops
+from ipex_flash._runtime import C
+from ipex_flash._validation import (
+    check_alibi, check_cu_seqlens, check_dropout, check_flash_inputs, check_sinks, check_softcap,
+    check_window)
+
+Tensor = torch.Tensor
+
+
+def bhnd(t: Tensor, packed: bool) -> Tensor:
+    """The kernels' (B, H, N, D) view of a flash-attn tensor, without a copy."""
+    return (t.unsqueeze(0) if packed else t).transpose(1, 2)
+
+
+def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
+                   causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                   dropout_seed, sinks=None) -> "C.AttentionOptions":
+    """The kernels' options. Tensors are passed by address: the caller keeps them alive (and
+    contiguous, see contiguous_extras) until the launch has returned."""
+    options = C.AttentionOptions()
+    options.scale = softmax_scale_value
+    # flash-attn aligns masks to the bottom-right corner; causal is the window (left, 0).
+    options.mask = C.MaskParams(window_left=window_left,
+                                window_right=0 if causal else window_right, bottom_right=True)
+    options.dropout = ops.dropout_params(dropout_p, dropout_seed)
+    options.softcap = softcap
+    if alibi_slopes is not None:
+        options.alibi_slopes = ops.view(alibi_slopes)
+    if sinks is not None:
+        options.sinks = ops.view(sinks)
+    if cu_seqlens_q is not None:
+        options.cu_seqlens_q = ops.view(cu_seqlens_q)
+        options.cu_seqlens_k = ops.view(cu_seqlens_k)
+        options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    return options
+
+
+def contiguous_extras(*tensors: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """cu_seqlens and ALiBi slopes as the kernels read them: dense, in variables that outlive
+    the launch."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
+           window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks=None) -> None:
+    packed = cu_seqlens_q is not None
+    check_flash_inputs(fn, q, k, v, packed)
+    check_sinks(fn, sinks, bhnd(q, packed))
+    if packed:
+        batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+        batch_k = check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+        if batch_k != batch:
+            raise ValueError(f"{fn}: cu_seqlens_k describes {batch_k} sequences, cu_seqlens_q {batch}")
+        for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{fn}: {name} must be an int >= 0, got {value!r}")
+        if cu_seqlens_q.device.type != "meta":
+            for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
+                longest = int((cu[1:] - cu[:-1]).max())
+                if longest > value:
+                    raise ValueError(f"{fn}: a sequence of {name} has {longest} tokens, more than "
+                                     f"max_seqlen_{name}={value}")
+    else:
+        batch = q.shape[0]
+    check_window(fn, (window_left, window_right))
+    check_softcap(fn, softcap)
+    check_alibi(fn, alibi_slopes, batch, q.shape[-2], q.device)
+    check_dropout(fn, dropout_p, dropout_seed)
+
+
+def forward_outputs(q: Tensor, v: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
+    out = ops.output_like(ops.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
+    lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
+    return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
