@@ -75,8 +75,8 @@ def _calls(full: bool):
         for head_dim in head_dims if dtype != "float32" else []:
             for features in FP8_FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto"
-                for rows in DECODE_ROWS[size]:
-                    yield "decode", dtype, head_dim, features, rows, "auto"
+                for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
+                    yield "fp8_decode", dtype, head_dim, features, rows, "auto"
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
 
 
@@ -85,6 +85,10 @@ def plan_target(target: str, full: bool) -> list:
     limits = C.profile_limits(target)
     programs, seen = [], set()
     for family, dtype, head_dim, features, rows, mode in _calls(full):
+        if family == "fp8_decode":  # C.flash_decode_supported: large register files only
+            if not limits["large_grf"]:
+                continue
+            family = "decode"
         base = dict(target=target, family=family, dtype=dtype, head_dim=head_dim,
                     features=features, rows=rows, mode=mode,
                     slm_limit=limits["local_mem_bytes"])

@@ -97,10 +97,11 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     or a KV cache seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k
     is (default Nk)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
-    if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v):
+    device = q.device
+    queue = queue_handle(device)
+    if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v, queue):
         batch, heads_q, len_q, head_dim = q.shape
-        heads_kv, head_dim_v, device = k.shape[1], v.shape[3], q.device
-        queue = queue_handle(device)
+        heads_kv, head_dim_v = k.shape[1], v.shape[3]
         splits = num_splits or C.decode_num_splits(
             batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v),
             k.shape[2] if max_len_k is None else max_len_k, queue)

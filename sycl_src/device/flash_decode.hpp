@@ -131,7 +131,8 @@ void flash_decode_kernel(DecodeParams p) {
   const SeqInfo seq = seq_info(c, b);
   const int len_q = seq.len_q;
   const int rows = c.dims.heads_per_kv * len_q;
-  const int head_dim = c.dims.head_dim, head_dim_v = c.dims.head_dim_v;  // Q, K; V, O
+  const int head_dim = c.dims.head_dim;  // Q, K; and V, O unless FEATURE_VALUE_DIM
+  const int head_dim_v = (FEATURES & FEATURE_VALUE_DIM) != 0 ? c.dims.head_dim_v : head_dim;
   // Row r of K/V head h_kv: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the
   // softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
@@ -179,7 +180,7 @@ void flash_decode_kernel(DecodeParams p) {
   sycl::group_barrier(group);
   // K and V rows as block loads, unless the head dim is padded.
   const bool whole_rows = head_dim == HEAD_DIM;
-  const bool whole_v = head_dim_v == HEAD_DIM;
+  const bool whole_v = (FEATURES & FEATURE_VALUE_DIM) != 0 ? head_dim_v == HEAD_DIM : whole_rows;
   // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
   // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
   // SLM. A tile starts at a multiple of MATRIX_M keys.

@@ -35,6 +35,9 @@ constexpr int FEATURE_ATTN_MASK =
 constexpr int FEATURE_KV_E4M3 = 64;
 constexpr int FEATURE_KV_E5M2 = 128;
 constexpr int FEATURE_KV_FP8 = FEATURE_KV_E4M3 | FEATURE_KV_E5M2;
+// The decode kernel for V's head dim != Q's (dims.head_dim_v); without it the kernel treats
+// them as one, which keeps its fp32 form within DG2's 128 registers (gpu-check).
+constexpr int FEATURE_VALUE_DIM = 256;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.
@@ -80,9 +83,9 @@ struct SeqLayout {
   const int32_t* cu_seqlens_k;  // (B + 1) or null
   const int32_t* seqlens_k;     // (B) keys per sequence or null
   const int32_t* block_table;   // (B, max_pages) page of each page_size keys, or null
-  int64_t block_table_stride;   // elements between block_table rows
-  int32_t page_size;            // keys per page (a power of two) when paged
   const int32_t* k_start;       // (B) or null: a cache's keys are rows k_start[b] .. seqlens_k[b]
+  int64_t block_table_stride;   // elements between block_table rows
+  int32_t page_size;            // keys per page (a multiple of 16) when paged
 };
 
 // Element strides of one (B, H, N, D) tensor; the D stride is always 1. Packed varlen

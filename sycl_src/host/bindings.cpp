@@ -109,7 +109,7 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("flash_decode", &flash_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "partial_out"_a,
         "partial_lse"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
-  m.def("flash_decode_supported", &flash_decode_supported, "q"_a, "k"_a, "v"_a);
+  m.def("flash_decode_supported", &flash_decode_supported, "q"_a, "k"_a, "v"_a, "queue"_a);
   m.def("decode_num_splits", &decode_num_splits, "batch"_a, "heads_kv"_a, "rows"_a,
         "head_dim"_a, "max_len_k"_a, "queue"_a);
   m.def("warmup_decode", &warmup_decode, "dtype"_a, "head_dim"_a, "rows"_a, "queue"_a,

@@ -83,6 +83,8 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
 
 }  // namespace
 
+bool fp8_decode_fits(const DeviceLimits& limits) { return limits.is_cpu || limits.large_grf; }
+
 // One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
 // split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
 // P.V accumulators. Scores go to the matrix engine where the forward would use it and the
@@ -97,6 +99,9 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   variant.features = features;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
   // FP8 caches (kv_quant.hpp) compute their scores on the vector units.
+  if (kv_bytes == 1 && !fp8_decode_fits(limits))
+    throw std::invalid_argument("ipex_flash: FP8 caches on " + limits.name +
+                                " run the general kernel (flash_decode_supported)");
   const MatrixTile tile = kv_bytes == 1 ? MatrixTile{}
                                         : matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
@@ -145,9 +150,13 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
 }
 
-bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v) {
+bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
+                            std::uintptr_t queue_handle) {
   const int64_t heads_kv = k.size(1);
   if (heads_kv <= 0 || (q.size(1) / heads_kv) * q.size(2) > kMaxDecodeRows) return false;
+  if (kv_feature(k.dtype) != 0 &&
+      !fp8_decode_fits(device_limits(queue_from_handle(queue_handle).get_device())))
+    return false;
   // The decode kernel reads 16-bit and FP8 rows a 32-bit word at a time.
   const int kv_bytes = kv_element_bytes(k.dtype, kv_feature(k.dtype));
   return kv_bytes == 4 || (word_aligned_rows(k, kv_bytes) && word_aligned_rows(v, kv_bytes) &&
@@ -161,7 +170,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   DecodeParams params{};
   params.common = make_common(q, k, v, lse, options);
   AttentionCommon& c = params.common;
-  if (!flash_decode_supported(q, k, v))
+  if (!flash_decode_supported(q, k, v, queue_handle))
     throw std::invalid_argument(
         "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
         "than " + std::to_string(kMaxDecodeRows) +
@@ -171,7 +180,10 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::queue& queue = queue_from_handle(queue_handle);
   const DeviceLimits& limits = device_limits(queue.get_device());
   const KernelVariant variant =
-      decode_variant(q.dtype, c.dims.head_dim_max(), rows, features_of(options, k), limits,
+      decode_variant(q.dtype, c.dims.head_dim_max(), rows,
+                     features_of(options, k) |
+                         (c.dims.head_dim_v != c.dims.head_dim ? FEATURE_VALUE_DIM : 0),
+                     limits,
                      matrix_mode());
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();

@@ -29,7 +29,12 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
 // rows per K/V head and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
 // head dims (q's and v's) in whole 4-byte words. Other problems go to flash_fwd (which also
 // reads caches).
-bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v);
+// FP8 caches take the decode kernel only where it has the large register file (or on the CPU
+// device): with 128 registers its FP8 conversions spilled on Meteor Lake and, past 8 rows per
+// K/V head, on every such GPU (gpu-check); the general kernel serves them there.
+bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
+                            std::uintptr_t queue_handle);
+bool fp8_decode_fits(const DeviceLimits& limits);
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
 // partial_out (B, Hq, Nq, splits, Dv: v's head dim) and partial_lse (B, Hq, Nq, splits) are float32 scratch;

@@ -42,7 +42,7 @@ bool small_call_cpu(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::u
   const TensorView q_view = make_view(q, dtype, to_vector(q_sizes), to_vector(q_strides));
   const TensorView k_view = make_view(k, dtype, to_vector(k_sizes), to_vector(k_strides));
   const TensorView v_view = make_view(v, dtype, to_vector(k_sizes), to_vector(v_strides));
-  if (!flash_decode_supported(q_view, k_view, v_view)) return false;
+  if (!flash_decode_supported(q_view, k_view, v_view, /*queue_handle=*/0)) return false;
 
   const int rows = static_cast<int>((heads_q / heads_kv) * len_q);
   const int splits = decode_num_splits(static_cast<int>(batch), static_cast<int>(heads_kv), rows,
