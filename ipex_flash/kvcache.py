@@ -37,6 +37,8 @@ def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
     ((B, Hkv) float32, see kv_quant.descales), saturating."""
     batch, new = k.shape[:2]
     if kv_quant.is_fp8(k_cache) and k.dtype != k_cache.dtype:
+        k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, True, batch,
+                                                 k_cache.shape[2], k.device)
         k = kv_quant.quantise(k, k_descale, k_cache.dtype)
         v = kv_quant.quantise(v, v_descale, v_cache.dtype)
     positions = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # (B, Nnew)

@@ -185,3 +185,19 @@ def test_no_backward_through_fp8():
     k = torch.zeros(1, 2, 3, 64).to(torch.float8_e4m3fn)
     with pytest.raises((TypeError, ValueError), match="k has dtype torch.float8_e4m3fn"):
         torch.ops.ipex_flash.attention(q, k, k, False, None, 0.0, False)
+
+
+def test_append_op_alone_takes_descales_in_any_accepted_form():
+    """ipex_flash::kvcache_append called directly: default descales are 1, one value is
+    broadcast, as flash_attn_with_kvcache normalises them."""
+    k_new = torch.randn(2, 1, 2, 16, dtype=torch.bfloat16) * 100
+    for k_descale, scale in ((None, 1.0), (torch.tensor(4.0), 4.0)):
+        k_cache = torch.zeros(2, 4, 2, 16).to(torch.float8_e5m2)
+        v_cache = torch.zeros_like(k_cache)
+        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k_new, k_new,
+                                            torch.tensor([0, 2], dtype=torch.int32), None,
+                                            k_descale, None)
+        assert torch.equal(k_cache[0, 0].view(torch.uint8),
+                           (k_new[0, 0].double() / scale).to(torch.float8_e5m2).view(torch.uint8))
+        assert torch.equal(v_cache[1, 2].view(torch.uint8),
+                           k_new[1, 0].double().to(torch.float8_e5m2).view(torch.uint8))
