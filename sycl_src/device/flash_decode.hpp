@@ -98,7 +98,7 @@ void flash_decode_kernel(DecodeParams p) {
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> acc_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> max_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> sum_slm;
-  static syclexp::work_group_static<float[STEPS][LANES]> p_slm;  // (t, r * KEYS_PER_STEP + j)
+  static syclexp::work_group_static<float[MAX_HEADS][STEPS][LANES]> p_slm;  // (head, t, r * KEYS_PER_STEP + j)
   // Matrix scores only (one element otherwise): Q^T packed per head set (word [d / 2][column],
   // column = head in set * GROUP_ROWS + r), the block's S^T, and a K block staged in SLM when it
   // cannot be read in place (a partial last block, pages that split it, padded head dims).
@@ -110,7 +110,7 @@ void flash_decode_kernel(DecodeParams p) {
   float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
   float(&row_max)[MAX_HEADS][LANES] = max_slm;
   float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
-  float(&probs)[STEPS][LANES] = p_slm;
+  float(&probs)[MAX_HEADS][STEPS][LANES] = p_slm;
   float(&row_factor)[LANES] = row_factor_slm;
   uint32_t(&q_t)[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES] = qt_slm;
   float(&s_t)[MATRIX ? BLOCK_N : 1][LANES] = st_slm;
@@ -190,20 +190,43 @@ void flash_decode_kernel(DecodeParams p) {
   uint32_t touched = 0;  // RowVectors::touch
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
-    for (int hk = 0; hk < group_heads; ++hk) {
+    // The cache row of key j of step t, clamped to the last key (see the scores below).
+    const auto step_row = [&](const KvRows<KV>& rows_of, int t, int j) {
+      return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
+    };
+    // Step t's scores of head hk, one (row, key) per lane: scaled, modified and masked into
+    // probs, and the step's V rows read (see below).
+    const auto finish_scores = [&](int hk, int t, float raw_score) {
       const int h_kv = head0 + hk;
-      const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
-      const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
-      const float k_descale = kv_descale<FEATURES>(c, b, h_kv).k;
-      float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
-      float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
-      const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // matrix: this head's columns
-      // The cache row of key j of step t, clamped to the last key (see the scores below).
-      const auto step_row = [&](const KvRows<KV>& rows_of, int t, int j) {
-        return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
-      };
+      float score[1] = {raw_score * kv_descale<FEATURES>(c, b, h_kv).k};
+      // Read the step's V rows now, while the K misses are in flight, so that P.V finds
+      // them in cache: P.V alone issues too few misses at a time to keep memory busy
+      // (bf16 decode +20-30 %, NOTES.md).
+      if (whole_v) {
+        const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_STEP; ++j)
+          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
+      }
+      const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
+      if constexpr (FEATURES != 0) {
+        const ScoreMod score_mod =  // per lane: rows span heads
+            ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0));
+        float unused_grad[1];
+        score_mod.apply<FEATURES>(score, unused_grad, token, key, 0, 0);
+      }
+      // The mask, the split's end, padding rows.
+      if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
+      probs[hk][t][lid] = score[0];
+    };
 
-      if constexpr (MATRIX) {  // S^T of the whole block, into s_t
+    // Scores of every head of the group. Keys past the end read the last row again; the mask
+    // drops them. The step loops are left rolled: unrolled, the kernel took twice as long to
+    // compile for no speed.
+    if constexpr (MATRIX) {  // S^T of the whole block per head, through s_t
+      for (int hk = 0; hk < group_heads; ++hk) {
+        const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
+        const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // this head's columns
         const bool in_place = k_in_place && kv_begin + BLOCK_N <= kv_end;
         if (!in_place) {
           load_tile<BLOCK_N, HEAD_DIM>(k_stage, k, kv_begin, block_keys, head_dim, lid, LANES);
@@ -221,20 +244,19 @@ void flash_decode_kernel(DecodeParams p) {
                 sg, &s_t[m0][0], LANES, &k_stage[m0][0], HEAD_DIM, q_tile, LANES);
         }
         sycl::group_barrier(group);
+        for (int t = 0; t < STEPS; ++t)
+          finish_scores(hk, t, c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
+        sycl::group_barrier(group);  // before the next head overwrites s_t
       }
-
-      // Scores: lane l of step t ends with (row l / KEYS_PER_STEP, key t * KEYS_PER_STEP + l %
-      // KEYS_PER_STEP), kept in probs until the softmax turns them into probabilities. Keys
-      // past the end read the last row again; the mask drops them. The step loop is left
-      // rolled: unrolled, the kernel took twice as long to compile for no speed.
-      const ScoreMod score_mod =  // per lane: rows span heads
-          ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0));
-      float block_max = NEG_INF;
+    } else {
+      // Step-major: a step reads its keys' rows for every head before the next keys, so with a
+      // (B, N, H, D) cache the group walks memory in order and the prefetchers keep up.
       for (int t = 0; t < STEPS; ++t) {
-        float score[1];
-        if constexpr (MATRIX) {
-          score[0] = c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row];
-        } else {
+        for (int hk = 0; hk < group_heads; ++hk) {
+          const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
+          float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
+          // Lanes along d: per-lane partial dot products, summed across lanes by
+          // transpose_sum into lane l = (row l / KEYS_PER_STEP, key l % KEYS_PER_STEP).
           float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
           for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
 #pragma unroll
@@ -248,35 +270,23 @@ void flash_decode_kernel(DecodeParams p) {
                   partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
             }
           }
-          score[0] = transpose_sum<LANES>(sg, partial, lid);
+          finish_scores(hk, t, transpose_sum<LANES>(sg, partial, lid));
         }
-        score[0] *= k_descale;
-        // Read the step's V rows now, while the K misses are in flight, so that P.V finds
-        // them in cache: P.V alone issues too few misses at a time to keep memory busy
-        // (bf16 decode +20-30 %, NOTES.md).
-        if (whole_v) {
-#pragma unroll
-          for (int j = 0; j < KEYS_PER_STEP; ++j)
-            touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
-        }
-        const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
-        if constexpr (FEATURES != 0) {
-          float unused_grad[1];
-          score_mod.apply<FEATURES>(score, unused_grad, token, key, 0, 0);
-        }
-        // The mask, the split's end, padding rows.
-        if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
-        probs[t][lid] = score[0];
-        block_max = sycl::fmax(block_max, score[0]);
       }
+    }
 
+    for (int hk = 0; hk < group_heads; ++hk) {
+      const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, head0 + hk);
+      float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
       // Online softmax over the row's lanes.
+      float block_max = NEG_INF;
+      for (int t = 0; t < STEPS; ++t) block_max = sycl::fmax(block_max, probs[hk][t][lid]);
       OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
       row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
       float block_sum = 0.f;
       for (int t = 0; t < STEPS; ++t) {
-        const float prob = softmax.probability(probs[t][lid]);
-        probs[t][lid] = prob;
+        const float prob = softmax.probability(probs[hk][t][lid]);
+        probs[hk][t][lid] = prob;
         block_sum += prob;
       }
       softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
@@ -294,7 +304,7 @@ void flash_decode_kernel(DecodeParams p) {
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
         for (int key = 0; key < block_keys; ++key) {
           const KV* v_row = v.row(kv_begin + key);
-          const float* p_key = &probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
+          const float* p_key = &probs[hk][key / KEYS_PER_STEP][key % KEYS_PER_STEP];
 #pragma unroll
           for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
             float v_vec[PER_LOAD];
@@ -311,7 +321,7 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
       }
-      sycl::group_barrier(group);  // before the next head overwrites probs and row_factor
+      sycl::group_barrier(group);  // before the next head overwrites row_factor
     }
   }
 

@@ -72,7 +72,7 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
   const size_t sets = ceil_div(max_heads, lanes / group_rows);
   const size_t floats = 2 * max_heads * group_rows * d  // Q and O
                         + 2 * max_heads * lanes         // running max and sum
-                        + keys * group_rows             // probabilities of a block
+                        + max_heads * keys * group_rows  // probabilities of a block
                         + lanes;                        // per-row factors
   const size_t matrix_bytes = matrix ? sizeof(uint32_t) * sets * (d / 2) * lanes  // Q^T packed
                                            + sizeof(float) * keys * lanes         // S^T
