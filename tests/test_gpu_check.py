@@ -92,6 +92,16 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(target="dg2", **forward)) == ["spills 160 bytes"]
     assert kernel_violations(report(target="mtl", **{**forward, "features": 5})) == [
         "spills 160 bytes"]
+    # The third: the fp32 d=128 one-row decode on the 128-register GPUs, up to 512 bytes.
+    one_row = dict(family="decode", kernel="ipex_flash::flash_decode_kernel<...>",
+                   dtype="float32", head_dim=128, rows=1, features=7, spill=512)
+    assert kernel_violations(report(target="dg2", **one_row)) == []
+    assert kernel_violations(report(target="arl-h", **{**one_row, "spill": 64})) == []
+    assert kernel_violations(report(target="lnl", **one_row)) == ["spills 512 bytes"]
+    assert kernel_violations(report(target="dg2", **{**one_row, "spill": 576})) == [
+        "spills 576 bytes"]
+    assert kernel_violations(report(target="dg2", **{**one_row, "rows": 8})) == [
+        "spills 512 bytes"]
 
 
 def test_every_gpu_passes_gpu_check():

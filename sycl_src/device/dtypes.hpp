@@ -65,6 +65,39 @@ inline float to_float(float8_e4m3_bits x) {
   return magnitude == 0x7fu ? sycl::bit_cast<float>(0x7fc00000u) : value;
 }
 
+// Four FP8 elements of one 32-bit word (element u in byte u) in float32, converted two at a time
+// as the two halves of a word: bytes 0 and 2, then 1 and 3, each moved into a half's bit
+// fields by a few whole-word operations instead of one extraction per byte. e5m2 comes out
+// exact; e4m3 as its value / FP8_WORD_UNIT<e4m3> (its fields in a half's, NaN kept), the unit
+// the caller folds into a scale it applies anyway (the decode kernel's descales).
+template <typename T>
+inline constexpr float FP8_WORD_UNIT = 1.f;
+template <>
+inline constexpr float FP8_WORD_UNIT<float8_e4m3_bits> = 256.f;
+
+inline void halves_to_float(uint32_t even, uint32_t odd, float (&out)[4]) {
+  out[0] = static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(even)));
+  out[1] = static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(odd)));
+  out[2] = static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(even >> 16)));
+  out[3] = static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(odd >> 16)));
+}
+
+inline void fp8_word_to_float(float8_e5m2_bits, uint32_t word, float (&out)[4]) {
+  halves_to_float((word << 8) & 0xff00ff00u, word & 0xff00ff00u, out);
+}
+
+inline void fp8_word_to_float(float8_e4m3_bits, uint32_t word, float (&out)[4]) {
+  // Bytes 0 and 2 (even) and 1 and 3 (odd) in the low bytes of the two halves; the sign to a
+  // half's bit 15, exponent and mantissa to bits 13..7.
+  const auto fields = [](uint32_t bytes) {
+    return ((bytes & 0x00800080u) << 8) | ((bytes & 0x007f007fu) << 7);
+  };
+  halves_to_float(fields(word & 0x00ff00ffu), fields((word >> 8) & 0x00ff00ffu), out);
+#pragma unroll
+  for (int u = 0; u < 4; ++u)  // S.1111.111, the only NaN, became +-1.875 (480 / 256)
+    if (sycl::fabs(out[u]) == 1.875f) out[u] = sycl::bit_cast<float>(0x7fc00000u);
+}
+
 // Two 16-bit values in one 32-bit word, the first in the low half: the packed (VNNI) layout of
 // the matrix engines' B operands (matrix_tile.hpp).
 template <typename T>

@@ -46,6 +46,17 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // hide their latency when the group has few rows.
 constexpr int DECODE_PV_CHAINS = 8;
 
+// The order of a key block's vector score steps over the group's heads. On the CPU device,
+// step-major: a step reads its keys' rows for every head before the next keys, so a (B, N, H,
+// D) cache is walked in memory order, which its prefetchers follow (NOTES.md, session 11:
+// fp32 decode 1.3x, bf16 1.35x, FP8 1.7x). On GPUs, head-major, the order the kernel was
+// register-allocated in: step-major made DG2/Meteor Lake/Arrow Lake-H spill 192-480 B.
+#if defined(IPEX_FLASH_CPU_LOOPS)
+constexpr bool DECODE_STEP_MAJOR = true;
+#else
+constexpr bool DECODE_STEP_MAJOR = false;
+#endif
+
 // Head-dim vectors per P.V pass: the most, up to `wanted`, that split d_vecs into whole passes
 // of whole loads (per_load divides d_vecs).
 constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {
@@ -194,38 +205,70 @@ void flash_decode_kernel(DecodeParams p) {
     const auto step_row = [&](const KvRows<KV>& rows_of, int t, int j) {
       return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
     };
+    // What a head's score steps share, made once per head where the order allows (on GPUs
+    // making it per step cost registers).
+    struct HeadRows {
+      KvRows<KV> k, v;
+      float k_scale;
+      ScoreMod score_mod;
+    };
+    const auto head_rows = [&](int hk) {
+      const int h_kv = head0 + hk;
+      return HeadRows{kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv),
+                      kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv),
+                      kv_descale<FEATURES>(c, b, h_kv).k * Row::UNIT,
+                      // per lane: rows span heads
+                      ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0))};
+    };
     // Step t's scores of head hk, one (row, key) per lane: scaled, modified and masked into
     // probs, and the step's V rows read (see below).
-    const auto finish_scores = [&](int hk, int t, float raw_score) {
-      const int h_kv = head0 + hk;
-      float score[1] = {raw_score * kv_descale<FEATURES>(c, b, h_kv).k};
+    const auto finish_scores = [&](int hk, const HeadRows& head, int t, float raw_score) {
+      float score[1] = {raw_score * head.k_scale};
       // Read the step's V rows now, while the K misses are in flight, so that P.V finds
       // them in cache: P.V alone issues too few misses at a time to keep memory busy
       // (bf16 decode +20-30 %, NOTES.md).
       if (whole_v) {
-        const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j)
-          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
+          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(head.v, t, j));
       }
       const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
       if constexpr (FEATURES != 0) {
-        const ScoreMod score_mod =  // per lane: rows span heads
-            ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0));
         float unused_grad[1];
-        score_mod.apply<FEATURES>(score, unused_grad, token, key, 0, 0);
+        head.score_mod.template apply<FEATURES>(score, unused_grad, token, key, 0, 0);
       }
       // The mask, the split's end, padding rows.
       if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
       probs[hk][t][lid] = score[0];
     };
 
-    // Scores of every head of the group. Keys past the end read the last row again; the mask
-    // drops them. The step loops are left rolled: unrolled, the kernel took twice as long to
-    // compile for no speed.
-    if constexpr (MATRIX) {  // S^T of the whole block per head, through s_t
-      for (int hk = 0; hk < group_heads; ++hk) {
-        const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
+    // Scores, one step of KEYS_PER_STEP keys of one head at a time. Keys past the end read the
+    // last row again; the mask drops them. The step loops are left rolled: unrolled, the kernel
+    // took twice as long to compile for no speed.
+    const auto vector_scores = [&](int hk, const HeadRows& head, int t) {
+      const KvRows<KV>& k = head.k;
+      float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
+      // Lanes along d: per-lane partial dot products, summed across lanes by transpose_sum
+      // into lane l = (row l / KEYS_PER_STEP, key l % KEYS_PER_STEP).
+      float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
+      for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_STEP; ++j) {
+          float k_vec[PER_LOAD];  // (vi + u)
+          Row::load(sg, step_row(k, t, j), vi, whole_rows, head_dim, lid, k_vec);
+#pragma unroll
+          for (int u = 0; u < PER_LOAD; ++u)
+#pragma unroll
+            for (int r = 0; r < GROUP_ROWS; ++r)
+              partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
+        }
+      }
+      finish_scores(hk, head, t, transpose_sum<LANES>(sg, partial, lid));
+    };
+    // S^T of the whole block on the matrix engine, through s_t, for head hk.
+    const auto matrix_scores = [&](int hk, const HeadRows& head) {
+      if constexpr (MATRIX) {  // only matrix kernels instantiate the products
+        const KvRows<KV>& k = head.k;
         const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // this head's columns
         const bool in_place = k_in_place && kv_begin + BLOCK_N <= kv_end;
         if (!in_place) {
@@ -245,38 +288,12 @@ void flash_decode_kernel(DecodeParams p) {
         }
         sycl::group_barrier(group);
         for (int t = 0; t < STEPS; ++t)
-          finish_scores(hk, t, c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
-        sycl::group_barrier(group);  // before the next head overwrites s_t
+          finish_scores(hk, head, t,
+                        c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
       }
-    } else {
-      // Step-major: a step reads its keys' rows for every head before the next keys, so with a
-      // (B, N, H, D) cache the group walks memory in order and the prefetchers keep up.
-      for (int t = 0; t < STEPS; ++t) {
-        for (int hk = 0; hk < group_heads; ++hk) {
-          const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
-          float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
-          // Lanes along d: per-lane partial dot products, summed across lanes by
-          // transpose_sum into lane l = (row l / KEYS_PER_STEP, key l % KEYS_PER_STEP).
-          float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-          for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
-#pragma unroll
-            for (int j = 0; j < KEYS_PER_STEP; ++j) {
-              float k_vec[PER_LOAD];  // (vi + u)
-              Row::load(sg, step_row(k, t, j), vi, whole_rows, head_dim, lid, k_vec);
-#pragma unroll
-              for (int u = 0; u < PER_LOAD; ++u)
-#pragma unroll
-                for (int r = 0; r < GROUP_ROWS; ++r)
-                  partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
-            }
-          }
-          finish_scores(hk, t, transpose_sum<LANES>(sg, partial, lid));
-        }
-      }
-    }
-
-    for (int hk = 0; hk < group_heads; ++hk) {
-      const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, head0 + hk);
+    };
+    // The block's online softmax and P.V of head hk, its scores in probs.
+    const auto softmax_and_pv = [&](int hk, const KvRows<KV> v) {
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
       // Online softmax over the row's lanes.
       float block_max = NEG_INF;
@@ -321,7 +338,23 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
       }
-      sycl::group_barrier(group);  // before the next head overwrites row_factor
+      sycl::group_barrier(group);  // before the next head overwrites row_factor (and s_t)
+    };
+
+    if constexpr (DECODE_STEP_MAJOR && !MATRIX) {
+      for (int t = 0; t < STEPS; ++t)
+        for (int hk = 0; hk < group_heads; ++hk) vector_scores(hk, head_rows(hk), t);
+      for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, head_rows(hk).v);
+    } else {
+      for (int hk = 0; hk < group_heads; ++hk) {
+        const HeadRows head = head_rows(hk);
+        if constexpr (MATRIX) {
+          matrix_scores(hk, head);
+        } else {
+          for (int t = 0; t < STEPS; ++t) vector_scores(hk, head, t);
+        }
+        softmax_and_pv(hk, head.v);
+      }
     }
   }
 
@@ -332,7 +365,7 @@ void flash_decode_kernel(DecodeParams p) {
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-    row_factor[lid] = softmax.inverse_sum() * kv_descale<FEATURES>(c, b, h_kv).v;
+    row_factor[lid] = softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT);
     if (valid_row && my_key == 0) {
       const int64_t row =
           (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, my_row)) * c.dims.len_q +

@@ -191,6 +191,8 @@ template <typename T, int LANES>
 struct RowVectors {
   static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4, "8-, 16- or 32-bit elements");
   static constexpr int PER_LOAD = 4 / static_cast<int>(sizeof(T));
+  // load gives the elements divided by UNIT (FP8_WORD_UNIT; 1 but for e4m3).
+  static constexpr float UNIT = FP8_WORD_UNIT<T>;
 
   static constexpr int column(int vi, int lane) {
     return (vi / PER_LOAD) * (LANES * PER_LOAD) + lane * PER_LOAD + vi % PER_LOAD;
@@ -213,10 +215,8 @@ struct RowVectors {
     } else if constexpr (PER_LOAD == 2) {
       out[0] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word)));
       out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
-    } else {  // FP8 (kv_quant.hpp)
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        out[u] = to_float(sycl::bit_cast<T>(static_cast<uint8_t>(word >> (8 * u))));
+    } else {  // FP8 (kv_quant.hpp), in units of UNIT
+      fp8_word_to_float(T{}, word, out);
     }
   }
 
