@@ -14,7 +14,8 @@
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
 //   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
 // No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses. The
-// score pass also reads the V rows ahead of P.V (RowVectors::touch). 16-bit inputs on a device
+// score pass also reads the V rows ahead of P.V (RowVectors::touch; on the CPU device each
+// step's K and V rows of every head in one burst, DECODE_STEP_MAJOR). 16-bit inputs on a device
 // with a matrix engine compute the scores there (MATRIX_M > 0, below).
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
@@ -48,9 +49,10 @@ constexpr int DECODE_PV_CHAINS = 8;
 
 // The order of a key block's vector score steps over the group's heads. On the CPU device,
 // step-major: a step reads its keys' rows for every head before the next keys, so a (B, N, H,
-// D) cache is walked in memory order, which its prefetchers follow (NOTES.md, session 11:
-// fp32 decode 1.3x, bf16 1.35x, FP8 1.7x). On GPUs, head-major, the order the kernel was
-// register-allocated in: step-major made DG2/Meteor Lake/Arrow Lake-H spill 192-480 B.
+// D) cache is walked in memory order (NOTES.md, session 11: fp32 decode 1.3x, bf16 1.35x, FP8
+// 1.7x), and the scores of every head wait in SLM for the block's softmax and P.V. On GPUs,
+// head-major, each head's scores, softmax and P.V together as before: step-major made DG2,
+// Meteor Lake and Arrow Lake-H spill 192-480 B.
 #if defined(IPEX_FLASH_CPU_LOOPS)
 constexpr bool DECODE_STEP_MAJOR = true;
 #else
@@ -97,6 +99,7 @@ void flash_decode_kernel(DecodeParams p) {
   static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
   static_assert(D_VECS % PV_VECS == 0 && PV_VECS % PER_LOAD == 0, "whole P.V passes");
   constexpr bool MATRIX = MATRIX_M > 0;
+  constexpr bool STEP_MAJOR = DECODE_STEP_MAJOR && !MATRIX;  // matrix scores go head by head
   constexpr int HEADS_PER_SET = LANES / GROUP_ROWS;  // heads sharing one Q^T tile
   constexpr int SETS = (MAX_HEADS + HEADS_PER_SET - 1) / HEADS_PER_SET;
   static_assert(!MATRIX || (LANES == MATRIX_N && BLOCK_N % MATRIX_M == 0 &&
@@ -226,8 +229,8 @@ void flash_decode_kernel(DecodeParams p) {
       float score[1] = {raw_score * head.k_scale};
       // Read the step's V rows now, while the K misses are in flight, so that P.V finds
       // them in cache: P.V alone issues too few misses at a time to keep memory busy
-      // (bf16 decode +20-30 %, NOTES.md).
-      if (whole_v) {
+      // (bf16 decode +20-30 %, NOTES.md). Step-major, touch_step has read them.
+      if (!STEP_MAJOR && whole_v) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j)
           touched ^= Row::template touch<HEAD_DIM>(sg, step_row(head.v, t, j));
@@ -242,6 +245,22 @@ void flash_decode_kernel(DecodeParams p) {
       probs[hk][t][lid] = score[0];
     };
 
+    // Step-major: step t's K and V rows of every head of the group read in one burst before
+    // its scores. The CPU keeps only so many misses in flight, and compute spread between them
+    // leaves it short of that; a burst fills them (NOTES.md, session 11: bf16 decode +12 %, FP8
+    // +20-25 %, a (B, H, N, D) cache +10-30 %).
+    const auto touch_step = [&](int t) {
+      if (!whole_rows || !whole_v) return;
+      for (int hk = 0; hk < group_heads; ++hk) {
+        const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
+        const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, head0 + hk);
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_STEP; ++j) {
+          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(k, t, j));
+          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
+        }
+      }
+    };
     // Scores, one step of KEYS_PER_STEP keys of one head at a time. Keys past the end read the
     // last row again; the mask drops them. The step loops are left rolled: unrolled, the kernel
     // took twice as long to compile for no speed.
@@ -341,9 +360,11 @@ void flash_decode_kernel(DecodeParams p) {
       sycl::group_barrier(group);  // before the next head overwrites row_factor (and s_t)
     };
 
-    if constexpr (DECODE_STEP_MAJOR && !MATRIX) {
-      for (int t = 0; t < STEPS; ++t)
+    if constexpr (STEP_MAJOR) {
+      for (int t = 0; t < STEPS; ++t) {
+        touch_step(t);
         for (int hk = 0; hk < group_heads; ++hk) vector_scores(hk, head_rows(hk), t);
+      }
       for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, head_rows(hk).v);
     } else {
       for (int hk = 0; hk < group_heads; ++hk) {
