@@ -251,13 +251,15 @@ void flash_decode_kernel(DecodeParams p) {
     // +20-25 %, a (B, H, N, D) cache +10-30 %).
     const auto touch_step = [&](int t) {
       if (!whole_rows || !whole_v) return;
-      for (int hk = 0; hk < group_heads; ++hk) {
-        const KvRows<KV> k = kv_rows<KV>(p.k, p.k_stride, c, seq, b, head0 + hk);
-        const KvRows<KV> v = kv_rows<KV>(p.v, p.v_stride, c, seq, b, head0 + hk);
-#pragma unroll
-        for (int j = 0; j < KEYS_PER_STEP; ++j) {
-          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(k, t, j));
-          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(v, t, j));
+      // Key by key, the key's rows of every head: one contiguous run of K and one of V in a
+      // (B, N, H, D) cache (+10 % over head by head there; a (B, H, N, D) cache: the same).
+      for (int j = 0; j < KEYS_PER_STEP; ++j) {
+        for (int hk = 0; hk < group_heads; ++hk) {
+          const int h_kv = head0 + hk;
+          touched ^= Row::template touch<HEAD_DIM>(
+              sg, step_row(kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv), t, j));
+          touched ^= Row::template touch<HEAD_DIM>(
+              sg, step_row(kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv), t, j));
         }
       }
     };
