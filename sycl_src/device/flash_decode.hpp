@@ -112,7 +112,10 @@ void flash_decode_kernel(DecodeParams p) {
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> acc_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> max_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> sum_slm;
-  static syclexp::work_group_static<float[MAX_HEADS][STEPS][LANES]> p_slm;  // (head, t, r * KEYS_PER_STEP + j)
+  // A block's scores, then probabilities: (head, t, r * KEYS_PER_STEP + j), every head's kept
+  // only where all heads' scores come before the softmax (step-major).
+  constexpr int PROB_HEADS = STEP_MAJOR ? MAX_HEADS : 1;
+  static syclexp::work_group_static<float[PROB_HEADS][STEPS][LANES]> p_slm;
   // Matrix scores only (one element otherwise): Q^T packed per head set (word [d / 2][column],
   // column = head in set * GROUP_ROWS + r), the block's S^T, and a K block staged in SLM when it
   // cannot be read in place (a partial last block, pages that split it, padded head dims).
@@ -124,7 +127,7 @@ void flash_decode_kernel(DecodeParams p) {
   float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
   float(&row_max)[MAX_HEADS][LANES] = max_slm;
   float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
-  float(&probs)[MAX_HEADS][STEPS][LANES] = p_slm;
+  float(&probs)[PROB_HEADS][STEPS][LANES] = p_slm;
   float(&row_factor)[LANES] = row_factor_slm;
   uint32_t(&q_t)[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES] = qt_slm;
   float(&s_t)[MATRIX ? BLOCK_N : 1][LANES] = st_slm;
@@ -242,7 +245,7 @@ void flash_decode_kernel(DecodeParams p) {
       }
       // The mask, the split's end, padding rows.
       if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
-      probs[hk][t][lid] = score[0];
+      probs[STEP_MAJOR ? hk : 0][t][lid] = score[0];
     };
 
     // Step-major: step t's K and V rows of every head of the group read in one burst before
@@ -316,15 +319,16 @@ void flash_decode_kernel(DecodeParams p) {
     // The block's online softmax and P.V of head hk, its scores in probs.
     const auto softmax_and_pv = [&](int hk, const KvRows<KV> v) {
       float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
+      float(&head_probs)[STEPS][LANES] = probs[STEP_MAJOR ? hk : 0];
       // Online softmax over the row's lanes.
       float block_max = NEG_INF;
-      for (int t = 0; t < STEPS; ++t) block_max = sycl::fmax(block_max, probs[hk][t][lid]);
+      for (int t = 0; t < STEPS; ++t) block_max = sycl::fmax(block_max, head_probs[t][lid]);
       OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
       row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
       float block_sum = 0.f;
       for (int t = 0; t < STEPS; ++t) {
-        const float prob = softmax.probability(probs[hk][t][lid]);
-        probs[hk][t][lid] = prob;
+        const float prob = softmax.probability(head_probs[t][lid]);
+        head_probs[t][lid] = prob;
         block_sum += prob;
       }
       softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
@@ -342,7 +346,7 @@ void flash_decode_kernel(DecodeParams p) {
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
         for (int key = 0; key < block_keys; ++key) {
           const KV* v_row = v.row(kv_begin + key);
-          const float* p_key = &probs[hk][key / KEYS_PER_STEP][key % KEYS_PER_STEP];
+          const float* p_key = &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
 #pragma unroll
           for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
             float v_vec[PER_LOAD];

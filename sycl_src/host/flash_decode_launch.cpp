@@ -64,15 +64,16 @@ int decode_group_rows(int rows) {
 
 // Bytes of local memory the decode kernel declares (flash_decode.hpp, its work_group_static
 // arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size; the matrix-score
-// buffers only when `matrix`.
+// buffers only when `matrix`, every head's probabilities only when `step_major` (the CPU
+// device's vector scores, DECODE_STEP_MAJOR).
 size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_bytes,
-                        bool matrix) {
+                        bool matrix, bool step_major) {
   const size_t d = head_dim, lanes = DECODE_LANES, keys = block_n;
   const size_t max_heads = decode_row_capacity(head_dim) / group_rows;
   const size_t sets = ceil_div(max_heads, lanes / group_rows);
   const size_t floats = 2 * max_heads * group_rows * d  // Q and O
                         + 2 * max_heads * lanes         // running max and sum
-                        + max_heads * keys * group_rows  // probabilities of a block
+                        + (step_major ? max_heads : 1) * keys * group_rows  // probabilities
                         + lanes;                        // per-row factors
   const size_t matrix_bytes = matrix ? sizeof(uint32_t) * sets * (d / 2) * lanes  // Q^T packed
                                            + sizeof(float) * keys * lanes         // S^T
@@ -105,7 +106,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const MatrixTile tile = kv_bytes == 1 ? MatrixTile{}
                                         : matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
-      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true);
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true, false);
   // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
   // Arrow Lake-H) compute decode scores on the vector units.
   if (tile.m > 0 && tile.n == DECODE_LANES && matrix_slm <= limits.local_mem_bytes) {
@@ -113,8 +114,9 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
     variant.matrix_k = tile.k;
     variant.matrix_emulated = tile.emulated;
   }
-  variant.slm_bytes = decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n,
-                                       elem_bytes, variant.matrix_m > 0);
+  variant.slm_bytes =
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
+                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0);
   if (variant.slm_bytes > limits.local_mem_bytes)
     throw std::runtime_error("ipex_flash: the decode kernel needs " +
                              std::to_string(variant.slm_bytes) + " bytes of local memory, " +
