@@ -16,7 +16,11 @@
 // No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses. The
 // score pass also reads the V rows ahead of P.V (RowVectors::touch; on the CPU device each
 // step's K and V rows of every head in one burst, DECODE_STEP_MAJOR). 16-bit inputs on a device
-// with a matrix engine compute the scores there (MATRIX_M > 0, below).
+// with a matrix engine compute the scores there (MATRIX_M > 0).
+// The kernel's shape: decode_traits.hpp; its reads ahead and matrix scores: decode_scores.hpp;
+// the merge: decode_merge.hpp. The vector scores and the softmax with P.V stay here: as
+// functions of their own (the same code, taking the local memory by reference) they made DG2
+// and Meteor Lake spill 512-576 B more.
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
 #pragma once
@@ -24,114 +28,61 @@
 #include <sycl/sycl.hpp>
 
 #include <algorithm>
-#include <limits>
+#include <cstdint>
 
 #include "block_schedule.hpp"
-#include "kernel_props.hpp"
 #include "decode_merge.hpp"
+#include "decode_scores.hpp"
+#include "decode_traits.hpp"
+#include "kernel_props.hpp"
 #include "kv_quant.hpp"
 #include "mask.hpp"
-#include "matrix_tile.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
 #include "seq_info.hpp"
-#include "sub_group_math.hpp"
 #include "tile_io.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-// Independent accumulators a lane keeps in the P.V loop: enough chains of dependent FMAs to
-// hide their latency when the group has few rows.
-constexpr int DECODE_PV_CHAINS = 8;
-
-// The order of a key block's vector score steps over the group's heads. On the CPU device,
-// step-major: a step reads its keys' rows for every head before the next keys, so a (B, N, H,
-// D) cache is walked in memory order (NOTES.md, session 11: fp32 decode 1.3x, bf16 1.35x, FP8
-// 1.7x), and the scores of every head wait in SLM for the block's softmax and P.V. On GPUs,
-// head-major, each head's scores, softmax and P.V together as before: step-major made DG2,
-// Meteor Lake and Arrow Lake-H spill 192-480 B.
-#if defined(IPEX_FLASH_CPU_LOOPS)
-constexpr bool DECODE_STEP_MAJOR = true;
-#else
-constexpr bool DECODE_STEP_MAJOR = false;
-#endif
-
-// Head-dim vectors per P.V pass: the most, up to `wanted`, that split d_vecs into whole passes
-// of whole loads (per_load divides d_vecs).
-constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {
-  int vecs = wanted < d_vecs ? wanted : d_vecs;
-  vecs = vecs < per_load ? per_load : vecs - vecs % per_load;
-  while (d_vecs % vecs != 0) vecs -= per_load;
-  return vecs;
-}
-
-// GROUP_ROWS: the query rows of one K/V head (GQA group size x new tokens) rounded up to a
-// power of two (<= DECODE_LANES). BLOCK_N: keys per online-softmax update (and the granularity
-// of the splits). A work-group serves p.heads_per_group consecutive K/V heads (at most
-// MAX_HEADS), visiting each key block for all of them before moving on: with a (B, N, H, D)
-// cache a key's heads are neighbours in memory, so the group reads one contiguous run per key
-// instead of H runs a page apart, which the CPU's prefetchers cannot follow.
-//
-// MATRIX_M > 0 (16-bit inputs on a device with a matrix engine): the scores of a key block
-// come from the matrix engine instead, S^T (keys, columns) = K (keys, d) . Q^T (d, columns),
-// with K tiles loaded straight from the cache (any row stride) and Q^T packed in SLM, whose
-// MATRIX_N = LANES columns are the rows of HEADS_PER_SET heads (so N = 16 only: DG2's N = 8
-// would need the whole kernel on 8 lanes); each head's product uses its own columns.
 template <typename T, int HEAD_DIM, int GROUP_ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<DECODE_LANES>))
 IPEX_FLASH_REGISTER_FILE
 void flash_decode_kernel(DecodeParams p) {
-  constexpr int LANES = DECODE_LANES;
-  constexpr int MAX_HEADS = decode_row_capacity(HEAD_DIM) / GROUP_ROWS;
-  constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes once
-  constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
-  constexpr int D_VECS = HEAD_DIM / LANES;
-  using KV = kv_storage_t<T, FEATURES>;  // the cache's elements: T, or FP8 (kv_quant.hpp)
-  using Row = RowVectors<KV, LANES>;
-  constexpr int PER_LOAD = Row::PER_LOAD;  // head-dim vectors per block load
-  constexpr int PV_VECS = decode_pv_vecs(D_VECS, PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS);
-  static_assert(GROUP_ROWS <= LANES && LANES % GROUP_ROWS == 0, "rows must tile the lanes");
-  static_assert(BLOCK_N % KEYS_PER_STEP == 0 && HEAD_DIM % LANES == 0, "tile shape");
-  static_assert(D_VECS % PV_VECS == 0 && PV_VECS % PER_LOAD == 0, "whole P.V passes");
-  constexpr bool MATRIX = MATRIX_M > 0;
-  constexpr bool STEP_MAJOR = DECODE_STEP_MAJOR && !MATRIX;  // matrix scores go head by head
-  constexpr int HEADS_PER_SET = LANES / GROUP_ROWS;  // heads sharing one Q^T tile
-  constexpr int SETS = (MAX_HEADS + HEADS_PER_SET - 1) / HEADS_PER_SET;
-  static_assert(!MATRIX || (LANES == MATRIX_N && BLOCK_N % MATRIX_M == 0 &&
-                            HEAD_DIM % MATRIX_K == 0 && sizeof(T) == 2 &&
-                            std::is_same_v<KV, T>),
-                "matrix tile shape");
+  using Tr = DecodeTraits<T, HEAD_DIM, GROUP_ROWS, BLOCK_N, FEATURES, MATRIX_M, MATRIX_K, MATRIX_N>;
+  using KV = typename Tr::KV;
+  using Row = typename Tr::Row;
+  constexpr int LANES = Tr::LANES, MAX_HEADS = Tr::MAX_HEADS, STEPS = Tr::STEPS;
+  constexpr int KEYS_PER_STEP = Tr::KEYS_PER_STEP, HEADS_PER_SET = Tr::HEADS_PER_SET;
+  constexpr bool MATRIX = Tr::MATRIX, STEP_MAJOR = Tr::STEP_MAJOR;
   // Q (* prescale) and O of every row the group serves, in vector order (i = vi * LANES + lane,
   // column Row::column(vi, lane)); the running softmax of each head's rows, per lane.
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> q_slm;
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> acc_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> max_slm;
   static syclexp::work_group_static<float[MAX_HEADS][LANES]> sum_slm;
-  // A block's scores, then probabilities: (head, t, r * KEYS_PER_STEP + j), every head's kept
-  // only where all heads' scores come before the softmax (step-major).
-  constexpr int PROB_HEADS = STEP_MAJOR ? MAX_HEADS : 1;
-  static syclexp::work_group_static<float[PROB_HEADS][STEPS][LANES]> p_slm;
+  // A block's scores, then probabilities: (head, t, r * KEYS_PER_STEP + j).
+  static syclexp::work_group_static<float[Tr::PROB_HEADS][STEPS][LANES]> p_slm;
   // Matrix scores only (one element otherwise): Q^T packed per head set (word [d / 2][column],
   // column = head in set * GROUP_ROWS + r), the block's S^T, and a K block staged in SLM when it
   // cannot be read in place (a partial last block, pages that split it, padded head dims).
-  static syclexp::work_group_static<uint32_t[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES]> qt_slm;
-  static syclexp::work_group_static<float[MATRIX ? BLOCK_N : 1][LANES]> st_slm;
-  static syclexp::work_group_static<T[MATRIX ? BLOCK_N : 1][HEAD_DIM]> k_stage_slm;
+  static syclexp::work_group_static<uint32_t[Tr::MATRIX_SETS][HEAD_DIM / 2][LANES]> qt_slm;
+  static syclexp::work_group_static<float[Tr::MATRIX_KEYS][LANES]> st_slm;
+  static syclexp::work_group_static<T[Tr::MATRIX_KEYS][HEAD_DIM]> k_stage_slm;
   static syclexp::work_group_static<float[LANES]> row_factor_slm;  // per lane, as the softmax
   float(&q_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = q_slm;
   float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
   float(&row_max)[MAX_HEADS][LANES] = max_slm;
   float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
-  float(&probs)[PROB_HEADS][STEPS][LANES] = p_slm;
+  float(&probs)[Tr::PROB_HEADS][STEPS][LANES] = p_slm;
   float(&row_factor)[LANES] = row_factor_slm;
-  uint32_t(&q_t)[MATRIX ? SETS : 1][HEAD_DIM / 2][LANES] = qt_slm;
-  float(&s_t)[MATRIX ? BLOCK_N : 1][LANES] = st_slm;
-  T(&k_stage)[MATRIX ? BLOCK_N : 1][HEAD_DIM] = k_stage_slm;
+  uint32_t(&q_t)[Tr::MATRIX_SETS][HEAD_DIM / 2][LANES] = qt_slm;
+  float(&s_t)[Tr::MATRIX_KEYS][LANES] = st_slm;
+  T(&k_stage)[Tr::MATRIX_KEYS][HEAD_DIM] = k_stage_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -146,10 +97,16 @@ void flash_decode_kernel(DecodeParams p) {
   const int head0 = coord.head * p.heads_per_group;
   const int group_heads = std::min(p.heads_per_group, heads_kv - head0);
   const SeqInfo seq = seq_info(c, b);
+  const DecodeHeads<KV> heads{p, seq, b, head0, group_heads};
   const int len_q = seq.len_q;
   const int rows = c.dims.heads_per_kv * len_q;
-  const int head_dim = c.dims.head_dim;  // Q, K; and V, O unless FEATURE_VALUE_DIM
+  // Q, K; and V, O unless FEATURE_VALUE_DIM. K and V rows are block loads unless the head dim
+  // is padded.
+  const int head_dim = c.dims.head_dim;
   const int head_dim_v = (FEATURES & FEATURE_VALUE_DIM) != 0 ? c.dims.head_dim_v : head_dim;
+  const bool whole_k = head_dim == HEAD_DIM;
+  const DecodeColumns cols{head_dim, head_dim_v, whole_k,
+                           (FEATURES & FEATURE_VALUE_DIM) != 0 ? head_dim_v == HEAD_DIM : whole_k};
   // Row r of K/V head h_kv: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the
   // softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
@@ -195,22 +152,16 @@ void flash_decode_kernel(DecodeParams p) {
     }
   }
   sycl::group_barrier(group);
-  // K and V rows as block loads, unless the head dim is padded.
-  const bool whole_rows = head_dim == HEAD_DIM;
-  const bool whole_v = (FEATURES & FEATURE_VALUE_DIM) != 0 ? head_dim_v == HEAD_DIM : whole_rows;
   // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
   // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
   // SLM. A tile starts at a multiple of MATRIX_M keys.
-  const bool k_in_place = whole_rows && (c.seq.block_table == nullptr ||
-                                         c.seq.page_size % std::max(MATRIX_M, 1) == 0);
+  const bool k_in_place = whole_k && (c.seq.block_table == nullptr ||
+                                      c.seq.page_size % std::max(MATRIX_M, 1) == 0);
 
   uint32_t touched = 0;  // RowVectors::touch
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const int block_keys = static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin));
-    // The cache row of key j of step t, clamped to the last key (see the scores below).
-    const auto step_row = [&](const KvRows<KV>& rows_of, int t, int j) {
-      return rows_of.row(std::min<int64_t>(kv_begin + t * KEYS_PER_STEP + j, kv_end - 1));
-    };
+    const DecodeKeys keys{kv_begin, kv_end,
+                          static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin))};
     // What a head's score steps share, made once per head where the order allows (on GPUs
     // making it per step cost registers).
     struct HeadRows {
@@ -226,18 +177,11 @@ void flash_decode_kernel(DecodeParams p) {
                       // per lane: rows span heads
                       ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0))};
     };
-    // Step t's scores of head hk, one (row, key) per lane: scaled, modified and masked into
-    // probs, and the step's V rows read (see below).
+    // A step's raw scores of head hk, one (row, key) per lane, scaled, modified and masked into
+    // probs; head-major, the step's V rows read ahead of P.V.
     const auto finish_scores = [&](int hk, const HeadRows& head, int t, float raw_score) {
       float score[1] = {raw_score * head.k_scale};
-      // Read the step's V rows now, while the K misses are in flight, so that P.V finds
-      // them in cache: P.V alone issues too few misses at a time to keep memory busy
-      // (bf16 decode +20-30 %, NOTES.md). Step-major, touch_step has read them.
-      if (!STEP_MAJOR && whole_v) {
-#pragma unroll
-        for (int j = 0; j < KEYS_PER_STEP; ++j)
-          touched ^= Row::template touch<HEAD_DIM>(sg, step_row(head.v, t, j));
-      }
+      if (!STEP_MAJOR && cols.whole_v) touched ^= decode_touch_v<Tr>(sg, head.v, keys, t);
       const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
       if constexpr (FEATURES != 0) {
         float unused_grad[1];
@@ -247,41 +191,22 @@ void flash_decode_kernel(DecodeParams p) {
       if (!valid_row || key >= kv_end || !mask.visible(token, key)) score[0] = NEG_INF;
       probs[STEP_MAJOR ? hk : 0][t][lid] = score[0];
     };
-
-    // Step-major: step t's K and V rows of every head of the group read in one burst before
-    // its scores. The CPU keeps only so many misses in flight, and compute spread between them
-    // leaves it short of that; a burst fills them (NOTES.md, session 11: bf16 decode +12 %, FP8
-    // +20-25 %, a (B, H, N, D) cache +10-30 %).
-    const auto touch_step = [&](int t) {
-      if (!whole_rows || !whole_v) return;
-      // Key by key, the key's rows of every head: one contiguous run of K and one of V in a
-      // (B, N, H, D) cache (+10 % over head by head there; a (B, H, N, D) cache: the same).
-      for (int j = 0; j < KEYS_PER_STEP; ++j) {
-        for (int hk = 0; hk < group_heads; ++hk) {
-          const int h_kv = head0 + hk;
-          touched ^= Row::template touch<HEAD_DIM>(
-              sg, step_row(kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv), t, j));
-          touched ^= Row::template touch<HEAD_DIM>(
-              sg, step_row(kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv), t, j));
-        }
-      }
-    };
-    // Scores, one step of KEYS_PER_STEP keys of one head at a time. Keys past the end read the
-    // last row again; the mask drops them. The step loops are left rolled: unrolled, the kernel
-    // took twice as long to compile for no speed.
+    // Step t's raw scores of head hk on the vector units.
     const auto vector_scores = [&](int hk, const HeadRows& head, int t) {
       const KvRows<KV>& k = head.k;
       float(&q_rows)[GROUP_ROWS][HEAD_DIM] = q_all[hk];
       // Lanes along d: per-lane partial dot products, summed across lanes by transpose_sum
-      // into lane l = (row l / KEYS_PER_STEP, key l % KEYS_PER_STEP).
+      // into lane l = (row l / KEYS_PER_STEP, key l % KEYS_PER_STEP). The step loops are left
+      // rolled: unrolled, the kernel took twice as long to compile for no speed.
       float partial[LANES] = {};  // (r * KEYS_PER_STEP + j), this lane's columns only
-      for (int vi = 0; vi < D_VECS; vi += PER_LOAD) {
+      for (int vi = 0; vi < Tr::D_VECS; vi += Tr::PER_LOAD) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j) {
-          float k_vec[PER_LOAD];  // (vi + u)
-          Row::load(sg, step_row(k, t, j), vi, whole_rows, head_dim, lid, k_vec);
+          float k_vec[Tr::PER_LOAD];  // (vi + u)
+          Row::load(sg, k.row(keys.step_key(KEYS_PER_STEP, t, j)), vi, cols.whole_k,
+                    cols.head_dim, lid, k_vec);
 #pragma unroll
-          for (int u = 0; u < PER_LOAD; ++u)
+          for (int u = 0; u < Tr::PER_LOAD; ++u)
 #pragma unroll
             for (int r = 0; r < GROUP_ROWS; ++r)
               partial[r * KEYS_PER_STEP + j] += q_rows[r][(vi + u) * LANES + lid] * k_vec[u];
@@ -289,32 +214,13 @@ void flash_decode_kernel(DecodeParams p) {
       }
       finish_scores(hk, head, t, transpose_sum<LANES>(sg, partial, lid));
     };
-    // S^T of the whole block on the matrix engine, through s_t, for head hk.
     const auto matrix_scores = [&](int hk, const HeadRows& head) {
-      if constexpr (MATRIX) {  // only matrix kernels instantiate the products
-        const KvRows<KV>& k = head.k;
-        const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // this head's columns
-        const bool in_place = k_in_place && kv_begin + BLOCK_N <= kv_end;
-        if (!in_place) {
-          load_tile<BLOCK_N, HEAD_DIM>(k_stage, k, kv_begin, block_keys, head_dim, lid, LANES);
-          sycl::group_barrier(group);
-        }
-        const uint32_t* q_tile = &q_t[hk / HEADS_PER_SET][0][0];
-#pragma unroll
-        for (int m0 = 0; m0 < BLOCK_N; m0 += MATRIX_M) {
-          if (in_place)
-            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, LANES, HEAD_DIM, 1, /*ACCUMULATE=*/false,
-                                  sycl::access::address_space::global_space>(
-                sg, &s_t[m0][0], LANES, k.row(kv_begin + m0), k.row_stride, q_tile, LANES);
-          else
-            matrix_product_to_slm<T, MATRIX_M, MATRIX_K, LANES, HEAD_DIM, 1, /*ACCUMULATE=*/false>(
-                sg, &s_t[m0][0], LANES, &k_stage[m0][0], HEAD_DIM, q_tile, LANES);
-        }
-        sycl::group_barrier(group);
-        for (int t = 0; t < STEPS; ++t)
-          finish_scores(hk, head, t,
-                        c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
-      }
+      decode_matrix_scores<Tr>(group, sg, head.k, keys, k_in_place,
+                               &q_t[hk / HEADS_PER_SET][0][0], s_t, k_stage, head_dim, lid);
+      const int column0 = (hk % HEADS_PER_SET) * GROUP_ROWS;  // this head's columns
+      for (int t = 0; t < STEPS; ++t)
+        finish_scores(hk, head, t,
+                      c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
     };
     // The block's online softmax and P.V of head hk, its scores in probs.
     const auto softmax_and_pv = [&](int hk, const KvRows<KV> v) {
@@ -337,29 +243,29 @@ void flash_decode_kernel(DecodeParams p) {
       sycl::group_barrier(group);
 
       // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
-      for (int v0 = 0; v0 < D_VECS; v0 += PV_VECS) {
-        float sum[PV_VECS][GROUP_ROWS];  // (v, r)
+      for (int v0 = 0; v0 < Tr::D_VECS; v0 += Tr::PV_VECS) {
+        float sum[Tr::PV_VECS][GROUP_ROWS];  // (v, r)
 #pragma unroll
-        for (int u = 0; u < PV_VECS; ++u)
+        for (int u = 0; u < Tr::PV_VECS; ++u)
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r)
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
-        for (int key = 0; key < block_keys; ++key) {
+        for (int key = 0; key < keys.count; ++key) {
           const KV* v_row = v.row(kv_begin + key);
           const float* p_key = &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
 #pragma unroll
-          for (int u0 = 0; u0 < PV_VECS; u0 += PER_LOAD) {
-            float v_vec[PER_LOAD];
-            Row::load(sg, v_row, v0 + u0, whole_v, head_dim_v, lid, v_vec);
+          for (int u0 = 0; u0 < Tr::PV_VECS; u0 += Tr::PER_LOAD) {
+            float v_vec[Tr::PER_LOAD];
+            Row::load(sg, v_row, v0 + u0, cols.whole_v, cols.head_dim_v, lid, v_vec);
 #pragma unroll
-            for (int u = 0; u < PER_LOAD; ++u)
+            for (int u = 0; u < Tr::PER_LOAD; ++u)
 #pragma unroll
               for (int r = 0; r < GROUP_ROWS; ++r)
                 sum[u0 + u][r] += p_key[r * KEYS_PER_STEP] * v_vec[u];
           }
         }
 #pragma unroll
-        for (int u = 0; u < PV_VECS; ++u)
+        for (int u = 0; u < Tr::PV_VECS; ++u)
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r) acc[r][(v0 + u) * LANES + lid] = sum[u][r];
       }
@@ -368,10 +274,10 @@ void flash_decode_kernel(DecodeParams p) {
 
     if constexpr (STEP_MAJOR) {
       for (int t = 0; t < STEPS; ++t) {
-        touch_step(t);
+        if (cols.whole_k && cols.whole_v) touched ^= decode_touch_step<Tr>(sg, heads, keys, t);
         for (int hk = 0; hk < group_heads; ++hk) vector_scores(hk, head_rows(hk), t);
       }
-      for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, head_rows(hk).v);
+      for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, heads.v(hk));
     } else {
       for (int hk = 0; hk < group_heads; ++hk) {
         const HeadRows head = head_rows(hk);
@@ -384,7 +290,6 @@ void flash_decode_kernel(DecodeParams p) {
       }
     }
   }
-
   // Never true (heads_per_group >= 1), but the compiler cannot know: keeps the reads of
   // RowVectors::touch from being dropped as dead.
   if (p.heads_per_group < 0) p.partial_lse[lid] = static_cast<float>(touched);
