@@ -23,8 +23,10 @@ IGC's allocation sits at its edge here and moves with changes elsewhere in the k
 session 10 Arc A-series spilled 448 bytes without score changes once the kernels' parameters
 grew (making one field 32-bit moved a spill of the same size to the bfloat16 kernel at head
 dim 64); in session 11, after the decode loop was split into score and P.V lambdas, that
-variant spills nothing, the one with softcap, ALiBi and a mask 512 bytes, and Meteor Lake and
-Arrow Lake-H's 32-64 bytes. Any other spill fails.
+variant spilled nothing, the one with softcap, ALiBi and a mask 512 bytes, and Meteor Lake and
+Arrow Lake-H's 32-64 bytes; since session 12's split of the kernel into headers, Arc A-series
+spills nothing in either and Meteor Lake and Arrow Lake-H 32-64 bytes without score changes.
+Any other spill fails.
 """
 from __future__ import annotations
 
