@@ -98,7 +98,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
     group = q.shape[1] // k_cache.shape[2]
     decode = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1) & (seqused_k > 0)
-    if group > C.MAX_DECODE_ROWS:
+    if group > C.MAX_DECODE_QUERY_ROWS:
         decode = torch.zeros_like(decode)
     decodes = int(decode.sum())  # one read of the device's answer for both branches below
     general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)

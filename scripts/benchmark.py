@@ -135,20 +135,23 @@ def decode_cache(layout, batch, length, heads_kv, head_dim, dtype):
 
 
 def run_decode(args):
-    """One new token per sequence against a KV cache: bytes of K and V read per second, and
-    for FP8 caches (--decode-caches) tokens per second against the q-dtype cache's."""
-    heads_q, heads_kv, head_dim = 32, 8, 128
+    """New tokens (--decode-tokens, default one) per sequence against a KV cache of D = 128 with
+    --decode-heads query/key-value heads: bytes of K and V read per second, and for FP8 caches
+    (--decode-caches) tokens per second against the q-dtype cache's."""
+    head_dim = 128
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth (read + write): {copy_bw / 1e9:.1f} GB/s")
-    header = (f"{'dtype':>8} {'layout':>6} {'batch':>5} {'cache':>6} | {'ipex_flash GB/s':>15} | "
+    header = (f"{'dtype':>8} {'heads':>6} {'tok':>3} {'layout':>6} {'batch':>5} {'cache':>6} | "
+              f"{'ipex_flash GB/s':>15} | "
               f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9} | {'cache dtype':>13} | "
               f"{'tok/s vs same':>13}")
     print(header)
     print("-" * len(header))
     rows, same_seconds = [], {}
-    for dtype_name, cache_name, (layout, batch, length) in itertools.product(
-            args.dtypes, args.decode_caches,
+    for dtype_name, cache_name, heads, new_tokens, (layout, batch, length) in itertools.product(
+            args.dtypes, args.decode_caches, args.decode_heads, args.decode_tokens,
             itertools.product(args.decode_layouts, args.decode_batches, args.decode_lengths)):
+        heads_q, heads_kv = (int(h) for h in heads.split("/"))
         dtype = DTYPES[dtype_name]
         cache_dtype = dtype if cache_name == "same" else getattr(torch, cache_name)
         if cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and dtype == torch.float32:
@@ -156,7 +159,7 @@ def run_decode(args):
         torch.manual_seed(0)
         k_cache, v_cache = (decode_cache(layout, batch, length, heads_kv, head_dim,
                                          torch.float32).to(cache_dtype) for _ in range(2))
-        q = torch.randn(batch, 1, heads_q, head_dim, dtype=dtype)
+        q = torch.randn(batch, new_tokens, heads_q, head_dim, dtype=dtype)
         kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
         ours = best_seconds(
             lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
@@ -168,13 +171,14 @@ def run_decode(args):
             args.repeats, args.budget)
         row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
                    cache_len=length, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
+                   new_tokens=new_tokens,
                    ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
                    ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
                    copy_gbps=copy_bw / 1e9, cache_dtype=str(cache_dtype).removeprefix("torch."),
                    tokens_per_s=batch / ours)
         row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
         row["ratio_to_sdpa"] = sdpa / ours
-        key = (dtype_name, layout, batch, length)
+        key = (dtype_name, heads, new_tokens, layout, batch, length)
         if cache_name == "same":
             same_seconds[key] = ours
         # Tokens per second against the same call with a cache in q's dtype, this run.
@@ -182,7 +186,7 @@ def run_decode(args):
                                              if key in same_seconds else None)
         rows.append(row)
         ratio = row["tokens_ratio_to_same_cache"]
-        print(f"{dtype_name:>8} {layout:>6} {batch:>5} {length:>6} | "
+        print(f"{dtype_name:>8} {heads:>6} {new_tokens:>3} {layout:>6} {batch:>5} {length:>6} | "
               f"{row['ipex_flash_gbps']:15.1f} | {row['sdpa_gbps']:10.1f} | "
               f"{row['ratio_to_copy']:9.2f} | {row['ratio_to_sdpa']:9.2f} | "
               f"{row['cache_dtype']:>13} | "
@@ -210,6 +214,10 @@ def main():
     parser.add_argument("--decode-batches", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--decode-lengths", nargs="+", type=int,
                         default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--decode-heads", nargs="+", default=["32/8"],
+                        help="query/key-value heads of --decode, e.g. 32/8 (GQA) 32/1 (MQA)")
+    parser.add_argument("--decode-tokens", nargs="+", type=int, default=[1],
+                        help="new tokens per sequence of --decode")
     parser.add_argument("--decode-caches", nargs="+", default=["same"],
                         choices=["same", "float8_e4m3fn", "float8_e5m2"],
                         help="the cache's dtype: q's (same) or FP8 (16-bit q only)")

@@ -177,7 +177,8 @@ def test_decode_kernel_refuses_what_it_does_not_serve():
     assert not C.flash_decode_supported(q_v, k_v, v_v, 0)  # 0: the CPU device's queue
     assert C.flash_decode_supported(*(ops.view(t.float().transpose(1, 2))
                                       for t in (q, k_cache, v_cache)), 0)
-    many_rows = ops.view(torch.randn(1, 8, 5, 64, dtype=torch.bfloat16))  # 4 x 5 = 20 rows
+    # 4 x 9 = 36 rows: more than one work-group's, of more new tokens than slices serve
+    many_rows = ops.view(torch.randn(1, 8, 9, 64, dtype=torch.bfloat16))
     aligned = [ops.view(t.transpose(1, 2)) for t in make_cache(1, 40, 2, 64, torch.bfloat16)]
     assert not C.flash_decode_supported(many_rows, *aligned, 0)
     out, lse = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 8, 1)

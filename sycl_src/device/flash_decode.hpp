@@ -91,15 +91,22 @@ void flash_decode_kernel(DecodeParams p) {
   const int lid = static_cast<int>(item.get_local_id(0));
   const int heads_kv = c.dims.heads_kv();
   const int head_groups = (heads_kv + p.heads_per_group - 1) / p.heads_per_group;
+  // Only kernels of a whole sub-group of rows serve slices (more rows than lanes): the others
+  // keep their code (and the GPUs' register allocation) as with one slice.
+  const int row_slices = GROUP_ROWS == LANES ? p.row_slices : 1;
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
-                                       head_groups, /*reverse_blocks=*/false);
+                                       head_groups * row_slices, /*reverse_blocks=*/false);
   const int b = coord.batch, split = coord.block;
-  const int head0 = coord.head * p.heads_per_group;
+  const int head0 = coord.head / row_slices * p.heads_per_group;
   const int group_heads = std::min(p.heads_per_group, heads_kv - head0);
   const SeqInfo seq = seq_info(c, b);
   const DecodeHeads<KV> heads{p, seq, b, head0, group_heads};
   const int len_q = seq.len_q;
-  const int rows = c.dims.heads_per_kv * len_q;
+  // This work-group's slice of each head's heads_per_kv * Nq rows: up to GROUP_ROWS from row0
+  // (more rows than lanes take several slices, each reading the keys itself).
+  const int row0 = coord.head % row_slices * GROUP_ROWS;
+  const int rows = c.dims.heads_per_kv * len_q - row0;  // from row0, > GROUP_ROWS: padding
+  if (GROUP_ROWS == LANES && rows <= 0) return;  // a slice past a shorter sequence's rows
   // Q, K; and V, O unless FEATURE_VALUE_DIM. K and V rows are block loads unless the head dim
   // is padded.
   const int head_dim = c.dims.head_dim;
@@ -107,17 +114,19 @@ void flash_decode_kernel(DecodeParams p) {
   const bool whole_k = head_dim == HEAD_DIM;
   const DecodeColumns cols{head_dim, head_dim_v, whole_k,
                            (FEATURES & FEATURE_VALUE_DIM) != 0 ? head_dim_v == HEAD_DIM : whole_k};
-  // Row r of K/V head h_kv: query head h_kv * heads_per_kv + r / Nq, new token r % Nq. In the
-  // softmax this lane holds key my_key of each step for row my_row.
+  // Row r of K/V head h_kv: query head h_kv * heads_per_kv + (row0 + r) / Nq, new token
+  // (row0 + r) % Nq. In the softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
   const bool valid_row = my_row < rows;
-  const int64_t token = valid_row ? my_row % len_q : 0;
-  const auto query_head = [&](int h_kv, int r) { return h_kv * c.dims.heads_per_kv + r / len_q; };
+  const int64_t token = valid_row ? (row0 + my_row) % len_q : 0;
+  const auto query_head = [&](int h_kv, int r) {
+    return h_kv * c.dims.heads_per_kv + (row0 + r) / len_q;
+  };
   // Q row r of the group's K/V head hk (a padding row reads the group's first row instead).
   const auto q_row = [&](int hk, int r, bool ok) {
     return static_cast<const T*>(p.q) + b * p.q_stride.batch +
            query_head(head0 + (ok ? hk : 0), ok ? r : 0) * p.q_stride.head +
-           (seq.q_row0 + (ok ? r % len_q : 0)) * p.q_stride.row;
+           (seq.q_row0 + (ok ? (row0 + r) % len_q : 0)) * p.q_stride.row;
   };
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
@@ -308,7 +317,7 @@ void flash_decode_kernel(DecodeParams p) {
     for (int r = 0; r < GROUP_ROWS && r < rows; ++r) {
       const int64_t row =
           (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, r)) * c.dims.len_q +
-          r % len_q;
+          (row0 + r) % len_q;
       float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim_v;
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);

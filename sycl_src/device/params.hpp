@@ -213,6 +213,7 @@ struct DecodeParams {
   AttentionCommon common;    // common.num_blocks = splits
   int32_t split_keys;        // keys per split, a multiple of the key block
   int32_t heads_per_group;   // K/V heads per work-group (decode_heads_per_group)
+  int32_t row_slices;        // work-groups per K/V head group along its query rows
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

@@ -115,6 +115,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("warmup_decode", &warmup_decode, "dtype"_a, "head_dim"_a, "rows"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
+  m.attr("MAX_DECODE_QUERY_ROWS") = kMaxDecodeQueryRows;
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,

@@ -55,10 +55,11 @@ int decode_head_dim(int kv_bytes, int padded_head_dim) {
   return static_cast<int>(ceil_div(padded_head_dim, columns) * columns);
 }
 
-// The query rows of one K/V head rounded up to a power of two: the kernel's GROUP_ROWS.
+// The query rows of one K/V head (of a slice of them) rounded up to a power of two: the
+// kernel's GROUP_ROWS.
 int decode_group_rows(int rows) {
   int group_rows = 1;
-  while (group_rows < rows) group_rows *= 2;
+  while (group_rows < std::min(rows, kMaxDecodeRows)) group_rows *= 2;
   return group_rows;
 }
 
@@ -140,13 +141,16 @@ int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
   return std::clamp(capacity / group_rows, 1, std::max(heads_kv, 1));
 }
 
+int decode_row_slices(int rows) { return static_cast<int>(ceil_div(rows, kMaxDecodeRows)); }
+
 int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
                       std::uintptr_t queue_handle) {
   const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
   const int64_t target_groups = 4 * static_cast<int64_t>(limits.compute_units);
   const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim);
-  const int64_t groups = std::max<int64_t>(
-      1, static_cast<int64_t>(batch) * ceil_div(heads_kv, heads_per_group));
+  const int64_t groups = std::max<int64_t>(1, static_cast<int64_t>(batch) *
+                                                  ceil_div(heads_kv, heads_per_group) *
+                                                  decode_row_slices(rows));
   const int64_t wanted = (target_groups + groups - 1) / groups;
   const int64_t most = std::max<int64_t>(1, ceil_div(max_len_k, kMinKeysPerSplit));
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
@@ -155,7 +159,10 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                             std::uintptr_t queue_handle) {
   const int64_t heads_kv = k.size(1);
-  if (heads_kv <= 0 || (q.size(1) / heads_kv) * q.size(2) > kMaxDecodeRows) return false;
+  if (heads_kv <= 0) return false;
+  const int64_t rows = (q.size(1) / heads_kv) * q.size(2);
+  if (rows > kMaxDecodeRows && (q.size(2) > kMaxSlicedDecodeTokens || rows > kMaxDecodeQueryRows))
+    return false;
   if (kv_feature(k.dtype) != 0 &&
       !fp8_decode_fits(device_limits(queue_from_handle(queue_handle).get_device())))
     return false;
@@ -175,8 +182,10 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   if (!flash_decode_supported(q, k, v, queue_handle))
     throw std::invalid_argument(
         "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
-        "than " + std::to_string(kMaxDecodeRows) +
-        " query rows per K/V head, or a 16-bit or FP8 cache whose rows are not word-aligned");
+        "than " + std::to_string(kMaxDecodeRows) + " query rows per K/V head with more than " +
+        std::to_string(kMaxSlicedDecodeTokens) + " new tokens, more than " +
+        std::to_string(kMaxDecodeQueryRows) +
+        " rows, or a 16-bit or FP8 cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
@@ -191,6 +200,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group =
       decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());
+  params.row_slices = decode_row_slices(rows);
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));
@@ -200,7 +210,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
 
   const std::vector<sycl::kernel> kernels = get_kernels(queue, decode_program(variant));
   submit_kernel(queue, kernels[0], params,
-                block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group),
+                block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group) *
+                                params.row_slices,
                             c.num_blocks, kMaxDecodeRows),
                 "flash_decode");
   const int64_t query_rows = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;

@@ -10,9 +10,20 @@
 
 namespace ipex_flash {
 
-// Query rows one decode work-group serves at most (GQA group size x new tokens); beyond it
-// the general forward kernel (which also reads paged caches) is used.
+// Query rows one decode work-group serves at most (GQA group size x new tokens). A K/V head
+// with more rows (MQA, speculative drafts) is served by several work-groups, each taking a
+// slice of kMaxDecodeRows rows and reading the keys itself, when there are at most
+// kMaxSlicedDecodeTokens new tokens and kMaxDecodeQueryRows rows; otherwise the general forward
+// kernel (which also reads paged caches) is used. The general kernel reads the keys once per
+// query head whatever its few rows, the slices once per slice: on the CPU device (NOTES.md,
+// session 13) slices won 2-40x for MQA 32/1-128/1 and 1.2-2.9x for GQA with 8 new tokens, and
+// lost (0.5-0.9x) from 32 new tokens on, 0.6x for fp32 with 16.
 constexpr int kMaxDecodeRows = DECODE_LANES;
+constexpr int kMaxSlicedDecodeTokens = 8;
+constexpr int kMaxDecodeQueryRows = 16 * kMaxDecodeRows;
+
+// Work-groups along the query rows of one K/V head (slices of kMaxDecodeRows rows).
+int decode_row_slices(int rows);
 
 // K/V heads one decode work-group serves: as many as its local memory holds the query rows
 // of (rows = GQA group size x new tokens per K/V head), so that it reads each key's heads
@@ -25,8 +36,8 @@ int decode_heads_per_group(int heads_kv, int rows, int head_dim);
 int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_len_k,
                       std::uintptr_t queue_handle);
 
-// Whether flash_decode serves q (B, Hq, Nq, D) against this cache: at most kMaxDecodeRows query
-// rows per K/V head and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
+// Whether flash_decode serves q (B, Hq, Nq, D) against this cache: the query rows per K/V head
+// above and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
 // head dims (q's and v's) in whole 4-byte words. Other problems go to flash_fwd (which also
 // reads caches).
 // FP8 caches take the decode kernel only where it has the large register file (or on the CPU
