@@ -17,10 +17,11 @@
 // score pass also reads the V rows ahead of P.V (RowVectors::touch; on the CPU device each
 // step's K and V rows of every head in one burst, DECODE_STEP_MAJOR). 16-bit inputs on a device
 // with a matrix engine compute the scores there (MATRIX_M > 0).
-// The kernel's shape: decode_traits.hpp; its reads ahead and matrix scores: decode_scores.hpp;
-// the merge: decode_merge.hpp. The vector scores and the softmax with P.V stay here: as
-// functions of their own (the same code, taking the local memory by reference) they made DG2
-// and Meteor Lake spill 512-576 B more.
+// The kernel's shape: decode_traits.hpp; its rows (query head and token of each, Q in):
+// decode_rows.hpp; its reads ahead and matrix scores: decode_scores.hpp; the merge:
+// decode_merge.hpp. The vector scores, the softmax with P.V and the partial results stay
+// here: as functions of their own (the same code, taking the local memory by reference) they
+// made DG2, Meteor Lake and Arrow Lake-H spill 64-576 B more.
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
 #pragma once
@@ -32,6 +33,7 @@
 
 #include "block_schedule.hpp"
 #include "decode_merge.hpp"
+#include "decode_rows.hpp"
 #include "decode_scores.hpp"
 #include "decode_traits.hpp"
 #include "kernel_props.hpp"
@@ -105,8 +107,8 @@ void flash_decode_kernel(DecodeParams p) {
   // This work-group's slice of each head's heads_per_kv * Nq rows: up to GROUP_ROWS from row0
   // (more rows than lanes take several slices, each reading the keys itself).
   const int row0 = coord.head % row_slices * GROUP_ROWS;
-  const int rows = c.dims.heads_per_kv * len_q - row0;  // from row0, > GROUP_ROWS: padding
-  if (GROUP_ROWS == LANES && rows <= 0) return;  // a slice past a shorter sequence's rows
+  const DecodeRows rows{p, seq, b, head0, row0, c.dims.heads_per_kv * len_q - row0};
+  if (GROUP_ROWS == LANES && rows.count <= 0) return;  // past a shorter sequence's rows
   // Q, K; and V, O unless FEATURE_VALUE_DIM. K and V rows are block loads unless the head dim
   // is padded.
   const int head_dim = c.dims.head_dim;
@@ -114,20 +116,10 @@ void flash_decode_kernel(DecodeParams p) {
   const bool whole_k = head_dim == HEAD_DIM;
   const DecodeColumns cols{head_dim, head_dim_v, whole_k,
                            (FEATURES & FEATURE_VALUE_DIM) != 0 ? head_dim_v == HEAD_DIM : whole_k};
-  // Row r of K/V head h_kv: query head h_kv * heads_per_kv + (row0 + r) / Nq, new token
-  // (row0 + r) % Nq. In the softmax this lane holds key my_key of each step for row my_row.
+  // In the softmax this lane holds key my_key of each step for row my_row.
   const int my_row = lid / KEYS_PER_STEP, my_key = lid % KEYS_PER_STEP;
-  const bool valid_row = my_row < rows;
-  const int64_t token = valid_row ? (row0 + my_row) % len_q : 0;
-  const auto query_head = [&](int h_kv, int r) {
-    return h_kv * c.dims.heads_per_kv + (row0 + r) / len_q;
-  };
-  // Q row r of the group's K/V head hk (a padding row reads the group's first row instead).
-  const auto q_row = [&](int hk, int r, bool ok) {
-    return static_cast<const T*>(p.q) + b * p.q_stride.batch +
-           query_head(head0 + (ok ? hk : 0), ok ? r : 0) * p.q_stride.head +
-           (seq.q_row0 + (ok ? (row0 + r) % len_q : 0)) * p.q_stride.row;
-  };
+  const bool valid_row = my_row < rows.count;
+  const int64_t token = valid_row ? rows.token(my_row) : 0;
   const BlockMask mask = BlockMask::of(c.mask, seq);
 
   // This split's keys, cut to what any of the rows can see.
@@ -135,32 +127,8 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   const int64_t kv_end = std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q));
 
-  for (int hk = 0; hk < group_heads; ++hk) {
-    for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d from here on
-      const bool row_ok = r < rows;
-      const T* q = q_row(hk, r, row_ok);
-      for (int i = lid; i < HEAD_DIM; i += LANES) {
-        const int d = Row::column(i / LANES, lid);
-        if constexpr (!MATRIX)
-          q_all[hk][r][i] = row_ok && d < head_dim ? c.q_prescale * to_float(q[d]) : 0.f;
-        acc_all[hk][r][i] = 0.f;
-      }
-    }
-    const OnlineSoftmaxRow fresh;
-    row_max[hk][lid] = fresh.row_max;
-    row_sum[hk][lid] = fresh.row_sum;
-  }
-  if constexpr (MATRIX) {  // lane = column
-    const int hk = lid / GROUP_ROWS, r = lid % GROUP_ROWS;
-    for (int set = 0; set * HEADS_PER_SET < group_heads; ++set) {
-      const bool col_ok = r < rows && set * HEADS_PER_SET + hk < group_heads;
-      const T* q = q_row(set * HEADS_PER_SET + hk, r, col_ok);
-      for (int d = 0; d < HEAD_DIM; d += 2)
-        q_t[set][d / 2][lid] = pack_pair(col_ok && d < head_dim ? q[d] : tile_zero<T>(),
-                                         col_ok && d + 1 < head_dim ? q[d + 1] : tile_zero<T>());
-    }
-  }
-  sycl::group_barrier(group);
+  decode_load_queries<Tr>(group, rows, group_heads, head_dim, lid,
+                          DecodeRowState<Tr>{q_all, acc_all, row_max, row_sum, q_t});
   // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
   // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
   // SLM. A tile starts at a multiple of MATRIX_M keys.
@@ -184,7 +152,7 @@ void flash_decode_kernel(DecodeParams p) {
                       kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv),
                       kv_descale<FEATURES>(c, b, h_kv).k * Row::UNIT,
                       // per lane: rows span heads
-                      ScoreMod::of(c, seq, b, query_head(h_kv, valid_row ? my_row : 0))};
+                      ScoreMod::of(c, seq, b, rows.query_head(h_kv, valid_row ? my_row : 0))};
     };
     // A step's raw scores of head hk, one (row, key) per lane, scaled, modified and masked into
     // probs; head-major, the step's V rows read ahead of P.V.
@@ -307,18 +275,11 @@ void flash_decode_kernel(DecodeParams p) {
     const int h_kv = head0 + hk;
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
     row_factor[lid] = softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT);
-    if (valid_row && my_key == 0) {
-      const int64_t row =
-          (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, my_row)) * c.dims.len_q +
-          token;
-      p.partial_lse[row * c.num_blocks + split] = softmax.log_sum_exp();
-    }
+    if (valid_row && my_key == 0)
+      p.partial_lse[rows.index(hk, my_row) * c.num_blocks + split] = softmax.log_sum_exp();
     sycl::group_barrier(group);
-    for (int r = 0; r < GROUP_ROWS && r < rows; ++r) {
-      const int64_t row =
-          (static_cast<int64_t>(b) * c.dims.heads_q + query_head(h_kv, r)) * c.dims.len_q +
-          (row0 + r) % len_q;
-      float* partial = p.partial_out + (row * c.num_blocks + split) * head_dim_v;
+    for (int r = 0; r < GROUP_ROWS && r < rows.count; ++r) {
+      float* partial = p.partial_out + (rows.index(hk, r) * c.num_blocks + split) * head_dim_v;
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);
         if (d < head_dim_v) partial[d] = acc_all[hk][r][i] * row_factor[r * KEYS_PER_STEP];
