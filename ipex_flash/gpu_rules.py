@@ -25,8 +25,8 @@ grew (making one field 32-bit moved a spill of the same size to the bfloat16 ker
 dim 64); in session 11, after the decode loop was split into score and P.V lambdas, that
 variant spilled nothing, the one with softcap, ALiBi and a mask 512 bytes, and Meteor Lake and
 Arrow Lake-H's 32-64 bytes; since session 12's split of the kernel into headers, Arc A-series
-spills nothing in either and Meteor Lake and Arrow Lake-H 32-64 bytes without score changes.
-Any other spill fails.
+spills nothing in either and Meteor Lake and Arrow Lake-H 32-64 bytes without score changes;
+since session 13's row slices, none of the three spills in either. Any other spill fails.
 """
 from __future__ import annotations
 
