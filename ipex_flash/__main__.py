@@ -103,7 +103,8 @@ def main() -> None:
     p.add_argument("--decode-rows", nargs="+", type=int, default=[1, 4, 8],
                    choices=range(1, C.MAX_DECODE_ROWS + 1), metavar="ROWS",
                    help="query rows per K/V head to build decode kernels for (GQA group "
-                        "size x new tokens; default 1 4 8)")
+                        "size x new tokens, 16 for more: those run in slices of 16; default "
+                        "1 4 8)")
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)

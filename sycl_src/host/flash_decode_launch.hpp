@@ -17,7 +17,8 @@ namespace ipex_flash {
 // kernel (which also reads paged caches) is used. The general kernel reads the keys once per
 // query head whatever its few rows, the slices once per slice: on the CPU device (NOTES.md,
 // session 13) slices won 2-40x for MQA 32/1-128/1 and 1.2-2.9x for GQA with 8 new tokens, and
-// lost (0.5-0.9x) from 32 new tokens on, 0.6x for fp32 with 16.
+// lost (0.5-0.9x) from 32 new tokens on, 0.6x for fp32 with 16 (before session 13's fix of
+// the 16-row fp32 kernel's Q reads, which made it several times faster: the bound may move).
 constexpr int kMaxDecodeRows = DECODE_LANES;
 constexpr int kMaxSlicedDecodeTokens = 8;
 constexpr int kMaxDecodeQueryRows = 16 * kMaxDecodeRows;
