@@ -5,11 +5,13 @@
 
 #include <sycl/sycl.hpp>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "decode_traits.hpp"
 #include "matrix_tile.hpp"
 #include "params.hpp"
+#include "score_mod.hpp"
 #include "seq_info.hpp"
 #include "sub_group_math.hpp"
 #include "tile_io.hpp"
@@ -33,6 +35,15 @@ struct DecodeHeads {
   }
 };
 
+// What a head's score steps share, made once per head where the order allows (on GPUs making
+// it per step cost registers).
+template <typename KV>
+struct DecodeHeadRows {
+  KvRows<KV> k, v;
+  float k_scale;
+  ScoreMod score_mod;
+};
+
 // Reads the V rows of step t of one head, returned xor-ed (RowVectors::touch), so that P.V
 // finds them in cache: P.V alone issues too few misses at a time to keep memory busy (bf16
 // decode +20-30 %, NOTES.md). The head-major order's read-ahead, while the K misses are in
@@ -44,7 +55,7 @@ inline uint32_t decode_touch_v(sycl::sub_group sg, const KvRows<typename Tr::KV>
 #pragma unroll
   for (int j = 0; j < Tr::KEYS_PER_STEP; ++j)
     touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(
-        sg, v.row(keys.step_key(Tr::KEYS_PER_STEP, t, j)));
+        sg, v.row(keys.template step_key<Tr>(t, j)));
   return touched;
 }
 
@@ -59,13 +70,22 @@ inline uint32_t decode_touch_step(sycl::sub_group sg, const DecodeHeads<typename
                                   const DecodeKeys& keys, int t) {
   uint32_t touched = 0;
   for (int j = 0; j < Tr::KEYS_PER_STEP; ++j) {
-    const int64_t key = keys.step_key(Tr::KEYS_PER_STEP, t, j);
+    const int64_t key = keys.template step_key<Tr>(t, j);
     for (int hk = 0; hk < heads.count; ++hk) {
       touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(sg, heads.k(hk).row(key));
       touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(sg, heads.v(hk).row(key));
     }
   }
   return touched;
+}
+
+// Whether matrix scores read K tiles in place: when each tile's rows are whole and evenly
+// spaced (no pages, or pages of whole tiles, as every page size the API takes is); else from a
+// copy in SLM. A tile starts at a multiple of MATRIX_M keys.
+template <class Tr>
+inline bool decode_k_in_place(const AttentionCommon& c, bool whole_k) {
+  return whole_k &&
+         (c.seq.block_table == nullptr || c.seq.page_size % std::max(Tr::MATRIX_M, 1) == 0);
 }
 
 // S^T of the whole block on the matrix engine: s_t[key][column] = K row . Q^T column, the

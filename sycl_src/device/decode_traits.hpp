@@ -71,9 +71,13 @@ struct DecodeTraits {
   static constexpr int PV_VECS = decode_pv_vecs(D_VECS, PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS);
   static constexpr bool MATRIX = MATRIX_M > 0;
   static constexpr bool STEP_MAJOR = DECODE_STEP_MAJOR && !MATRIX;  // matrix: head by head
+  // The keys as streams (decode_streams.hpp), step-major only.
+  static constexpr bool KEY_STREAMS = STEP_MAJOR && (FEATURES & FEATURE_KEY_STREAMS) != 0;
   // A block's probabilities in SLM: every head's where all heads' scores come before the
   // softmax (step-major), one head's otherwise.
   static constexpr int PROB_HEADS = STEP_MAJOR ? MAX_HEADS : 1;
+  // Each head's rescale of O for the block: the streams' P.V, step-major, needs every head's.
+  static constexpr int FACTOR_HEADS = KEY_STREAMS ? MAX_HEADS : 1;
   static constexpr int HEADS_PER_SET = LANES / GROUP_ROWS;  // heads sharing one Q^T tile
   static constexpr int SETS = (MAX_HEADS + HEADS_PER_SET - 1) / HEADS_PER_SET;
   // Sizes of the matrix scores' buffers: one element in vector kernels.
@@ -92,12 +96,43 @@ struct DecodeTraits {
 struct DecodeKeys {
   int64_t begin;  // the block's first key
   int64_t end;    // the split's end (exclusive)
-  int count;      // keys in the block: min(BLOCK_N, end - begin)
+  int count;      // keys in the block: min(BLOCK_N, end - begin) (BLOCK_N with key streams)
+  int64_t stream_len = 0;  // KEY_STREAMS: keys from one stream's start to the next's
 
-  // Key j of step t of the block (steps of keys_per_step keys), clamped to the split's last
-  // key: a partial block's missing keys read the last row again, and the mask drops them.
-  int64_t step_key(int keys_per_step, int t, int j) const {
-    return std::min<int64_t>(begin + t * keys_per_step + j, end - 1);
+  // Key j of step t of the block: consecutive keys, or with key streams the t-th key of stream
+  // j (decode_streams.hpp).
+  template <class Tr>
+  int64_t key(int t, int j) const {
+    if constexpr (Tr::KEY_STREAMS)
+      return begin + t + j * stream_len;
+    else
+      return begin + t * Tr::KEYS_PER_STEP + j;
+  }
+  // The same clamped to the split's last key: a partial block's missing keys read the last row
+  // again, and the mask drops them.
+  template <class Tr>
+  int64_t step_key(int t, int j) const {
+    return std::min<int64_t>(key<Tr>(t, j), end - 1);
+  }
+};
+
+// A split's keys [first, end) as key blocks: BLOCK_N consecutive keys each from `first`, or
+// with key streams (decode_streams.hpp) STEPS keys of each of KEYS_PER_STEP runs of stream_len
+// keys (whole blocks' worth; the last run may pass `end`, and the mask drops those keys).
+template <class Tr>
+struct DecodeBlocks {
+  int64_t first, end;
+  int64_t stream_len = Tr::KEY_STREAMS ? (std::max<int64_t>(end - first, 0) + Tr::BLOCK_N - 1) /
+                                             Tr::BLOCK_N * Tr::STEPS
+                                       : 0;
+
+  int64_t begins_end() const { return Tr::KEY_STREAMS ? first + stream_len : end; }
+  int64_t next(int64_t begin) const { return begin + (Tr::KEY_STREAMS ? Tr::STEPS : Tr::BLOCK_N); }
+  DecodeKeys at(int64_t begin) const {
+    return {begin, end,
+            Tr::KEY_STREAMS ? Tr::BLOCK_N
+                            : static_cast<int>(std::min<int64_t>(Tr::BLOCK_N, end - begin)),
+            stream_len};
   }
 };
 

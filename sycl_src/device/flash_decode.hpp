@@ -1,27 +1,24 @@
 // Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
-// cache. Memory-bound, so it is organised around reading each K/V element once, straight from
-// the cache into registers:
-//   one work-group (one sub-group of DECODE_LANES lanes) per (batch, group of K/V heads,
-//   split of the keys) serves, for each of its K/V heads, all query rows of the GQA group
-//   (heads_per_kv heads x Nq new tokens, at most DECODE_LANES), so each K/V element is read
-//   once for every head that shares it; the keys are split across work-groups so that a few
-//   long sequences still fill the device;
-//   for both products the lanes run along the head dim (column d = v * LANES + lane), so K
-//   and V rows are read with sub-group block loads and every lane is busy however few rows
-//   the group has: Q.K^T leaves per-lane partial dot products that transpose_sum adds up
-//   across lanes, one (row, key) score per lane; the softmax runs on those lanes (a row's
-//   keys sit in a group of consecutive lanes); P.V broadcasts the probabilities from SLM;
+// cache. Memory-bound, so organised around reading each K/V element once, straight from the
+// cache into registers (no K/V tile in SLM: a block's rows stay in L1 between their uses):
+//   one work-group (a sub-group of DECODE_LANES lanes) per (batch, group of K/V heads, split
+//   of the keys, slice of rows) serves every query row of each of its K/V heads (GQA group x
+//   new tokens), so each K/V element is read once for all the heads sharing it; splits fill
+//   the device when sequences are few;
+//   lanes run along the head dim in both products (column d = v * LANES + lane): K and V rows
+//   are sub-group block loads and every lane is busy however few the rows; transpose_sum adds
+//   Q.K^T's per-lane partial products across lanes, one (row, key) score per lane, where the
+//   softmax runs; P.V broadcasts the probabilities from SLM;
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
 //   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
-// No K/V tile in SLM: a block of rows read from the cache stays in L1 between its uses. The
-// score pass also reads the V rows ahead of P.V (RowVectors::touch; on the CPU device each
-// step's K and V rows of every head in one burst, DECODE_STEP_MAJOR). 16-bit inputs on a device
-// with a matrix engine compute the scores there (MATRIX_M > 0).
-// The kernel's shape: decode_traits.hpp; its rows (query head and token of each, Q in):
-// decode_rows.hpp; its reads ahead and matrix scores: decode_scores.hpp; the merge:
-// decode_merge.hpp. The vector scores, the softmax with P.V and the partial results stay
-// here: as functions of their own (the same code, taking the local memory by reference) they
-// made DG2, Meteor Lake and Arrow Lake-H spill 64-576 B more.
+// Reads ahead: GPUs read a step's V rows during its scores; the CPU device walks a block step
+// by step over every head (DECODE_STEP_MAJOR) with a burst of reads per step or, for caches of
+// interleaved heads, as key streams its prefetchers follow (decode_streams.hpp). 16-bit inputs
+// on a matrix engine compute the scores there (MATRIX_M > 0).
+// Shape: decode_traits.hpp; rows and Q: decode_rows.hpp; reads ahead and matrix scores:
+// decode_scores.hpp; merge: decode_merge.hpp. The vector scores, softmax, P.V and partial
+// results stay here: as functions taking the local memory by reference they made DG2, Meteor
+// Lake and Arrow Lake-H spill 64-576 B more.
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
 #pragma once
@@ -35,6 +32,7 @@
 #include "decode_merge.hpp"
 #include "decode_rows.hpp"
 #include "decode_scores.hpp"
+#include "decode_streams.hpp"
 #include "decode_traits.hpp"
 #include "kernel_props.hpp"
 #include "kv_quant.hpp"
@@ -60,7 +58,7 @@ void flash_decode_kernel(DecodeParams p) {
   using Row = typename Tr::Row;
   constexpr int LANES = Tr::LANES, MAX_HEADS = Tr::MAX_HEADS, STEPS = Tr::STEPS;
   constexpr int KEYS_PER_STEP = Tr::KEYS_PER_STEP, HEADS_PER_SET = Tr::HEADS_PER_SET;
-  constexpr bool MATRIX = Tr::MATRIX, STEP_MAJOR = Tr::STEP_MAJOR;
+  constexpr bool MATRIX = Tr::MATRIX, STEP_MAJOR = Tr::STEP_MAJOR, KEY_STREAMS = Tr::KEY_STREAMS;
   // Q (* prescale) and O of every row the group serves, in vector order (i = vi * LANES + lane,
   // column Row::column(vi, lane)); the running softmax of each head's rows, per lane.
   static syclexp::work_group_static<float[MAX_HEADS][GROUP_ROWS][HEAD_DIM]> q_slm;
@@ -75,13 +73,14 @@ void flash_decode_kernel(DecodeParams p) {
   static syclexp::work_group_static<uint32_t[Tr::MATRIX_SETS][HEAD_DIM / 2][LANES]> qt_slm;
   static syclexp::work_group_static<float[Tr::MATRIX_KEYS][LANES]> st_slm;
   static syclexp::work_group_static<T[Tr::MATRIX_KEYS][HEAD_DIM]> k_stage_slm;
-  static syclexp::work_group_static<float[LANES]> row_factor_slm;  // per lane, as the softmax
+  // O's factor per lane, as the softmax: one head's at a time, or with key streams every head's.
+  static syclexp::work_group_static<float[Tr::FACTOR_HEADS][LANES]> factor_slm;
   float(&q_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = q_slm;
   float(&acc_all)[MAX_HEADS][GROUP_ROWS][HEAD_DIM] = acc_slm;
   float(&row_max)[MAX_HEADS][LANES] = max_slm;
   float(&row_sum)[MAX_HEADS][LANES] = sum_slm;
   float(&probs)[Tr::PROB_HEADS][STEPS][LANES] = p_slm;
-  float(&row_factor)[LANES] = row_factor_slm;
+  float(&row_factor)[Tr::FACTOR_HEADS][LANES] = factor_slm;
   uint32_t(&q_t)[Tr::MATRIX_SETS][HEAD_DIM / 2][LANES] = qt_slm;
   float(&s_t)[Tr::MATRIX_KEYS][LANES] = st_slm;
   T(&k_stage)[Tr::MATRIX_KEYS][HEAD_DIM] = k_stage_slm;
@@ -129,23 +128,14 @@ void flash_decode_kernel(DecodeParams p) {
 
   decode_load_queries<Tr>(group, rows, group_heads, head_dim, lid,
                           DecodeRowState<Tr>{q_all, acc_all, row_max, row_sum, q_t});
-  // Matrix scores read K tiles in place when each tile's rows are whole and evenly spaced (no
-  // pages, or pages of whole tiles, as every page size the API takes is), else from a copy in
-  // SLM. A tile starts at a multiple of MATRIX_M keys.
-  const bool k_in_place = whole_k && (c.seq.block_table == nullptr ||
-                                      c.seq.page_size % std::max(MATRIX_M, 1) == 0);
+  const bool k_in_place = decode_k_in_place<Tr>(c, whole_k);
 
   uint32_t touched = 0;  // RowVectors::touch
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const DecodeKeys keys{kv_begin, kv_end,
-                          static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin))};
-    // What a head's score steps share, made once per head where the order allows (on GPUs
-    // making it per step cost registers).
-    struct HeadRows {
-      KvRows<KV> k, v;
-      float k_scale;
-      ScoreMod score_mod;
-    };
+  const DecodeBlocks<Tr> blocks{kv_first, kv_end};
+  for (int64_t kv_begin = kv_first; kv_begin < blocks.begins_end();
+       kv_begin = blocks.next(kv_begin)) {
+    const DecodeKeys keys = blocks.at(kv_begin);
+    using HeadRows = DecodeHeadRows<KV>;
     const auto head_rows = [&](int hk) {
       const int h_kv = head0 + hk;
       return HeadRows{kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv),
@@ -159,7 +149,9 @@ void flash_decode_kernel(DecodeParams p) {
     const auto finish_scores = [&](int hk, const HeadRows& head, int t, float raw_score) {
       float score[1] = {raw_score * head.k_scale};
       if (!STEP_MAJOR && cols.whole_v) touched ^= decode_touch_v<Tr>(sg, head.v, keys, t);
-      const int64_t key = kv_begin + t * KEYS_PER_STEP + my_key;
+      // (Read through keys, the consecutive order's key made DG2, MTL and ARL-H spill 700 B.)
+      const int64_t key = KEY_STREAMS ? keys.template key<Tr>(t, my_key)
+                                      : kv_begin + t * KEYS_PER_STEP + my_key;
       if constexpr (FEATURES != 0) {
         float unused_grad[1];
         head.score_mod.template apply<FEATURES>(score, unused_grad, token, key, 0, 0);
@@ -183,7 +175,7 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j) {
           float k_vec[Tr::PER_LOAD];  // (vi + u)
-          Row::load(sg, k.row(keys.step_key(KEYS_PER_STEP, t, j)), vi, cols.whole_k,
+          Row::load(sg, k.row(keys.template step_key<Tr>(t, j)), vi, cols.whole_k,
                     cols.head_dim, lid, k_vec);
 #pragma unroll
           for (int u = 0; u < Tr::PER_LOAD; ++u)
@@ -207,15 +199,16 @@ void flash_decode_kernel(DecodeParams p) {
         finish_scores(hk, head, t,
                       c.q_prescale * s_t[t * KEYS_PER_STEP + my_key][column0 + my_row]);
     };
-    // The block's online softmax and P.V of head hk, its scores in probs.
-    const auto softmax_and_pv = [&](int hk, const KvRows<KV> v) {
-      float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
+    // The block's online softmax of head hk, its scores in probs made probabilities; O's
+    // rescale into row_factor (row hk with key streams).
+    const auto block_softmax = [&](int hk) {
       float(&head_probs)[STEPS][LANES] = probs[STEP_MAJOR ? hk : 0];
       // Online softmax over the row's lanes.
       float block_max = NEG_INF;
       for (int t = 0; t < STEPS; ++t) block_max = sycl::fmax(block_max, head_probs[t][lid]);
       OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-      row_factor[lid] = softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
+      row_factor[KEY_STREAMS ? hk : 0][lid] =
+          softmax.raise_max(lane_group_max<KEYS_PER_STEP>(sg, block_max));
       float block_sum = 0.f;
       for (int t = 0; t < STEPS; ++t) {
         const float prob = softmax.probability(head_probs[t][lid]);
@@ -225,6 +218,12 @@ void flash_decode_kernel(DecodeParams p) {
       softmax.row_sum += lane_group_sum<KEYS_PER_STEP>(sg, block_sum);
       row_max[hk][lid] = softmax.row_max;
       row_sum[hk][lid] = softmax.row_sum;
+    };
+    // The block's online softmax and P.V of head hk.
+    const auto softmax_and_pv = [&](int hk, const KvRows<KV> v) {
+      float(&acc)[GROUP_ROWS][HEAD_DIM] = acc_all[hk];
+      float(&head_probs)[STEPS][LANES] = probs[STEP_MAJOR ? hk : 0];
+      block_softmax(hk);
       sycl::group_barrier(group);
 
       // P.V: lanes along d again; probabilities broadcast from SLM, V rows block-loaded.
@@ -234,7 +233,7 @@ void flash_decode_kernel(DecodeParams p) {
         for (int u = 0; u < Tr::PV_VECS; ++u)
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r)
-            sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[r * KEYS_PER_STEP];
+            sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[0][r * KEYS_PER_STEP];
         for (int key = 0; key < keys.count; ++key) {
           const KV* v_row = v.row(kv_begin + key);
           const float* p_key = &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
@@ -258,11 +257,20 @@ void flash_decode_kernel(DecodeParams p) {
     };
 
     if constexpr (STEP_MAJOR) {
-      for (int t = 0; t < STEPS; ++t) {
-        if (cols.whole_k && cols.whole_v) touched ^= decode_touch_step<Tr>(sg, heads, keys, t);
+      for (int t = 0; t < STEPS; ++t) {  // key streams need no burst: prefetchers follow them
+        if (!KEY_STREAMS && cols.whole_k && cols.whole_v)
+          touched ^= decode_touch_step<Tr>(sg, heads, keys, t);
         for (int hk = 0; hk < group_heads; ++hk) vector_scores(hk, head_rows(hk), t);
       }
-      for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, heads.v(hk));
+      if constexpr (KEY_STREAMS) {
+        for (int hk = 0; hk < group_heads; ++hk) block_softmax(hk);
+        sycl::group_barrier(group);
+        for (int t = 0; t < STEPS; ++t)
+          decode_stream_pv<Tr>(sg, heads, keys, t, acc_all, probs, row_factor, cols, lid);
+        sycl::group_barrier(group);  // before the next block's scores overwrite probs
+      } else {
+        for (int hk = 0; hk < group_heads; ++hk) softmax_and_pv(hk, heads.v(hk));
+      }
     } else {
       for (int hk = 0; hk < group_heads; ++hk) {
         const HeadRows head = head_rows(hk);
@@ -282,7 +290,7 @@ void flash_decode_kernel(DecodeParams p) {
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-    row_factor[lid] = softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT);
+    row_factor[0][lid] = softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT);
     if (valid_row && my_key == 0)
       p.partial_lse[rows.index(hk, my_row) * c.num_blocks + split] = softmax.log_sum_exp();
     sycl::group_barrier(group);
@@ -290,7 +298,7 @@ void flash_decode_kernel(DecodeParams p) {
       float* partial = p.partial_out + (rows.index(hk, r) * c.num_blocks + split) * head_dim_v;
       for (int i = lid; i < HEAD_DIM; i += LANES) {
         const int d = Row::column(i / LANES, lid);
-        if (d < head_dim_v) partial[d] = acc_all[hk][r][i] * row_factor[r * KEYS_PER_STEP];
+        if (d < head_dim_v) partial[d] = acc_all[hk][r][i] * row_factor[0][r * KEYS_PER_STEP];
       }
     }
     sycl::group_barrier(group);  // before the next head overwrites row_factor

@@ -38,6 +38,9 @@ constexpr int FEATURE_KV_FP8 = FEATURE_KV_E4M3 | FEATURE_KV_E5M2;
 // The decode kernel for V's head dim != Q's (dims.head_dim_v); without it the kernel treats
 // them as one, which keeps its fp32 form within DG2's 128 registers (gpu-check).
 constexpr int FEATURE_VALUE_DIM = 256;
+// The decode kernel on the CPU device reads its keys as streams (decode_streams.hpp); set by
+// the host for caches whose key rows hold the heads side by side.
+constexpr int FEATURE_KEY_STREAMS = 512;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.

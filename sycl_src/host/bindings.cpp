@@ -110,11 +110,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("flash_decode", &flash_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "partial_out"_a,
         "partial_lse"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
   m.def("flash_decode_supported", &flash_decode_supported, "q"_a, "k"_a, "v"_a, "queue"_a);
+  m.def(
+      "flash_decode_variant",
+      [](const TensorView& q, const TensorView& k, const TensorView& v, std::uintptr_t queue) {
+        return flash_decode_variant(q, k, v, AttentionOptions{}, queue);
+      },
+      "q"_a, "k"_a, "v"_a, "queue"_a);
   m.def("decode_num_splits", &decode_num_splits, "batch"_a, "heads_kv"_a, "rows"_a,
         "head_dim"_a, "max_len_k"_a, "queue"_a);
   m.def("warmup_decode", &warmup_decode, "dtype"_a, "head_dim"_a, "rows"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
+  m.attr("FEATURE_KEY_STREAMS") = FEATURE_KEY_STREAMS;
   m.attr("MAX_DECODE_QUERY_ROWS") = kMaxDecodeQueryRows;
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());

@@ -66,16 +66,16 @@ int decode_group_rows(int rows) {
 // Bytes of local memory the decode kernel declares (flash_decode.hpp, its work_group_static
 // arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size; the matrix-score
 // buffers only when `matrix`, every head's probabilities only when `step_major` (the CPU
-// device's vector scores, DECODE_STEP_MAJOR).
+// device's vector scores, DECODE_STEP_MAJOR), every head's factors only with `key_streams`.
 size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_bytes,
-                        bool matrix, bool step_major) {
+                        bool matrix, bool step_major, bool key_streams) {
   const size_t d = head_dim, lanes = DECODE_LANES, keys = block_n;
   const size_t max_heads = decode_row_capacity(head_dim) / group_rows;
   const size_t sets = ceil_div(max_heads, lanes / group_rows);
   const size_t floats = 2 * max_heads * group_rows * d  // Q and O
                         + 2 * max_heads * lanes         // running max and sum
                         + (step_major ? max_heads : 1) * keys * group_rows  // probabilities
-                        + lanes;                        // per-row factors
+                        + (key_streams ? max_heads : 1) * lanes;  // per-row factors
   const size_t matrix_bytes = matrix ? sizeof(uint32_t) * sets * (d / 2) * lanes  // Q^T packed
                                            + sizeof(float) * keys * lanes         // S^T
                                            + elem_bytes * keys * d                // staged K
@@ -91,8 +91,18 @@ bool fp8_decode_fits(const DeviceLimits& limits) { return limits.is_cpu || limit
 // split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
 // P.V accumulators. Scores go to the matrix engine where the forward would use it and the
 // local memory holds its buffers.
+// Whether the decode kernel reads its keys as streams (decode_streams.hpp): on the CPU device
+// (its vector scores, step-major), with at least 4 keys per step (at most 4 query rows per K/V
+// head), for a cache whose key rows hold the heads side by side. Measured in NOTES.md (decode
+// session 14): with 8 rows per head, or a (B, H, N, D) cache, the consecutive order is faster.
+bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
+  return variant.cpu_device && variant.matrix_m == 0 && heads_interleaved &&
+         DECODE_LANES / variant.block_m >= 4;
+}
+
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
-                             const DeviceLimits& limits, const std::string& mode) {
+                             bool heads_interleaved, const DeviceLimits& limits,
+                             const std::string& mode) {
   const int kv_bytes = kv_element_bytes(dtype, features);
   KernelVariant variant = base_variant(dtype, head_dim, limits);
   variant.head_dim = decode_head_dim(kv_bytes, variant.head_dim);
@@ -107,7 +117,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const MatrixTile tile = kv_bytes == 1 ? MatrixTile{}
                                         : matrix_tile(limits, dtype, variant.head_dim, mode);
   const size_t matrix_slm =
-      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true, false);
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true, false,
+                       false);
   // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
   // Arrow Lake-H) compute decode scores on the vector units.
   if (tile.m > 0 && tile.n == DECODE_LANES && matrix_slm <= limits.local_mem_bytes) {
@@ -115,9 +126,12 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
     variant.matrix_k = tile.k;
     variant.matrix_emulated = tile.emulated;
   }
+  const bool key_streams = decode_key_streams(variant, heads_interleaved);
+  if (key_streams) variant.features |= FEATURE_KEY_STREAMS;
   variant.slm_bytes =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
-                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0);
+                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
+                       key_streams);
   if (variant.slm_bytes > limits.local_mem_bytes)
     throw std::runtime_error("ipex_flash: the decode kernel needs " +
                              std::to_string(variant.slm_bytes) + " bytes of local memory, " +
@@ -156,6 +170,18 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
 }
 
+KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const AttentionOptions& options, std::uintptr_t queue_handle) {
+  const int64_t heads_kv = std::max<int64_t>(k.size(1), 1);
+  const int rows = static_cast<int>(q.size(1) / heads_kv * q.size(2));
+  const int head_dim = static_cast<int>(q.size(3)), head_dim_v = static_cast<int>(v.size(3));
+  return decode_variant(
+      q.dtype, std::max(head_dim, head_dim_v), rows,
+      features_of(options, k) | (head_dim_v != head_dim ? FEATURE_VALUE_DIM : 0),
+      /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1],
+      device_limits(queue_from_handle(queue_handle).get_device()), matrix_mode());
+}
+
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                             std::uintptr_t queue_handle) {
   const int64_t heads_kv = k.size(1);
@@ -189,13 +215,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const DeviceLimits& limits = device_limits(queue.get_device());
-  const KernelVariant variant =
-      decode_variant(q.dtype, c.dims.head_dim_max(), rows,
-                     features_of(options, k) |
-                         (c.dims.head_dim_v != c.dims.head_dim ? FEATURE_VALUE_DIM : 0),
-                     limits,
-                     matrix_mode());
+  const KernelVariant variant = flash_decode_variant(q, k, v, options, queue_handle);
   set_forward_tensors(params, q, k, v, out, lse);
   const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group =
@@ -227,7 +247,8 @@ KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
     throw std::invalid_argument("ipex_flash: warmup_decode: rows must be in [1, " +
                                 std::to_string(kMaxDecodeRows) + "], got " + std::to_string(rows));
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = decode_variant(dtype, head_dim, rows, 0,
+  // flash-attn's (B, N, H, D) cache, as serving calls pass it.
+  const KernelVariant variant = decode_variant(dtype, head_dim, rows, 0, /*heads_interleaved=*/true,
                                                device_limits(queue.get_device()), matrix_mode());
   get_kernels(queue, decode_program(variant));
   return variant;

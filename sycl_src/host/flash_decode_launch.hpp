@@ -57,11 +57,19 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   std::uintptr_t queue_handle);
 
 // The decode variant serving `rows` query rows per K/V head on a device with these limits,
-// under IPEX_FLASH_MATRIX mode `mode`, and the program holding its kernels (split, merge).
-// Throws std::runtime_error when the device's local memory cannot hold the kernel's.
+// under IPEX_FLASH_MATRIX mode `mode`, for a cache whose key rows hold the heads side by side
+// or not (`heads_interleaved`: (B, N, H, D) and paged caches, not (B, H, N, D)), and the
+// program holding its kernels (split, merge). Throws std::runtime_error when the device's
+// local memory cannot hold the kernel's.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
-                             const DeviceLimits& limits, const std::string& mode);
+                             bool heads_interleaved, const DeviceLimits& limits,
+                             const std::string& mode);
 KernelProgram decode_program(const KernelVariant& variant);
+
+// The decode variant flash_decode runs for these tensors (q, k, v as (B, H, N, D) views) and
+// options.
+KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // Builds the decode kernels serving `rows` query rows per K/V head (GQA group size x new
 // tokens, 1..kMaxDecodeRows) without running them (python -m ipex_flash warmup).

@@ -52,7 +52,8 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     variant = bwd_variant(dtype, head_dim, features, limits, mode);
     program = bwd_program(variant);
   } else if (family == "decode") {
-    variant = decode_variant(dtype, head_dim, rows, features, limits, mode);
+    variant = decode_variant(dtype, head_dim, rows, features, /*heads_interleaved=*/true, limits,
+                             mode);
     program = decode_program(variant);
   } else if (family == "dropout_mask") {
     program = dropout_mask_program();
