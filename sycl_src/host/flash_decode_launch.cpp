@@ -127,7 +127,13 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
     variant.matrix_emulated = tile.emulated;
   }
   const bool key_streams = decode_key_streams(variant, heads_interleaved);
-  if (key_streams) variant.features |= FEATURE_KEY_STREAMS;
+  if (key_streams) {
+    variant.features |= FEATURE_KEY_STREAMS;
+    // The most keys per block: V is read in a pass of its own, so a block's rows need not stay
+    // in L1, and the softmax and barriers come less often (NOTES.md, decode session 14: bf16
+    // 12.0 -> 11.2 ms, fp32 18.2 -> 17.5; 128 or 256 keys within noise of 64).
+    variant.block_n = kMaxDecodeBlockKeys;
+  }
   variant.slm_bytes =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
                        variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
