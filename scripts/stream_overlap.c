@@ -1,7 +1,8 @@
 // How far this CPU overlaps streaming reads with compute, for the access orders a decode
-// kernel can take (NOTES.md, "Decode, session 13"). A model of one decode work-group per core:
-// a K and a V stream in flash-attn's (B, N, H, D) layout (a key's 8 heads x 256 B = 2 KB,
-// bf16 d = 128), steps of 4 keys, key blocks of 32, 12 vector FMAs per 64-byte line consumed
+// kernel can take (NOTES.md, "Decode, session 13" and "session 14"). A model of one decode
+// work-group per core: a K and a V stream in flash-attn's (B, N, H, D) layout (a key's 8 heads
+// x 256 B = 2 KB, bf16 d = 128), steps of 4 keys, key blocks of 32 (64 in the step-by-step
+// modes, as the kernel's key streams), 12 vector FMAs per 64-byte line consumed
 // (about the decode kernel's instructions per line). Every mode reads the same bytes and does
 // the same FMAs; only the order of reads and the reads ahead differ.
 //
@@ -18,6 +19,7 @@
 #include <time.h>
 
 enum { KEY_BYTES = 2048, HEAD_BYTES = 256, LINE = 64, STEP_KEYS = 4, BLOCK_KEYS = 32 };
+enum { STEP_BLOCK_KEYS = 64 };  // the step-by-step modes' blocks: as the kernel's key streams
 enum { THREADS = 2, ROUNDS = 6 };
 static const size_t KEYS = 65536;  // 128 MB of K and 128 MB of V per thread
 
@@ -30,11 +32,22 @@ typedef enum {
   PREFETCH_EACH,   // the kernel's order, and one prefetcht0 of the next block per line used
   PREFETCH_RUNS,   // the same prefetches issued a 2 KB run (32 lines) at a time, as one
                    // syclexp::prefetch call per run would
+  LOAD_EACH,       // the kernel's order, and one demand load of the next block per line used
+  STEP_PV,         // no burst, P.V step by step over the heads too (the step's 4 keys side
+                   // by side, two to a 4 KB page)
+  PAGE_APART,      // the same, a step's keys a page apart (keys t%2 + 2j + 8(t/2) of a block)
+  STREAMS,         // key streams (decode_streams.hpp): step t takes the t-th key of each of 4
+                   // quarters of the keys; scores then P.V, both step by step, no burst
+  STREAMS_KV,      // the same, each head's V rows used right after its K rows
+  STREAMS_HEAD_PV, // key streams for the scores, P.V head by head over the block
   MODES
 } Mode;
 static const char* NAMES[MODES] = {"compute only", "kernel, burst per step",
                                    "kernel, no burst", "memory order, used at once",
-                                   "kernel + prefetch per line", "kernel + prefetch per run"};
+                                   "kernel + prefetch per line", "kernel + prefetch per run",
+                                   "kernel + load per line", "P.V step-major, no burst",
+                                   "step's keys a page apart", "key streams",
+                                   "key streams, K by V", "key streams, P.V by head"};
 
 typedef struct {
   const char* k;
@@ -64,6 +77,10 @@ static inline void read_ahead(State* s, Mode mode) {
     _mm_prefetch(s->k + s->ahead * LINE, _MM_HINT_T0);
     _mm_prefetch(s->v + s->ahead * LINE, _MM_HINT_T0);
     ++s->ahead;
+  } else if (mode == LOAD_EACH && s->ahead < s->ahead_end) {
+    s->touched = _mm512_xor_si512(s->touched, _mm512_load_si512((const void*)(s->k + s->ahead * LINE)));
+    s->touched = _mm512_xor_si512(s->touched, _mm512_load_si512((const void*)(s->v + s->ahead * LINE)));
+    ++s->ahead;
   } else if (mode == PREFETCH_RUNS && ++s->pending == KEY_BYTES / LINE) {
     s->pending = 0;
     for (int i = 0; i < KEY_BYTES / LINE && s->ahead < s->ahead_end; ++i, ++s->ahead) {
@@ -84,6 +101,37 @@ static inline void touch(State* s, const char* line) {
   s->touched = _mm512_xor_si512(s->touched, _mm512_load_si512((const void*)line));
 }
 
+// One block of the step-by-step modes: STEP_BLOCK_KEYS keys in steps of STEP_KEYS, key (t, j) at
+// base + key(t, j) * KEY_BYTES; each step's K rows head by head, with V after each head
+// (by_head_v) or in a step-major P.V pass after the scores, or a head-major one (head_pv).
+// (Inlined, so that the accumulators stay in registers as in the other modes.)
+static inline __attribute__((always_inline)) void step_block(
+    State* s, const char* kb, const char* vb, size_t (*key)(int, int), int by_head_v, int head_pv,
+    Mode mode) {
+  enum { STEPS = STEP_BLOCK_KEYS / STEP_KEYS, HEADS = KEY_BYTES / HEAD_BYTES, LINES = HEAD_BYTES / LINE };
+  for (int t = 0; t < STEPS; ++t)
+    for (int h = 0; h < HEADS; ++h) {
+      for (int l = 0; l < LINES; ++l)
+        for (int j = 0; j < STEP_KEYS; ++j) use(s, kb + key(t, j) * KEY_BYTES + h * HEAD_BYTES + l * LINE, mode);
+      if (by_head_v)
+        for (int l = 0; l < LINES; ++l)
+          for (int j = 0; j < STEP_KEYS; ++j) use(s, vb + key(t, j) * KEY_BYTES + h * HEAD_BYTES + l * LINE, mode);
+    }
+  if (by_head_v) return;
+  for (int o = 0; o < STEPS * HEADS; ++o) {  // step-major (t, h) or head-major (h, t)
+    const int t = head_pv ? o % STEPS : o / HEADS, h = head_pv ? o / STEPS : o % HEADS;
+    for (int l = 0; l < LINES; ++l)
+      for (int j = 0; j < STEP_KEYS; ++j) use(s, vb + key(t, j) * KEY_BYTES + h * HEAD_BYTES + l * LINE, mode);
+  }
+}
+
+static inline size_t side_by_side(int t, int j) { return (size_t)(t * STEP_KEYS + j); }
+static inline size_t page_apart(int t, int j) {
+  enum { PER_PAGE = 4096 / KEY_BYTES };
+  return (size_t)(t % PER_PAGE + PER_PAGE * j + PER_PAGE * STEP_KEYS * (t / PER_PAGE));
+}
+static inline size_t quarters(int t, int j) { return (size_t)t + (size_t)j * (KEYS / STEP_KEYS); }
+
 static void* run(void* arg) {
   Job* job = arg;
   const Mode mode = job->mode;
@@ -95,6 +143,19 @@ static void* run(void* arg) {
     const char* kb = job->k + first;
     const char* vb = job->v + first;
     s.ahead = (block + BLOCK_KEYS) * KEY_BYTES / LINE;  // the next block, from its start
+    if (mode >= STEP_PV && block % STEP_BLOCK_KEYS != 0) continue;  // blocks of their own size
+    if (mode == STEP_PV || mode == PAGE_APART) {
+      if (mode == STEP_PV) step_block(&s, kb, vb, side_by_side, 0, 0, mode);
+      else step_block(&s, kb, vb, page_apart, 0, 0, mode);
+      continue;
+    }
+    if (mode == STREAMS || mode == STREAMS_KV || mode == STREAMS_HEAD_PV) {
+      // This block: the next STEP_BLOCK_KEYS / STEP_KEYS keys of each quarter.
+      const size_t first = block / STEP_KEYS * KEY_BYTES;
+      step_block(&s, job->k + first, job->v + first, quarters, mode == STREAMS_KV,
+                 mode == STREAMS_HEAD_PV, mode);
+      continue;
+    }
     if (mode == MEMORY_ORDER) {
       for (int j = 0; j < BLOCK_KEYS; ++j)
         for (int h = 0; h < KEY_BYTES / HEAD_BYTES; ++h) {
