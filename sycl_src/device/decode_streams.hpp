@@ -11,8 +11,8 @@
 // alternation, and the prefetchers do not follow; the kernel then waits for each read.
 // Measured in scripts/stream_overlap.c and on the kernel (NOTES.md, decode session 14: bf16
 // decode 1.4x, fp32 1.2x, no burst of reads needed). Kernels of 8 or more rows keep the
-// consecutive order: step-major P.V loads and stores O every KEYS_PER_STEP keys, too often
-// with 2 or 1 keys per step.
+// consecutive order (step-major P.V loads and stores O every KEYS_PER_STEP keys, too often
+// with 2 or 1 keys per step), and so do (B, H, N, D) caches, whose heads are streams already.
 // Dimension legend as in decode_traits.hpp.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
 // cache. Memory-bound, so organised around reading each K/V element once, straight from the
-// cache into registers (no K/V tile in SLM: a block's rows stay in L1 between their uses):
+// cache into registers (no K/V tile in SLM):
 //   one work-group (a sub-group of DECODE_LANES lanes) per (batch, group of K/V heads, split
 //   of the keys, slice of rows) serves every query row of each of its K/V heads (GQA group x
 //   new tokens), so each K/V element is read once for all the heads sharing it; splits fill
