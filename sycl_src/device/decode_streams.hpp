@@ -27,6 +27,25 @@
 
 namespace ipex_flash {
 
+// One key's share of P.V, PASS_VECS head-dim vectors from v0: sum[u][r] += the key's
+// probability for row r (p_key[r * KEYS_PER_STEP]) times V's vector v0 + u. Shared by the
+// kernel's head-major P.V and the streams' step-major one.
+template <class Tr, int PASS_VECS>
+IPEX_FLASH_INLINE inline void decode_pv_key(sycl::sub_group sg, const typename Tr::KV* v_row,
+                                            int v0, const float* p_key, const DecodeColumns& cols,
+                                            int lid, float (&sum)[PASS_VECS][Tr::GROUP_ROWS]) {
+#pragma unroll
+  for (int u0 = 0; u0 < PASS_VECS; u0 += Tr::PER_LOAD) {
+    float v_vec[Tr::PER_LOAD];
+    Tr::Row::load(sg, v_row, v0 + u0, cols.whole_v, cols.head_dim_v, lid, v_vec);
+#pragma unroll
+    for (int u = 0; u < Tr::PER_LOAD; ++u)
+#pragma unroll
+      for (int r = 0; r < Tr::GROUP_ROWS; ++r)
+        sum[u0 + u][r] += p_key[r * Tr::KEYS_PER_STEP] * v_vec[u];
+  }
+}
+
 // P.V of step t of a block for every head of the group: O (acc) += the step's probabilities
 // (probs[head][t][r * KEYS_PER_STEP + j]) times V rows of the step's keys, O first rescaled by
 // the head's factor for this block at step 0. (A function the CPU compiler must inline:
@@ -38,7 +57,6 @@ IPEX_FLASH_INLINE inline void decode_stream_pv(
     const float (&probs)[Tr::PROB_HEADS][Tr::STEPS][Tr::LANES],
     const float (&row_factor)[Tr::FACTOR_HEADS][Tr::LANES], const DecodeColumns& cols,
     int lid) {
-  using Row = typename Tr::Row;
   constexpr int LANES = Tr::LANES, GROUP_ROWS = Tr::GROUP_ROWS, PV_VECS = Tr::PV_VECS;
   constexpr int KEYS_PER_STEP = Tr::KEYS_PER_STEP;
   for (int hk = 0; hk < heads.count; ++hk) {
@@ -54,19 +72,9 @@ IPEX_FLASH_INLINE inline void decode_stream_pv(
           sum[u][r] = acc[r][(v0 + u) * LANES + lid] *
                       (t == 0 ? row_factor[hk][r * KEYS_PER_STEP] : 1.f);
       // Left rolled: unrolled, the CPU compiler's vector code gathered (16 keys of one row).
-      for (int j = 0; j < KEYS_PER_STEP; ++j) {
-        const typename Tr::KV* v_row = v.row(keys.template step_key<Tr>(t, j));
-#pragma unroll
-        for (int u0 = 0; u0 < PV_VECS; u0 += Tr::PER_LOAD) {
-          float v_vec[Tr::PER_LOAD];
-          Row::load(sg, v_row, v0 + u0, cols.whole_v, cols.head_dim_v, lid, v_vec);
-#pragma unroll
-          for (int u = 0; u < Tr::PER_LOAD; ++u)
-#pragma unroll
-            for (int r = 0; r < GROUP_ROWS; ++r)
-              sum[u0 + u][r] += step_probs[r * KEYS_PER_STEP + j] * v_vec[u];
-        }
-      }
+      for (int j = 0; j < KEYS_PER_STEP; ++j)
+        decode_pv_key<Tr, PV_VECS>(sg, v.row(keys.template step_key<Tr>(t, j)), v0,
+                                   step_probs + j, cols, lid, sum);
 #pragma unroll
       for (int u = 0; u < PV_VECS; ++u)
 #pragma unroll

@@ -234,20 +234,10 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r)
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[0][r * KEYS_PER_STEP];
-        for (int key = 0; key < keys.count; ++key) {
-          const KV* v_row = v.row(kv_begin + key);
-          const float* p_key = &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP];
-#pragma unroll
-          for (int u0 = 0; u0 < Tr::PV_VECS; u0 += Tr::PER_LOAD) {
-            float v_vec[Tr::PER_LOAD];
-            Row::load(sg, v_row, v0 + u0, cols.whole_v, cols.head_dim_v, lid, v_vec);
-#pragma unroll
-            for (int u = 0; u < Tr::PER_LOAD; ++u)
-#pragma unroll
-              for (int r = 0; r < GROUP_ROWS; ++r)
-                sum[u0 + u][r] += p_key[r * KEYS_PER_STEP] * v_vec[u];
-          }
-        }
+        for (int key = 0; key < keys.count; ++key)
+          decode_pv_key<Tr, Tr::PV_VECS>(sg, v.row(kv_begin + key), v0,
+                                         &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP],
+                                         cols, lid, sum);
 #pragma unroll
         for (int u = 0; u < Tr::PV_VECS; ++u)
 #pragma unroll
