@@ -73,8 +73,13 @@ def to_paged(k_cache, v_cache, page_size):
 
 
 def check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype, **options):
+    """Sequence b's output and LSE against the float64 reference over its first lengths[b]
+    cache rows; ALiBi slopes of shape (B, Hq) give each sequence its own row."""
     rtol, atol = OUTPUT_TOLERANCE[dtype]
+    slopes = options.pop("alibi_slopes", None)
     for b, length in enumerate(lengths):
+        if slopes is not None:
+            options["alibi_slopes"] = slopes[b] if slopes.dim() == 2 else slopes
         ref_out, ref_lse = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :length],
                                                 v_cache[b:b + 1, :length], **options)
         torch.testing.assert_close(out[b:b + 1].double(), ref_out, rtol=rtol, atol=atol)

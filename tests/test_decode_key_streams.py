@@ -78,11 +78,8 @@ def test_streams_with_score_changes_and_pages(causal, window, softcap, alibi, pa
         q, k_in, v_in, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), causal=causal,
         window_size=window, softcap=softcap, alibi_slopes=slopes, return_softmax_lse=True,
         **kwargs)
-    for b, length in enumerate(lengths):
-        check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1],
-                                v_cache[b:b + 1], [length], torch.float32, causal=causal,
-                                window_size=window, softcap=softcap,
-                                alibi_slopes=None if slopes is None else slopes[b])
+    check_against_reference(out, lse, q, k_cache, v_cache, lengths, torch.float32, causal=causal,
+                            window_size=window, softcap=softcap, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -69,11 +69,10 @@ def test_append_then_attend(causal, window, softcap, alibi, new_tokens):
         untouched[written] = False
         assert torch.equal(k_cache[b, untouched], before[0][b, untouched])
         assert torch.equal(v_cache[b, untouched], before[1][b, untouched])
-    for b, start in enumerate(seqlens.tolist()):
-        check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1],
-                                v_cache[b:b + 1], [start + new_tokens], torch.float32,
-                                causal=causal, window_size=window, softcap=softcap,
-                                alibi_slopes=None if slopes is None else slopes[b])
+    check_against_reference(out, lse, q, k_cache, v_cache,
+                            [start + new_tokens for start in seqlens.tolist()], torch.float32,
+                            causal=causal, window_size=window, softcap=softcap,
+                            alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("page_size", [16, 48, 64, 256, 272, 512])
