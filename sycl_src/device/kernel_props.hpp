@@ -17,10 +17,10 @@
 #define IPEX_FLASH_REGISTER_FILE
 #endif
 
-// Kernel-body lambdas the CPU device's compiler must inline. Past its inline threshold it
-// keeps one out of line, and its vectorizer, which must then treat the lambda's captured
-// pointers as varying per lane, turns every load through them into gathers: the decode kernel
-// ran 5-20x slower (NOTES.md, decode sessions 13 and 14). GPUs inline every call anyway.
+// Device functions taking pointers or arrays that the CPU device's compiler must inline. Past
+// its inline threshold it keeps one out of line, and its vectorizer, which must then treat the
+// pointer arguments as varying per lane, turns every load through them into gathers: decode
+// variants ran 10-20x slower (NOTES.md, decode session 13). GPUs inline every call anyway.
 #if defined(IPEX_FLASH_CPU_LOOPS)
 #define IPEX_FLASH_INLINE __attribute__((always_inline))
 #else

@@ -83,14 +83,6 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
   return sizeof(float) * floats + matrix_bytes;
 }
 
-}  // namespace
-
-bool fp8_decode_fits(const DeviceLimits& limits) { return limits.is_cpu || limits.large_grf; }
-
-// One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
-// split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
-// P.V accumulators. Scores go to the matrix engine where the forward would use it and the
-// local memory holds its buffers.
 // Whether the decode kernel reads its keys as streams (decode_streams.hpp): on the CPU device
 // (its vector scores, step-major), with at least 4 keys per step (at most 4 query rows per K/V
 // head), for a cache whose key rows hold the heads side by side. Measured in NOTES.md (decode
@@ -100,6 +92,14 @@ bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
          DECODE_LANES / variant.block_m >= 4;
 }
 
+}  // namespace
+
+bool fp8_decode_fits(const DeviceLimits& limits) { return limits.is_cpu || limits.large_grf; }
+
+// One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
+// split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
+// P.V accumulators. Scores go to the matrix engine where the forward would use it and the
+// local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              bool heads_interleaved, const DeviceLimits& limits,
                              const std::string& mode) {
