@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+import ipex_flash  # before torch: shortens the spin of torch's OpenMP threads (_runtime.py)
 import torch
 import torch.nn.functional as F
-
-import ipex_flash
 from ipex_flash._runtime import C
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -117,13 +116,22 @@ def measure(args, implementations, kind, dtype_name, head_dim, seq_len, causal):
     return row
 
 
-def copy_bandwidth(megabytes=512, repeats=5):
-    """Bytes read plus bytes written per second by a large tensor copy: the machine's memory
-    bandwidth as this run sees it."""
-    src = torch.ones(megabytes * 2**20 // 4)
-    dst = torch.empty_like(src)
-    seconds = best_seconds(lambda: dst.copy_(src), repeats, budget_s=10.0)
-    return 2 * src.numel() * 4 / seconds
+def interleaved_best(calls, rounds, budget_s):
+    """The best time of each named callable over `rounds` rounds, every round calling each of
+    them once in turn (in reverse order every other round), so that a noisy neighbour's
+    stretch slows them alike and the ratios between them hold."""
+    for fn in calls.values():
+        fn()  # warm-up: first-use kernel build, allocator, caches
+    best = dict.fromkeys(calls, float("inf"))
+    start = time.perf_counter()
+    for i in range(rounds):
+        for name in (list(calls) if i % 2 == 0 else list(calls)[::-1]):
+            t = time.perf_counter()
+            calls[name]()
+            best[name] = min(best[name], time.perf_counter() - t)
+        if time.perf_counter() - start > budget_s:
+            break
+    return best
 
 
 def decode_cache(layout, batch, length, heads_kv, head_dim, dtype):
@@ -136,61 +144,69 @@ def decode_cache(layout, batch, length, heads_kv, head_dim, dtype):
 
 def run_decode(args):
     """New tokens (--decode-tokens, default one) per sequence against a KV cache of D = 128 with
-    --decode-heads query/key-value heads: bytes of K and V read per second, and for FP8 caches
-    (--decode-caches) tokens per second against the q-dtype cache's."""
+    --decode-heads query/key-value heads: bytes of K and V read per second against a 512 MB
+    copy's bytes read and written per second, and for FP8 caches (--decode-caches) tokens per
+    second against the q-dtype cache's. Each shape's calls (the copy, ours per cache dtype,
+    torch's SDPA) are timed in the same interleaved rounds (interleaved_best)."""
     head_dim = 128
-    copy_bw = copy_bandwidth()
-    print(f"copy bandwidth (read + write): {copy_bw / 1e9:.1f} GB/s")
+    copy_src = torch.ones(512 * 2**20 // 4)
+    copy_dst = torch.empty_like(copy_src)
+    copy_bytes = 2 * copy_src.numel() * copy_src.element_size()
     header = (f"{'dtype':>8} {'heads':>6} {'tok':>3} {'layout':>6} {'batch':>5} {'cache':>6} | "
-              f"{'ipex_flash GB/s':>15} | "
+              f"{'ipex_flash GB/s':>15} | {'copy GB/s':>9} | "
               f"{'sdpa GB/s':>10} | {'ipex/copy':>9} | {'ipex/sdpa':>9} | {'cache dtype':>13} | "
               f"{'tok/s vs same':>13}")
     print(header)
     print("-" * len(header))
-    rows, same_seconds = [], {}
-    for dtype_name, cache_name, heads, new_tokens, (layout, batch, length) in itertools.product(
-            args.dtypes, args.decode_caches, args.decode_heads, args.decode_tokens,
+    rows = []
+    for dtype_name, heads, new_tokens, (layout, batch, length) in itertools.product(
+            args.dtypes, args.decode_heads, args.decode_tokens,
             itertools.product(args.decode_layouts, args.decode_batches, args.decode_lengths)):
         heads_q, heads_kv = (int(h) for h in heads.split("/"))
         dtype = DTYPES[dtype_name]
-        cache_dtype = dtype if cache_name == "same" else getattr(torch, cache_name)
-        if cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and dtype == torch.float32:
-            continue  # FP8 caches take 16-bit queries
+        cache_dtypes = {name: dtype if name == "same" else getattr(torch, name)
+                        for name in args.decode_caches}
+        if dtype == torch.float32:  # FP8 caches take 16-bit queries
+            cache_dtypes = {n: d for n, d in cache_dtypes.items() if d.itemsize >= 2}
+        if not cache_dtypes:
+            continue
         torch.manual_seed(0)
-        k_cache, v_cache = (decode_cache(layout, batch, length, heads_kv, head_dim,
-                                         torch.float32).to(cache_dtype) for _ in range(2))
         q = torch.randn(batch, new_tokens, heads_q, head_dim, dtype=dtype)
-        kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
-        ours = best_seconds(
-            lambda: ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
-                                                       cache_seqlens=length),
-            args.repeats, args.budget)
-        q_s, k_s, v_s = (t.transpose(1, 2).to(dtype) for t in (q, k_cache, v_cache))
-        sdpa = best_seconds(
-            lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True),
-            args.repeats, args.budget)
-        row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
-                   cache_len=length, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
-                   new_tokens=new_tokens,
-                   ipex_flash_ms=ours * 1e3, sdpa_ms=sdpa * 1e3,
-                   ipex_flash_gbps=kv_bytes / ours / 1e9, sdpa_gbps=kv_bytes / sdpa / 1e9,
-                   copy_gbps=copy_bw / 1e9, cache_dtype=str(cache_dtype).removeprefix("torch."),
-                   tokens_per_s=batch / ours)
-        row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
-        row["ratio_to_sdpa"] = sdpa / ours
-        key = (dtype_name, heads, new_tokens, layout, batch, length)
-        if cache_name == "same":
-            same_seconds[key] = ours
-        # Tokens per second against the same call with a cache in q's dtype, this run.
-        row["tokens_ratio_to_same_cache"] = (same_seconds[key] / ours
-                                             if key in same_seconds else None)
-        rows.append(row)
-        ratio = row["tokens_ratio_to_same_cache"]
-        print(f"{dtype_name:>8} {heads:>6} {new_tokens:>3} {layout:>6} {batch:>5} {length:>6} | "
-              f"{row['ipex_flash_gbps']:15.1f} | {row['sdpa_gbps']:10.1f} | "
-              f"{row['ratio_to_copy']:9.2f} | {row['ratio_to_sdpa']:9.2f} | "
-              f"{row['cache_dtype']:>13} | "
-              f"{'-' if ratio is None else f'{ratio:.2f}':>13}", flush=True)
+        caches = {name: tuple(decode_cache(layout, batch, length, heads_kv, head_dim,
+                                           torch.float32).to(cache_dtype) for _ in range(2))
+                  for name, cache_dtype in cache_dtypes.items()}
+        calls = {"copy": lambda: copy_dst.copy_(copy_src)}
+        for name, (k_cache, v_cache) in caches.items():
+            calls[name] = (lambda k_cache=k_cache, v_cache=v_cache:
+                           ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                              cache_seqlens=length))
+        k_s, v_s = (t.transpose(1, 2).to(dtype) for t in next(iter(caches.values())))
+        q_s = q.transpose(1, 2)
+        calls["sdpa"] = lambda: F.scaled_dot_product_attention(q_s, k_s, v_s, enable_gqa=True)
+        best = interleaved_best(calls, args.repeats, args.budget * len(calls))
+        for name, (k_cache, v_cache) in caches.items():
+            kv_bytes = 2 * k_cache.numel() * k_cache.element_size()
+            ours = best[name]
+            row = dict(kind="decode", dtype=dtype_name, layout=layout, batch=batch,
+                       cache_len=length, heads_q=heads_q, heads_kv=heads_kv,
+                       head_dim=head_dim, new_tokens=new_tokens,
+                       ipex_flash_ms=ours * 1e3, sdpa_ms=best["sdpa"] * 1e3,
+                       copy_ms=best["copy"] * 1e3, ipex_flash_gbps=kv_bytes / ours / 1e9,
+                       sdpa_gbps=kv_bytes / best["sdpa"] / 1e9,
+                       copy_gbps=copy_bytes / best["copy"] / 1e9,
+                       cache_dtype=str(cache_dtypes[name]).removeprefix("torch."),
+                       tokens_per_s=batch / ours, ratio_to_sdpa=best["sdpa"] / ours,
+                       # Tokens per second against the same call with a cache in q's dtype.
+                       tokens_ratio_to_same_cache=(best["same"] / ours if "same" in best
+                                                   else None))
+            row["ratio_to_copy"] = row["ipex_flash_gbps"] / row["copy_gbps"]
+            rows.append(row)
+            ratio = row["tokens_ratio_to_same_cache"]
+            print(f"{dtype_name:>8} {heads:>6} {new_tokens:>3} {layout:>6} {batch:>5} "
+                  f"{length:>6} | {row['ipex_flash_gbps']:15.1f} | {row['copy_gbps']:9.1f} | "
+                  f"{row['sdpa_gbps']:10.1f} | {row['ratio_to_copy']:9.2f} | "
+                  f"{row['ratio_to_sdpa']:9.2f} | {row['cache_dtype']:>13} | "
+                  f"{'-' if ratio is None else f'{ratio:.2f}':>13}", flush=True)
     return rows
 
 
@@ -233,7 +249,9 @@ def main():
                      torch_threads=torch.get_num_threads()),
         command="python scripts/benchmark.py " + " ".join(sys.argv[1:]),
         flop_formula="4*B*H*N*N*D x (1 forward, 2.5 backward, 3.5 fwd+bwd), x0.5 causal",
-        decode_bandwidth="bytes of K and V read / time; copy: (bytes read + written) / time",
+        decode_bandwidth="bytes of K and V read / time; copy: (bytes read + written) / time "
+                         "of a 512 MB copy; each shape's calls timed in the same interleaved "
+                         "rounds",
         rows=rows,
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
