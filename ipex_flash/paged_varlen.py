@@ -2,8 +2,8 @@
 vLLM's and SGLang's attention backends make each step, with prefills, chunked prefills and
 single-token decodes mixed in one batch.
 
-One op, ipex_flash::paged_varlen_attention. Sequences with one new token (when the GQA group
-fits the decode kernel) run the split-KV decode kernel, gathered into a dense batch; the rest
+One op, ipex_flash::paged_varlen_attention. Sequences with one new token run the split-KV
+decode kernel (where it serves the cache: ops.run_forward), gathered into a dense batch; the rest
 run the general kernel over packed queries and the paged cache, in which the decode sequences
 are given no keys (so they cost one empty work-group per head) and whose rows are then
 overwritten by the decode results. Masks are aligned bottom-right per sequence (new token i of
@@ -15,7 +15,6 @@ from typing import Optional
 import torch
 
 from ipex_flash import kv_quant, ops
-from ipex_flash._runtime import C
 from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
 from ipex_flash._validation import softmax_scale as resolve_scale
 from ipex_flash.kvcache import cache_options
@@ -96,10 +95,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     scale = resolve_scale(softmax_scale, q.shape[-1])
     page_size = k_cache.shape[1]
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
-    group = q.shape[1] // k_cache.shape[2]
     decode = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1) & (seqused_k > 0)
-    if group > C.MAX_DECODE_QUERY_ROWS:
-        decode = torch.zeros_like(decode)
     decodes = int(decode.sum())  # one read of the device's answer for both branches below
     general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
     options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,

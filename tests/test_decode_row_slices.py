@@ -27,7 +27,10 @@ SHAPES = [(32, 1, 1),   # MQA: two full slices
           (48, 1, 1),   # three slices
           (40, 2, 1),   # 20 rows: a full slice and a slice of 4, two K/V heads
           (32, 8, 5),   # 20 rows of 5 tokens: a token's rows span the two slices
-          (64, 4, 3)]   # 48 rows, four K/V heads
+          (64, 4, 3),   # 48 rows, four K/V heads
+          (12, 4, 16),  # 48 rows of 16 tokens (the most with four K/V heads)
+          (24, 1, 13),  # MQA, 312 rows: 20 slices, the last of 8
+          (10, 2, 32)]  # 160 rows of 32 tokens (the most with two K/V heads)
 
 
 @pytest.mark.parametrize("heads_q,heads_kv,new_tokens", SHAPES)
@@ -129,12 +132,20 @@ def test_serving_call_decodes_mqa_rows():
         torch.testing.assert_close(out[rows].double(), ref[0], rtol=rtol, atol=atol)
 
 
-def test_many_new_tokens_take_the_general_kernel():
-    """Past MAX_DECODE_ROWS rows per K/V head, more than 8 new tokens go to the general kernel
-    (which wins there), and the answer is the same."""
-    q = torch.randn(1, 9, 8, 64)
-    k_cache, v_cache = make_cache(1, 100, 2, 64, torch.float32)
+# (heads_q, heads_kv, new tokens) one past max_sliced_decode_tokens(heads_kv).
+PAST_SLICES = [(8, 4, 17), (8, 8, 17), (8, 2, 33), (8, 1, 33)]
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,new_tokens", PAST_SLICES)
+def test_many_new_tokens_take_the_general_kernel(heads_q, heads_kv, new_tokens):
+    """Past MAX_DECODE_ROWS rows per K/V head, more new tokens than slices serve (16, or 32 with
+    one or two K/V heads) go to the general kernel (which wins there), and the answer is the
+    same."""
+    assert new_tokens == C.max_sliced_decode_tokens(heads_kv) + 1
+    q = torch.randn(1, new_tokens, heads_q, 64)
+    k_cache, v_cache = make_cache(1, 100, heads_kv, 64, torch.float32)
     assert not served_by_decode_kernel(q, k_cache, v_cache)
+    assert served_by_decode_kernel(q[:, :-1], k_cache, v_cache)
     out, lse = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=90,
                                                   causal=True, return_softmax_lse=True)
     check_against_reference(out, lse, q, k_cache, v_cache, [90], torch.float32, causal=True)

@@ -46,11 +46,12 @@ OPTIONS = [(True, (-1, -1), 0.0, False), (False, (50, 0), 0.0, False),
            (True, (-1, -1), 5.0, False), (True, (-1, -1), 0.0, True), (True, (100, -1), 3.0, True)]
 
 
-@pytest.mark.parametrize("new_tokens", [1, 3, 20])
+@pytest.mark.parametrize("new_tokens", [1, 3, 20, 40])
 @pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS)
 def test_append_then_attend(causal, window, softcap, alibi, new_tokens):
-    """New tokens go to slots cache_seqlens[b] ..; nothing else in the cache changes; 20 new
-    tokens with a GQA group of 4 take the general kernel, 1 and 3 the decode kernel."""
+    """New tokens go to slots cache_seqlens[b] ..; nothing else in the cache changes; 40 new
+    tokens with a GQA group of 4 and two K/V heads take the general kernel, 1, 3 and 20 the
+    decode kernel (20: 80 rows per K/V head, in slices)."""
     batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 64, 400
     k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.float32)
     before = (k_cache.clone(), v_cache.clone())
@@ -176,9 +177,9 @@ def test_decode_kernel_refuses_what_it_does_not_serve():
     assert not C.flash_decode_supported(q_v, k_v, v_v, 0)  # 0: the CPU device's queue
     assert C.flash_decode_supported(*(ops.view(t.float().transpose(1, 2))
                                       for t in (q, k_cache, v_cache)), 0)
-    # 4 x 9 = 36 rows: more than one work-group's, of more new tokens than slices serve
-    many_rows = ops.view(torch.randn(1, 8, 9, 64, dtype=torch.bfloat16))
-    aligned = [ops.view(t.transpose(1, 2)) for t in make_cache(1, 40, 2, 64, torch.bfloat16)]
+    # 2 x 17 = 34 rows: more than one work-group's, of more new tokens than slices serve
+    many_rows = ops.view(torch.randn(1, 8, 17, 64, dtype=torch.bfloat16))
+    aligned = [ops.view(t.transpose(1, 2)) for t in make_cache(1, 40, 4, 64, torch.bfloat16)]
     assert not C.flash_decode_supported(many_rows, *aligned, 0)
     out, lse = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 8, 1)
     scratch = torch.empty(1, 8, 1, 1, 64)

@@ -71,8 +71,9 @@ def assert_only_appended(cache, before, seqlens, new, rows=None):
 
 
 # (q tokens, appended tokens): 1 and 3 new tokens take the decode kernel with GQA 4 (4 and 12
-# rows per K/V head), 20 the general kernel; 0 appended attends to the cache as it is.
-@pytest.mark.parametrize("len_q,new", [(1, 0), (1, 1), (3, 3), (20, 0), (20, 20)])
+# rows per K/V head), 20 the general kernel with four K/V heads and decode slices with two, 40
+# the general kernel; 0 appended attends to the cache as it is.
+@pytest.mark.parametrize("len_q,new", [(1, 0), (1, 1), (3, 3), (20, 0), (20, 20), (40, 40)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads_q,heads_kv", [(4, 4), (8, 2)])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -65,10 +65,11 @@ def test_varlen_sinks_forward_and_gradient():
     torch.testing.assert_close(leaves[3].grad.double(), ref_sinks.grad, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("len_q", [1, 20])
+@pytest.mark.parametrize("len_q", [1, 20, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kvcache_sinks(dtype, len_q):
-    """One new token (decode kernel, split keys merged with the sink) and 20 (general kernel)."""
+    """One new token (decode kernel, split keys merged with the sink), 20 (decode slices: 80
+    rows on each of two K/V heads) and 40 (general kernel)."""
     q = flash_layout(2, len_q, 8, 64, dtype=dtype)
     k_cache, v_cache = (flash_layout(2, 600, 2, 64, dtype=dtype) for _ in range(2))
     sinks = torch.randn(8) * 2

@@ -122,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
   m.attr("FEATURE_KEY_STREAMS") = FEATURE_KEY_STREAMS;
-  m.attr("MAX_DECODE_QUERY_ROWS") = kMaxDecodeQueryRows;
+  m.def("max_sliced_decode_tokens", &max_sliced_decode_tokens, "heads_kv"_a);
   m.def("dropout_mask", &dropout_mask, "keep"_a, "dropout"_a, "queue"_a,
         py::call_guard<py::gil_scoped_release>());
   m.def("warmup_fwd", &warmup_fwd, "dtype"_a, "head_dim"_a, "queue"_a,

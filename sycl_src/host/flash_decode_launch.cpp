@@ -193,8 +193,7 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
   const int64_t heads_kv = k.size(1);
   if (heads_kv <= 0) return false;
   const int64_t rows = (q.size(1) / heads_kv) * q.size(2);
-  if (rows > kMaxDecodeRows && (q.size(2) > kMaxSlicedDecodeTokens || rows > kMaxDecodeQueryRows))
-    return false;
+  if (rows > kMaxDecodeRows && q.size(2) > max_sliced_decode_tokens(heads_kv)) return false;
   if (kv_feature(k.dtype) != 0 &&
       !fp8_decode_fits(device_limits(queue_from_handle(queue_handle).get_device())))
     return false;
@@ -215,9 +214,9 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     throw std::invalid_argument(
         "ipex_flash: flash_decode does not serve this problem (flash_decode_supported): more "
         "than " + std::to_string(kMaxDecodeRows) + " query rows per K/V head with more than " +
-        std::to_string(kMaxSlicedDecodeTokens) + " new tokens, more than " +
-        std::to_string(kMaxDecodeQueryRows) +
-        " rows, or a 16-bit or FP8 cache whose rows are not word-aligned");
+        std::to_string(max_sliced_decode_tokens(k.size(1))) + " new tokens (" +
+        std::to_string(k.size(1)) +
+        " K/V heads), or a 16-bit or FP8 cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);

@@ -11,17 +11,22 @@
 namespace ipex_flash {
 
 // Query rows one decode work-group serves at most (GQA group size x new tokens). A K/V head
-// with more rows (MQA, speculative drafts) is served by several work-groups, each taking a
-// slice of kMaxDecodeRows rows and reading the keys itself, when there are at most
-// kMaxSlicedDecodeTokens new tokens and kMaxDecodeQueryRows rows; otherwise the general forward
-// kernel (which also reads paged caches) is used. The general kernel reads the keys once per
-// query head whatever its few rows, the slices once per slice: on the CPU device (NOTES.md,
-// session 13) slices won 2-40x for MQA 32/1-128/1 and 1.2-2.9x for GQA with 8 new tokens, and
-// lost (0.5-0.9x) from 32 new tokens on, 0.6x for fp32 with 16 (before session 13's fix of
-// the 16-row fp32 kernel's Q reads, which made it several times faster: the bound may move).
+// with more rows (MQA, speculative drafts, short chunks) is served by several work-groups, each
+// taking a slice of kMaxDecodeRows rows and reading the keys itself, when there are at most
+// max_sliced_decode_tokens(heads_kv) new tokens; otherwise the general forward kernel (which
+// also reads paged caches) is used. The general kernel reads the keys once per query head
+// whatever its few rows (a Q block of mostly padding), the slices once per slice. On the CPU
+// device (NOTES.md, session 15; B=2, 8k keys, same process) slices won 1.6-7.5x up to 16 new
+// tokens in all 13 shapes (MQA 8/1-128/1, GQA 32/8, 64/8; fp32 and bf16), at 32 tokens won
+// 1.3-2.0x with one or two K/V heads and lost 0.8-0.9x with four or eight, and at 64 lost or
+// tied.
 constexpr int kMaxDecodeRows = DECODE_LANES;
-constexpr int kMaxSlicedDecodeTokens = 8;
-constexpr int kMaxDecodeQueryRows = 16 * kMaxDecodeRows;
+constexpr int kMaxSlicedDecodeTokens = 16;
+constexpr int kMaxSlicedDecodeTokensFewHeads = 32;  // with at most kFewKvHeads K/V heads
+constexpr int kFewKvHeads = 2;
+inline int max_sliced_decode_tokens(int64_t heads_kv) {
+  return heads_kv <= kFewKvHeads ? kMaxSlicedDecodeTokensFewHeads : kMaxSlicedDecodeTokens;
+}
 
 // Work-groups along the query rows of one K/V head (slices of kMaxDecodeRows rows).
 int decode_row_slices(int rows);
