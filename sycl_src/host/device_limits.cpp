@@ -47,6 +47,7 @@ DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_devic
   limits.compute_units = compute_units;
   limits.matrix = std::move(matrix);
   limits.large_grf = large_grf;
+  limits.fp8_decode = large_grf;
   limits.matrix_by_default = matrix_by_default;
   return limits;
 }
@@ -132,12 +133,14 @@ DeviceLimits limits_of(const sycl::device& device) {
   limits.matrix_by_default = !limits.matrix.empty() && (limits.is_cpu || is_xe_hpc_or_xe2(device) ||
                                                         is_dg2_or_arl_h(device));
   limits.large_grf = is_xe_hpc_or_xe2(device);
+  limits.fp8_decode = limits.is_cpu || limits.large_grf;
   return limits;
 }
 
 // A GPU profile as the CPU device runs it: the GPU's tiles, shapes and loop forms, with only
 // the matrix shapes the CPU's own engine also takes (none without AMX) and without the large
-// register file (a GPU compiler option the CPU device rejects; it changes no result).
+// register file (a GPU compiler option the CPU device rejects; it changes no result), but
+// with the GPU's choice of kernel for FP8 caches.
 DeviceLimits profile_on_cpu(const DeviceLimits& profile, const DeviceLimits& cpu) {
   DeviceLimits limits = profile;
   limits.large_grf = false;

@@ -33,6 +33,9 @@ struct DeviceLimits {
   std::vector<MatrixShape> matrix;  // empty: no matrix engine this build can use
   bool matrix_by_default = false;   // IPEX_FLASH_MATRIX=auto turns the matrix kernels on
   bool large_grf = false;           // 256-register mode exists (PVC, BMG, LNL)
+  // The decode kernel serves FP8 caches: the CPU device, and GPUs with the large register file
+  // (fp8_decode_fits). Kept by a profile on the CPU device, which drops large_grf.
+  bool fp8_decode = false;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;
   bool takes_sub_group(int size) const;

@@ -94,7 +94,7 @@ bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
 
 }  // namespace
 
-bool fp8_decode_fits(const DeviceLimits& limits) { return limits.is_cpu || limits.large_grf; }
+bool fp8_decode_fits(const DeviceLimits& limits) { return limits.fp8_decode; }
 
 // One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
 // split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
