@@ -2,8 +2,9 @@
 vLLM's and SGLang's attention backends make each step, with prefills, chunked prefills and
 single-token decodes mixed in one batch.
 
-One op, ipex_flash::paged_varlen_attention. Sequences with one new token run the split-KV
-decode kernel (where it serves the cache: ops.run_forward), gathered into a dense batch; the rest
+One op, ipex_flash::paged_varlen_attention. Sequences with a few new tokens (decodes,
+speculative drafts: at most C.max_sliced_decode_tokens) run the split-KV decode kernel (where it
+serves the cache: ops.run_forward), gathered into a dense batch per length; the rest
 run the general kernel over packed queries and the paged cache, in which the decode sequences
 are given no keys (so they cost one empty work-group per head) and whose rows are then
 overwritten by the decode results. Masks are aligned bottom-right per sequence (new token i of
@@ -15,6 +16,7 @@ from typing import Optional
 import torch
 
 from ipex_flash import kv_quant, ops
+from ipex_flash._runtime import C
 from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
 from ipex_flash._validation import softmax_scale as resolve_scale
 from ipex_flash.kvcache import cache_options
@@ -95,27 +97,33 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     scale = resolve_scale(softmax_scale, q.shape[-1])
     page_size = k_cache.shape[1]
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
-    decode = (cu_seqlens_q[1:] - cu_seqlens_q[:-1] == 1) & (seqused_k > 0)
-    decodes = int(decode.sum())  # one read of the device's answer for both branches below
-    general_keys = torch.where(decode, torch.zeros_like(seqused_k), seqused_k)
+    # Sequences of at most max_sliced_decode_tokens new tokens (decodes, speculative drafts)
+    # whose every row sees a key take the split-KV decode kernel, one call per length; they
+    # are given no keys in the general kernel's call.
+    lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    short = ((lengths_q >= 1) & (lengths_q <= C.max_sliced_decode_tokens(k_cache.shape[2]))
+             & (seqused_k >= lengths_q))
+    short_lengths, counts = torch.unique(lengths_q[short], return_counts=True)
+    short_lengths, counts = short_lengths.tolist(), counts.tolist()  # one read of the device
+    general_keys = torch.where(short, torch.zeros_like(seqused_k), seqused_k)
     options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,
                             sinks, general_keys, max_seqlen_k, block_table, page_size,
                             k_descale, v_descale)
     options.cu_seqlens_q = ops.view(cu_seqlens_q)
     options.max_seqlen_q = max_seqlen_q
-    if decodes < batch:
+    if sum(counts) < batch:
         ops.flash_fwd(*(ops.view(t) for t in (q.unsqueeze(0).transpose(1, 2), *cache,
                                               out.unsqueeze(0).transpose(1, 2), lse)),
                       options, q.device)
-    if decodes:  # one-token sequences: the split-KV decode kernel
-        index = decode.nonzero().flatten()
-        rows = cu_seqlens_q[:-1][index].long()
+    for length in short_lengths:
+        index = (short & (lengths_q == length)).nonzero().flatten()
+        rows = cu_seqlens_q[:-1][index].long()[:, None] + torch.arange(length, device=q.device)
         keys, table = seqused_k[index].contiguous(), block_table[index].contiguous()
         slopes = alibi_slopes[index].contiguous() if alibi_slopes is not None and \
             alibi_slopes.dim() == 2 else alibi_slopes
-        q_dec = q[rows].unsqueeze(1)  # (B_dec, 1, H, D)
+        q_dec = q[rows]  # (B_dec, length, H, D)
         out_dec = ops.output_like(q_dec, v_cache.shape[3])
-        lse_dec = torch.empty((q_dec.shape[0], q.shape[1], 1), dtype=torch.float32,
+        lse_dec = torch.empty((q_dec.shape[0], q.shape[1], length), dtype=torch.float32,
                               device=q.device)
         dec_descales = (None, None) if k_descale is None else (k_descale[index].contiguous(),
                                                                v_descale[index].contiguous())
@@ -123,8 +131,8 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                                     sinks, keys, max_seqlen_k, table, page_size, *dec_descales)
         ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
                         lse_dec, dec_options, 0.0, max_seqlen_k)
-        out[rows] = out_dec[:, 0]
-        lse[:, rows] = lse_dec[:, :, 0].transpose(0, 1)
+        out[rows] = out_dec
+        lse[:, rows] = lse_dec.transpose(0, 1)
     return out, lse
 
 

@@ -4,6 +4,7 @@ alone), measured in the same run and interleaved (these machines are shared and 
 
     python scripts/benchmark_serving.py                 # 8 decodes + one 2k-token prefill chunk
     python scripts/benchmark_serving.py --decodes 16 --context 8192 --dtype float32
+    python scripts/benchmark_serving.py --decode-tokens 5   # speculative steps of 4 drafts
 Prints a table and writes benchmarks/serving.json (--output to change).
 """
 from __future__ import annotations
@@ -50,6 +51,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decodes", type=int, default=8)
     parser.add_argument("--context", type=int, default=4096, help="keys of each decode")
+    parser.add_argument("--decode-tokens", type=int, default=1,
+                        help="new tokens of each decode (a speculative step's drafts + 1)")
     parser.add_argument("--prefill", type=int, default=2048, help="new tokens of the chunk")
     parser.add_argument("--prefill-context", type=int, default=4096)
     parser.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("HQ", "HKV"))
@@ -60,7 +63,7 @@ def main():
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "serving.json")
     args = parser.parse_args()
     torch.manual_seed(0)
-    decodes = [(1, args.context)] * args.decodes
+    decodes = [(args.decode_tokens, args.context)] * args.decodes
     prefill = [(args.prefill, args.prefill_context)]
     shape = (*args.heads, args.head_dim, args.page_size, DTYPES[args.dtype])
     cases = {"mixed": (decodes + prefill), "decodes": decodes, "prefill": prefill}
@@ -76,7 +79,8 @@ def main():
     best = {name: min(t) for name, t in times.items()}
     separate = best["decodes"] + best["prefill"]
     ratio = best["mixed"] / separate
-    print(f"{args.decodes} decodes x {args.context} keys + one {args.prefill}-token chunk over "
+    print(f"{args.decodes} decodes of {args.decode_tokens} token(s) x {args.context} keys + one "
+          f"{args.prefill}-token chunk over "
           f"{args.prefill_context} keys; GQA {args.heads[0]}/{args.heads[1]}, D={args.head_dim}, "
           f"{args.dtype}, pages of {args.page_size}")
     print(f"{'call':>24} | best of {args.repeats} (ms)")

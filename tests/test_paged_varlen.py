@@ -1,10 +1,12 @@
 """The serving call: flash_attn_varlen_func over a paged KV cache with prefills, chunked
-prefills and one-token decodes mixed in one batch, each sequence against the float64
-reference of its own keys."""
+prefills, one-token decodes and speculative steps of a few tokens mixed in one batch, each
+sequence against the float64 reference of its own keys."""
 import pytest
 import torch
 
 import ipex_flash
+from ipex_flash import ops
+from ipex_flash._runtime import C
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
 from conftest import OUTPUT_TOLERANCE
@@ -62,6 +64,45 @@ def test_mixed_batch_matches_reference(dtype, causal, window, softcap, alibi, pa
         torch.testing.assert_close(lse[:, rows].double(), ref_lse[0], rtol=1e-4, atol=1e-4)
 
 
+# (new tokens, keys): speculative steps of 5 tokens (one decode call for both), 16 and 17
+# tokens (the decode kernel's bound with four and with two K/V heads), 33 (past it: general),
+# and 2 tokens on one key (a row that sees no key under causal: general).
+DRAFTS = [(1, 300), (5, 80), (5, 200), (16, 16), (17, 60), (33, 100), (2, 1)]
+
+
+@pytest.mark.parametrize("heads_kv", [2, 4])
+@pytest.mark.parametrize("causal,window,alibi", [(True, (-1, -1), False), (True, (24, 0), True),
+                                                 (False, (-1, -1), False)])
+def test_speculative_steps_take_the_decode_kernel(monkeypatch, causal, window, alibi,
+                                                  heads_kv):
+    """Sequences of up to C.max_sliced_decode_tokens new tokens whose rows all see a key are
+    served by the decode kernel, one call per length; the rest by the general kernel; every
+    row against the reference."""
+    calls = []
+    run_forward = ops.run_forward
+    monkeypatch.setattr(ops, "run_forward", lambda q, *args: calls.append(tuple(q.shape)) or
+                        run_forward(q, *args))
+    heads_q, dtype = 8, torch.bfloat16
+    q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(DRAFTS, heads_q, heads_kv, 64,
+                                                                  16, dtype)
+    slopes = torch.rand(len(DRAFTS), heads_q) * 0.3 if alibi else None
+    out, lse, _ = ipex_flash.flash_attn_varlen_func(
+        q, k_pages, v_pages, cu_q, None, 33, 300, causal=causal, window_size=window,
+        alibi_slopes=slopes, return_attn_probs=True, block_table=table, seqused_k=seqused)
+    limit = C.max_sliced_decode_tokens(heads_kv)
+    served = sorted({n for n, k in DRAFTS if n <= limit and k >= n})
+    assert sorted((shape[2], shape[0]) for shape in calls) == [
+        (n, sum(1 for m, k in DRAFTS if m == n and k >= n)) for n in served]
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, (q_b, k_b, v_b) in enumerate(seqs):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ref_out, ref_lse = flash_attn_reference(q_b[None], k_b[None], v_b[None], causal, window,
+                                                0.0, None if slopes is None else slopes[b])
+        if not causal or DRAFTS[b][1] >= DRAFTS[b][0]:  # rows that see no key: not compared
+            torch.testing.assert_close(out[rows].double(), ref_out[0], rtol=rtol, atol=atol)
+            torch.testing.assert_close(lse[:, rows].double(), ref_lse[0], rtol=1e-4, atol=1e-4)
+
+
 def test_cu_seqlens_k_gives_the_lengths_and_sinks_join_the_softmax():
     lengths = [(1, 50), (30, 90), (1, 200)]
     q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(lengths, 4, 4, 32, 32,
@@ -79,10 +120,10 @@ def test_cu_seqlens_k_gives_the_lengths_and_sinks_join_the_softmax():
 
 def test_all_decodes_and_all_prefills():
     """Batches of only decodes (decode kernel alone) and only prefills (general kernel alone)."""
-    for lengths in ([(1, 100), (1, 7), (1, 260)], [(20, 20), (5, 99)]):
+    for lengths in ([(1, 100), (1, 7), (1, 260)], [(40, 40), (35, 99)]):
         q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(lengths, 8, 2, 64, 16,
                                                                       torch.float32)
-        out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 20, 260,
+        out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 40, 260,
                                                 causal=True, block_table=table,
                                                 seqused_k=seqused)
         for b, (q_b, k_b, v_b) in enumerate(seqs):
@@ -112,8 +153,8 @@ def test_bad_arguments(change, error, message):
 def test_opcheck():
     """The op's fake (meta) implementation, schema and dispatch agree with the real one
     (torch.compile traces it), on a batch that takes both kernels."""
-    q, k_pages, v_pages, table, cu_q, seqused, _ = paged_batch([(1, 40), (9, 70)], 4, 2, 32, 16,
-                                                               torch.float32)
+    q, k_pages, v_pages, table, cu_q, seqused, _ = paged_batch([(1, 40), (40, 70)], 4, 2, 32,
+                                                               16, torch.float32)
     torch.library.opcheck(torch.ops.ipex_flash.paged_varlen_attention.default,
-                          (q, k_pages, v_pages, cu_q, seqused, table, 9, 70, None, True, -1, -1,
+                          (q, k_pages, v_pages, cu_q, seqused, table, 40, 70, None, True, -1, -1,
                            0.0, None))
