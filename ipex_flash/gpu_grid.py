@@ -23,7 +23,7 @@ ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one pe
 FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
 # FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
-# the vector forward, which read them.
+# the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
 
 

@@ -1,6 +1,7 @@
 // FlashAttention-2 forward with the two products on the matrix engine (XMX on Intel GPUs, AMX
 // on Xeons): the same blocks, mask, score modifiers, dropout and online softmax as
-// flash_fwd.hpp, for 16-bit inputs. Dimension legend as there (q, kv, d), plus
+// flash_fwd.hpp, for 16-bit queries over 16-bit or FP8 K/V. Dimension legend as there
+// (q, kv, d), plus
 //   r : the MATRIX_N query rows of one sub-group (16; 8 on DG2 / Arrow Lake-H's XMX)
 //
 // One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
@@ -21,6 +22,9 @@
 // block at N = 4096) took a third of the kernel's time. With nothing of K or V in SLM, the
 // sub-groups never wait on each other: there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
+// FP8 caches (kv_quant.hpp) are converted to T by the pack, exactly (every e4m3 and e5m2 value
+// is a float16 and a bfloat16), and their descales folded into the score scale and the final
+// normalisation as in the vector kernel.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -29,6 +33,7 @@
 #include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "fwd_block.hpp"
+#include "kv_quant.hpp"
 #include "mask.hpp"
 #include "matrix_tile.hpp"
 #include "online_softmax.hpp"
@@ -66,7 +71,6 @@ void flash_fwd_matrix_kernel(FwdParams p) {
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % MATRIX_K == 0 &&
                     HEAD_DIM % MATRIX_M == 0,
                 "tile shape");
-  static_assert((FEATURES & FEATURE_KV_FP8) == 0, "FP8 caches run the vector kernels");
   static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
   static syclexp::work_group_static<float[BLOCK_N][BLOCK_M]> s_slm;          // (kv, q) scores
   static syclexp::work_group_static<uint32_t[BLOCK_N / 2][BLOCK_M]> p_slm;   // (kv/2, q) packed
@@ -87,6 +91,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   const T* q = forward_operands<T>(p, block).q;
+  const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
+  const float score_scale = c.q_prescale * descale.k;
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N>;
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr int S_STRIPS = matrix_strips(BLOCK_N / MATRIX_M);
@@ -123,7 +129,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float scores[MATRIX_KEY_CHUNK];
 #pragma unroll
-      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] = s_t[c0 + j][lid] * c.q_prescale;
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] = s_t[c0 + j][lid] * score_scale;
       if constexpr (FEATURES != 0) {
         float unused_grad[MATRIX_KEY_CHUNK];
         score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
@@ -167,13 +173,14 @@ void flash_fwd_matrix_kernel(FwdParams p) {
     sycl::group_barrier(sg);
   }
 
-  write_output_row<T>(p, block, lid, acc_t, softmax);
+  write_output_row<T>(p, block, lid, acc_t, softmax, descale.v);
 }
 
 // Writes one block of the packed K/V copy (PackedKv): K and V^T of BLOCK_N keys of one
 // (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
-// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's.
-template <typename T, int HEAD_DIM, int BLOCK_N>
+// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's, in T
+// or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2, else 0).
+template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_pack_kv_kernel(FwdParams p) {
   const AttentionCommon& c = p.common;
@@ -187,11 +194,12 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
   T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, coord.block);
   T* v_block = k_block + BLOCK_N * HEAD_DIM;
+  using KV = kv_storage_t<T, KV_FEATURES>;
   load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
-                               kv_rows<T>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
+                               kv_rows<KV>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
                                rows, c.dims.head_dim, lid, BLOCK_N);
   load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
-                                          kv_rows<T>(p.v, p.v_stride, c, seq, batch, head_kv),
+                                          kv_rows<KV>(p.v, p.v_stride, c, seq, batch, head_kv),
                                           kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
 }
 

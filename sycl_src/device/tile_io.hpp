@@ -107,30 +107,35 @@ inline void load_tile_transposed(float (&dst)[COLS][ROWS], const T* src, int64_t
   }
 }
 
-// K or V rows row0 .. row0 + rows transposed, bit for bit: dst[c][r] = src row r, column c.
-// Consecutive work-items take consecutive rows, so the SLM writes are contiguous and the
-// global reads gather; when rows are 8-byte aligned, a work-item reads four columns per load,
-// which cuts the gathered loads by four (they dominate this copy).
-template <int ROWS, int COLS, typename T>
-inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<T>& src, int64_t row0,
+// K or V rows row0 .. row0 + rows transposed into the 16-bit dtype T: dst[c][r] = src row r,
+// column c, bit for bit from T, converted (exactly) from an FP8 cache. Consecutive work-items
+// take consecutive rows, so the SLM writes are contiguous and the global reads gather; when rows
+// are aligned to four elements, a work-item reads four columns per load, which cuts the gathered
+// loads by four (they dominate this copy).
+template <int ROWS, int COLS, typename T, typename KV>
+inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<KV>& src, int64_t row0,
                                  int rows, int cols, int lid, int group_size) {
-  static_assert(sizeof(T) == 2 && COLS % 4 == 0, "16-bit elements, columns in fours");
+  static_assert(sizeof(T) == 2 && sizeof(KV) <= 2 && COLS % 4 == 0,
+                "16-bit tiles of 16-bit or 8-bit elements, columns in fours");
+  using Element = std::conditional_t<sizeof(KV) == 2, uint16_t, uint8_t>;
+  using Four = std::conditional_t<sizeof(KV) == 2, uint64_t, uint32_t>;
   const bool aligned = src.row_stride % 4 == 0 && cols % 4 == 0 &&
                        (src.pages == nullptr || src.page_stride % 4 == 0) &&
-                       reinterpret_cast<uintptr_t>(src.base) % 8 == 0;
+                       reinterpret_cast<uintptr_t>(src.base) % sizeof(Four) == 0;
   for (int r = lid; r < ROWS; r += group_size) {
-    const T* row = r < rows ? src.row(row0 + r) : nullptr;
+    const KV* row = r < rows ? src.row(row0 + r) : nullptr;
     if (aligned) {
       for (int c = 0; c < COLS; c += 4) {
-        const uint64_t four =
-            (row != nullptr && c < cols) ? *reinterpret_cast<const uint64_t*>(row + c) : 0;
+        const Four four =
+            (row != nullptr && c < cols) ? *reinterpret_cast<const Four*>(row + c) : 0;
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-          dst[c + u][r] = sycl::bit_cast<T>(static_cast<uint16_t>(four >> (16 * u)));
+          dst[c + u][r] = tile_element<T>(
+              sycl::bit_cast<KV>(static_cast<Element>(four >> (8 * sizeof(KV) * u))));
       }
     } else {
       for (int c = 0; c < COLS; ++c)
-        dst[c][r] = (row != nullptr && c < cols) ? row[c] : tile_zero<T>();
+        dst[c][r] = (row != nullptr && c < cols) ? tile_element<T>(row[c]) : tile_zero<T>();
     }
   }
 }

@@ -44,9 +44,11 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant)
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
                           const DeviceLimits& limits, const std::string& mode) {
-  // FP8 caches (kv_quant.hpp) run the vector kernel: the matrix engine would need K and V
-  // converted to T first.
-  const MatrixTile tile = (features & FEATURE_KV_FP8) != 0
+  // FP8 caches (kv_quant.hpp) take the matrix kernel too, its K/V pack converting them to T,
+  // where the decode kernel serves their decodes (fp8_decode). Elsewhere (DG2, Arrow Lake-H)
+  // decodes come here, and the pack would write the whole cache at twice its size per step.
+  const bool fp8 = (features & FEATURE_KV_FP8) != 0;
+  const MatrixTile tile = fp8 && !limits.fp8_decode
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
   KernelVariant variant = choose_variant(dtype, head_dim, limits,
@@ -64,7 +66,8 @@ KernelProgram fwd_program(const KernelVariant& variant) {
     return {"flash_fwd_matrix.hpp",
             {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
-                 std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) + ">"},
+                 std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
+                 ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ">"},
             program_options(variant)};
   return {"flash_fwd.hpp", {variant.instantiate("ipex_flash::flash_fwd_kernel")},
           program_options(variant)};
