@@ -87,6 +87,12 @@ def test_every_bit_pattern_on_gpu_profiles(profile, fp8):
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 def test_matches_reference_of_dequantised_cache(fp8, dtype, seqlen_q, heads, per_head, paged):
+    check_cache_attention(fp8, dtype, seqlen_q, heads, per_head, paged)
+
+
+def check_cache_attention(fp8, dtype, seqlen_q, heads, per_head, paged):
+    """flash_attn_with_kvcache, causal, over a quantised cache of three sequences (300, 129
+    and 77 keys, head dim 128), against the float64 reference of the dequantised cache."""
     heads_q, heads_kv = heads
     batch, capacity, head_dim = 3, 300, 128
     (k_cache, v_cache), (k_descale, v_descale), (k64, v64) = quantised_cache(

@@ -9,8 +9,7 @@ import torch
 import ipex_flash
 from ipex_flash._runtime import C
 
-from conftest import to_paged
-from test_fp8_kvcache import FP8, QUERY_DTYPES, check, quantised_cache
+from test_fp8_kvcache import FP8, QUERY_DTYPES, check, check_cache_attention, quantised_cache
 
 needs_engine = pytest.mark.skipif(
     not C.device_info()["matrix_engine"],
@@ -73,18 +72,7 @@ def test_every_bit_pattern_converts_exactly(matrix_mode, mode, fp8):
 @pytest.mark.parametrize("per_head,paged", [(False, False), (True, False), (True, True)])
 def test_matches_reference_of_dequantised_cache(matrix_mode, mode, fp8, dtype, per_head, paged):
     matrix_mode(mode)
-    batch, capacity, heads_kv, head_dim = 3, 300, 2, 128
-    (k_cache, v_cache), (k_descale, v_descale), (k64, v64) = quantised_cache(
-        batch, capacity, heads_kv, head_dim, fp8, per_head)
-    lengths = [300, 129, 77]
-    q = torch.randn(batch, 70, 6, head_dim, dtype=dtype)
-    block_table = None
-    if paged:
-        k_cache, v_cache, block_table = to_paged(k_cache, v_cache, 64)
-    out = ipex_flash.flash_attn_with_kvcache(
-        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
-        block_table=block_table, causal=True, k_descale=k_descale, v_descale=v_descale)
-    check(out, q, k64, v64, lengths, dtype, causal=True)
+    check_cache_attention(fp8, dtype, 70, (6, 2), per_head, paged)
 
 
 @pytest.mark.parametrize("mode", ["emulate"])
