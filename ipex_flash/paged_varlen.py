@@ -4,11 +4,10 @@ single-token decodes mixed in one batch.
 
 One op, ipex_flash::paged_varlen_attention. Sequences with a few new tokens (decodes,
 speculative drafts: at most C.max_sliced_decode_tokens) run the split-KV decode kernel (where it
-serves the cache: ops.run_forward), gathered into a dense batch per length; the rest
-run the general kernel over packed queries and the paged cache, in which the decode sequences
-are given no keys (so they cost one empty work-group per head) and whose rows are then
-overwritten by the decode results. Masks are aligned bottom-right per sequence (new token i of
-a sequence with L keys sits at position L - len_q + i)."""
+serves the cache: ops.run_forward), gathered into a dense batch per length; the rest run the
+general kernel over their own packed queries and the paged cache. Masks are aligned
+bottom-right per sequence (new token i of a sequence with L keys sits at position
+L - len_q + i)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -98,39 +97,63 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     page_size = k_cache.shape[1]
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
     # Sequences of at most max_sliced_decode_tokens new tokens (decodes, speculative drafts)
-    # whose every row sees a key take the split-KV decode kernel, one call per length; they
-    # are given no keys in the general kernel's call.
+    # whose every row sees a key take the split-KV decode kernel, one call per length; the
+    # others take the general kernel, alone: its K/V pack (matrix engines) is sized by the
+    # batch it is given times max_seqlen_k, which for a serving step of hundreds of decodes
+    # and one long prefill would be hundreds of copies of the longest context.
     lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     short = ((lengths_q >= 1) & (lengths_q <= C.max_sliced_decode_tokens(k_cache.shape[2]))
              & (seqused_k >= lengths_q))
     short_lengths, counts = torch.unique(lengths_q[short], return_counts=True)
     short_lengths, counts = short_lengths.tolist(), counts.tolist()  # one read of the device
-    general_keys = torch.where(short, torch.zeros_like(seqused_k), seqused_k)
-    options = cache_options(scale, causal, window_left, window_right, softcap, alibi_slopes,
-                            sinks, general_keys, max_seqlen_k, block_table, page_size,
-                            k_descale, v_descale)
-    options.cu_seqlens_q = ops.view(cu_seqlens_q)
-    options.max_seqlen_q = max_seqlen_q
+
+    def options_for(index):
+        """Cache options for the sequences `index` of the batch (None: all of them), and the
+        tensors they point to, which the caller keeps alive until the launch has returned."""
+        def rows_of(t):  # t's entries for those sequences
+            return t if t is None or index is None else t[index].contiguous()
+
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 \
+            else rows_of(alibi_slopes)  # (H,) slopes are shared by every sequence
+        tensors = (slopes, rows_of(seqused_k), rows_of(block_table), rows_of(k_descale),
+                   rows_of(v_descale))
+        slopes, keys, table, k_scale, v_scale = tensors
+        return cache_options(scale, causal, window_left, window_right, softcap, slopes, sinks,
+                             keys, max_seqlen_k, table, page_size, k_scale, v_scale), tensors
+
     if sum(counts) < batch:
-        ops.flash_fwd(*(ops.view(t) for t in (q.unsqueeze(0).transpose(1, 2), *cache,
-                                              out.unsqueeze(0).transpose(1, 2), lse)),
+        index, rows, cu_general = None, None, cu_seqlens_q
+        if counts:  # the general sequences' rows, packed on their own
+            index = (~short).nonzero().flatten()
+            lengths = lengths_q[index]
+            general_rows = int(lengths.sum())  # (q may hold rows past the last sequence)
+            cu_general = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+            rows = torch.repeat_interleave(cu_seqlens_q[:-1][index] - cu_general[:-1], lengths,
+                                           output_size=general_rows)
+            rows = rows.long() + torch.arange(general_rows, device=q.device)
+        q_gen = q if rows is None else q[rows]
+        out_gen = out if rows is None else ops.output_like(q_gen, v_cache.shape[3])
+        lse_gen = lse if rows is None else torch.empty((q.shape[1], q_gen.shape[0]),
+                                                       dtype=torch.float32, device=q.device)
+        options, _kept = options_for(index)
+        options.cu_seqlens_q = ops.view(cu_general)
+        options.max_seqlen_q = max_seqlen_q
+        ops.flash_fwd(*(ops.view(t) for t in (q_gen.unsqueeze(0).transpose(1, 2), *cache,
+                                              out_gen.unsqueeze(0).transpose(1, 2), lse_gen)),
                       options, q.device)
+        if rows is not None:
+            out[rows] = out_gen
+            lse[:, rows] = lse_gen
     for length in short_lengths:
         index = (short & (lengths_q == length)).nonzero().flatten()
         rows = cu_seqlens_q[:-1][index].long()[:, None] + torch.arange(length, device=q.device)
-        keys, table = seqused_k[index].contiguous(), block_table[index].contiguous()
-        slopes = alibi_slopes[index].contiguous() if alibi_slopes is not None and \
-            alibi_slopes.dim() == 2 else alibi_slopes
         q_dec = q[rows]  # (B_dec, length, H, D)
         out_dec = ops.output_like(q_dec, v_cache.shape[3])
         lse_dec = torch.empty((q_dec.shape[0], q.shape[1], length), dtype=torch.float32,
                               device=q.device)
-        dec_descales = (None, None) if k_descale is None else (k_descale[index].contiguous(),
-                                                               v_descale[index].contiguous())
-        dec_options = cache_options(scale, causal, window_left, window_right, softcap, slopes,
-                                    sinks, keys, max_seqlen_k, table, page_size, *dec_descales)
+        options, _kept = options_for(index)
         ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
-                        lse_dec, dec_options, 0.0, max_seqlen_k)
+                        lse_dec, options, 0.0, max_seqlen_k)
         out[rows] = out_dec
         lse[:, rows] = lse_dec.transpose(0, 1)
     return out, lse

@@ -76,15 +76,20 @@ DRAFTS = [(1, 300), (5, 80), (5, 200), (16, 16), (17, 60), (33, 100), (2, 1)]
 def test_speculative_steps_take_the_decode_kernel(monkeypatch, causal, window, alibi,
                                                   heads_kv):
     """Sequences of up to C.max_sliced_decode_tokens new tokens whose rows all see a key are
-    served by the decode kernel, one call per length; the rest by the general kernel; every
-    row against the reference."""
-    calls = []
-    run_forward = ops.run_forward
+    served by the decode kernel, one call per length; the rest by the general kernel, given
+    only those sequences (its K/V pack is sized by its batch); every row against the
+    reference."""
+    calls, general = [], []
+    run_forward, flash_fwd = ops.run_forward, ops.flash_fwd
     monkeypatch.setattr(ops, "run_forward", lambda q, *args: calls.append(tuple(q.shape)) or
                         run_forward(q, *args))
+    monkeypatch.setattr(ops, "flash_fwd", lambda q, k, v, out, lse, options, device: general.append(
+        (q.sizes[2], options.cu_seqlens_q.sizes[0] - 1)) or
+        flash_fwd(q, k, v, out, lse, options, device))
     heads_q, dtype = 8, torch.bfloat16
     q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(DRAFTS, heads_q, heads_kv, 64,
                                                                   16, dtype)
+    q = torch.cat([q, torch.randn(3, *q.shape[1:], dtype=dtype)])  # rows past the last sequence
     slopes = torch.rand(len(DRAFTS), heads_q) * 0.3 if alibi else None
     out, lse, _ = ipex_flash.flash_attn_varlen_func(
         q, k_pages, v_pages, cu_q, None, 33, 300, causal=causal, window_size=window,
@@ -93,6 +98,8 @@ def test_speculative_steps_take_the_decode_kernel(monkeypatch, causal, window, a
     served = sorted({n for n, k in DRAFTS if n <= limit and k >= n})
     assert sorted((shape[2], shape[0]) for shape in calls) == [
         (n, sum(1 for m, k in DRAFTS if m == n and k >= n)) for n in served]
+    rest = [n for n, k in DRAFTS if n > limit or k < n]
+    assert general == [(sum(rest), len(rest))]  # (packed rows, sequences)
     rtol, atol = OUTPUT_TOLERANCE[dtype]
     for b, (q_b, k_b, v_b) in enumerate(seqs):
         rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
