@@ -10,20 +10,10 @@ import ipex_flash
 from ipex_flash._runtime import C
 
 from test_fp8_kvcache import FP8, QUERY_DTYPES, check, check_cache_attention, quantised_cache
+from test_matrix_path import matrix_mode, needs_engine  # noqa: F401 (matrix_mode: a fixture)
 
-needs_engine = pytest.mark.skipif(
-    not C.device_info()["matrix_engine"],
-    reason="the SYCL CPU device of this machine has no matrix engine (AMX bf16 tiles); the "
-           "emulate modes run the same kernels with joint_matrix emulated")
 MODES = [pytest.param("16", marks=needs_engine), "emulate", "emulate8"]
 FEATURE_OF = {torch.float8_e4m3fn: 64, torch.float8_e5m2: 128}  # params.hpp FEATURE_KV_*
-
-
-@pytest.fixture
-def matrix_mode(monkeypatch):
-    def set_mode(mode):
-        monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
-    return set_mode
 
 
 @pytest.mark.parametrize("mode", MODES)
