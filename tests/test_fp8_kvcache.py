@@ -56,7 +56,7 @@ def test_every_bit_pattern_dequantises_exactly(fp8, dtype, seqlen_q):
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
-# GPUs whose FP8 decode is the decode kernel (large register files: C.fp8_decode_fits), whose
+# GPUs whose FP8 decode is the decode kernel (large register files: DeviceLimits::fp8_decode), whose
 # conversion of a word keeps a compare per element for e4m3's NaN where the CPU device's
 # carries it into the exponent (dtypes.hpp): run here with the GPU's profile.
 FP8_DECODE_GPUS = [name for name in C.profile_names() if C.profile_limits(name)["large_grf"]]

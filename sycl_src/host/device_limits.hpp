@@ -34,7 +34,8 @@ struct DeviceLimits {
   bool matrix_by_default = false;   // IPEX_FLASH_MATRIX=auto turns the matrix kernels on
   bool large_grf = false;           // 256-register mode exists (PVC, BMG, LNL)
   // The decode kernel serves FP8 caches: the CPU device, and GPUs with the large register file
-  // (fp8_decode_fits). Kept by a profile on the CPU device, which drops large_grf.
+  // (flash_decode_supported, fwd_variant). Kept by a profile on the CPU device, which drops
+  // large_grf.
   bool fp8_decode = false;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;

@@ -94,8 +94,6 @@ bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
 
 }  // namespace
 
-bool fp8_decode_fits(const DeviceLimits& limits) { return limits.fp8_decode; }
-
 // One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
 // split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
 // P.V accumulators. Scores go to the matrix engine where the forward would use it and the
@@ -111,7 +109,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   variant.features = features;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
   // FP8 caches (kv_quant.hpp) compute their scores on the vector units.
-  if (kv_bytes == 1 && !fp8_decode_fits(limits))
+  if (kv_bytes == 1 && !limits.fp8_decode)
     throw std::invalid_argument("ipex_flash: FP8 caches on " + limits.name +
                                 " run the general kernel (flash_decode_supported)");
   const MatrixTile tile = kv_bytes == 1 ? MatrixTile{}
@@ -195,7 +193,7 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
   const int64_t rows = (q.size(1) / heads_kv) * q.size(2);
   if (rows > kMaxDecodeRows && q.size(2) > max_sliced_decode_tokens(heads_kv)) return false;
   if (kv_feature(k.dtype) != 0 &&
-      !fp8_decode_fits(device_limits(queue_from_handle(queue_handle).get_device())))
+      !device_limits(queue_from_handle(queue_handle).get_device()).fp8_decode)
     return false;
   // The decode kernel reads 16-bit and FP8 rows a 32-bit word at a time.
   const int kv_bytes = kv_element_bytes(k.dtype, kv_feature(k.dtype));

@@ -51,7 +51,6 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
 // K/V head, on every such GPU (gpu-check); the general kernel serves them there.
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                             std::uintptr_t queue_handle);
-bool fp8_decode_fits(const DeviceLimits& limits);
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
 // partial_out (B, Hq, Nq, splits, Dv: v's head dim) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
