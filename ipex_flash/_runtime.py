@@ -115,7 +115,20 @@ def _load_host_module():
                 break
         from ipex_flash import _C
     _C.set_cpu_matrix_engine(cpu_matrix_engine_enabled())
+    _guard_builds(_C)
     return _C
+
+
+def _guard_builds(module) -> None:
+    """Has each new matrix-engine program built first in a child process (build_guard.hpp):
+    a device compiler that crashes on one then costs that program, not this process."""
+    verdict_dir = default_cache_dir() / "build-verdicts"
+    try:
+        verdict_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return  # nowhere to keep verdicts: programs are built in this process, as without it
+    if sys.executable:
+        module.set_build_guard(sys.executable, module.__file__, str(verdict_dir))
 
 
 def cpu_matrix_engine_enabled() -> bool:

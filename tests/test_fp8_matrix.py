@@ -10,7 +10,8 @@ import ipex_flash
 from ipex_flash._runtime import C
 
 from test_fp8_kvcache import FP8, QUERY_DTYPES, check, check_cache_attention, quantised_cache
-from test_matrix_path import matrix_mode, needs_engine  # noqa: F401 (matrix_mode: a fixture)
+from test_matrix_path import (  # noqa: F401 (matrix_mode: a fixture)
+    matrix_mode, needs_engine, skip_without_engine_tiles)
 
 MODES = [pytest.param("16", marks=needs_engine), "emulate", "emulate8"]
 FEATURE_OF = {torch.float8_e4m3fn: 64, torch.float8_e5m2: 128}  # params.hpp FEATURE_KV_*
@@ -61,6 +62,7 @@ def test_every_bit_pattern_converts_exactly(matrix_mode, mode, fp8):
 @pytest.mark.parametrize("dtype", QUERY_DTYPES)
 @pytest.mark.parametrize("per_head,paged", [(False, False), (True, False), (True, True)])
 def test_matches_reference_of_dequantised_cache(matrix_mode, mode, fp8, dtype, per_head, paged):
+    skip_without_engine_tiles(mode, dtype)
     matrix_mode(mode)
     check_cache_attention(fp8, dtype, 70, (6, 2), per_head, paged)
 

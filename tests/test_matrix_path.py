@@ -26,6 +26,20 @@ needs_engine = pytest.mark.skipif(
            "test_matrix_kernel_compiles still checks the kernel source, and the emulate cases "
            "run the kernels with joint_matrix emulated")
 
+# The input dtypes the engine has tiles for: AMX on Sapphire Rapids takes bfloat16 only (FP16
+# tiles came with Granite Rapids).
+ENGINE_DTYPES = {shape["dtype"] for shape in C.device_limits()["matrix"]}
+
+
+def skip_without_engine_tiles(mode, dtype):
+    """Skips a case that forces the engine's tiles (a tile-height mode) for a dtype it has none
+    for: there the mode is an error by design (test_forced_on_float16_runs_or_says_why)."""
+    name = str(dtype).removeprefix("torch.")
+    if mode in TILE_MODES and name not in ENGINE_DTYPES:
+        pytest.skip(f"this CPU's matrix engine has no {name} tiles (AMX before Granite Rapids "
+                    "takes bfloat16 only); the emulated modes run the case")
+
+
 # Tile shapes (MATRIX_M) the kernel is instantiated with: 16 rows (AMX), 8 rows (XMX on
 # Xe-HPC); the reduction step follows from the head dim (32 where it divides it, else 16).
 TILE_MODES = ["16", "8"]

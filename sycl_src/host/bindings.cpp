@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/dropout_launch.hpp"
 #include "host/flash_bwd_launch.hpp"
@@ -152,6 +153,25 @@ PYBIND11_MODULE(_C, m) {
   bind_small_call(m);
   m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
   m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
+  m.def(
+      "set_build_guard",
+      [](const std::string& python, const std::string& module_path, const std::string& verdict_dir) {
+        set_build_guard(BuildGuard{python, module_path, verdict_dir, [](const std::string& message) {
+                                     // Called from launches that released the GIL.
+                                     py::gil_scoped_acquire gil;
+                                     if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0)
+                                       throw py::error_already_set();  // warnings as errors
+                                   }});
+      },
+      "python"_a, "module_path"_a, "verdict_dir"_a);
+  m.def(
+      "probe_build",
+      [](int device_index, const std::string& header, const std::vector<std::string>& kernels,
+         const std::vector<std::string>& options) {
+        return probe_build(device_index, KernelProgram{header, kernels, options});
+      },
+      "device_index"_a, "header"_a, "kernels"_a, "options"_a,
+      py::call_guard<py::gil_scoped_release>());
   m.def("kernel_cache_stats", [] {
     const KernelCacheStats stats = kernel_cache_stats();
     return py::dict("builds"_a = stats.builds, "hits"_a = stats.hits);

@@ -134,6 +134,7 @@ DeviceLimits limits_of(const sycl::device& device) {
                                                         is_dg2_or_arl_h(device));
   limits.large_grf = is_xe_hpc_or_xe2(device);
   limits.fp8_decode = limits.is_cpu || limits.large_grf;
+  limits.matrix_masked_backward = !limits.is_cpu;
   return limits;
 }
 
@@ -144,6 +145,7 @@ DeviceLimits limits_of(const sycl::device& device) {
 DeviceLimits profile_on_cpu(const DeviceLimits& profile, const DeviceLimits& cpu) {
   DeviceLimits limits = profile;
   limits.large_grf = false;
+  limits.matrix_masked_backward = cpu.matrix_masked_backward;  // the CPU's compiler builds it
   limits.matrix.clear();
   for (const MatrixShape& shape : profile.matrix) {
     const int m = shape.m > 0 ? shape.m : shape.max_m;

@@ -37,6 +37,11 @@ struct DeviceLimits {
   // (flash_decode_supported, fwd_variant). Kept by a profile on the CPU device, which drops
   // large_grf.
   bool fp8_decode = false;
+  // Its compiler builds the matrix backward with an attention mask. Not the OpenCL CPU
+  // compiler (2026.0-2026.1, AMX targets): LLVM's "Lower AMX type for load/store" crashed the
+  // process building the dK/dV and dQ matrix kernels together, and the dQ kernel built apart
+  // computed wrong gradients. There such calls take the vector backward.
+  bool matrix_masked_backward = true;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;
   bool takes_sub_group(int size) const;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -65,11 +66,23 @@ BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
   return BwdKernels{kernels[0], kernels[1], kernels[2], {}};
 }
 
+// The variant bwd_variant picks for the queue's device, or the vector kernels' where the
+// device's compiler cannot build its matrix program (build_guard.hpp).
+KernelVariant bwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
+                             int features) {
+  const DeviceLimits& limits = device_limits(queue.get_device());
+  const KernelVariant variant = bwd_variant(dtype, head_dim, features, limits, matrix_mode());
+  if (program_builds(queue, bwd_program(variant), variant)) return variant;
+  return bwd_variant(dtype, head_dim, features, limits, "0");
+}
+
 }  // namespace
 
 KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
                           const DeviceLimits& limits, const std::string& mode) {
-  const MatrixTile tile = matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
+  MatrixTile tile = matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
+  if ((features & FEATURE_ATTN_MASK) != 0 && !tile.emulated && !limits.matrix_masked_backward)
+    tile = MatrixTile{};
   KernelVariant variant = choose_variant(dtype, head_dim, limits,
                                          tile.m > 0 ? bwd_matrix_slm_bytes : bwd_slm_bytes);
   variant.features = features;
@@ -113,9 +126,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   AttentionCommon& c = params.common;
   const AttentionDims& dims = c.dims;
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = bwd_variant(t.q.dtype, dims.head_dim_max(),
-                                            features_of(options, t.k),
-                                            device_limits(queue.get_device()), matrix_mode());
+  const KernelVariant variant =
+      bwd_variant_on(queue, t.q.dtype, dims.head_dim_max(), features_of(options, t.k));
   params.q = reinterpret_cast<const void*>(t.q.data);
   params.k = reinterpret_cast<const void*>(t.k.data);
   params.v = reinterpret_cast<const void*>(t.v.data);
@@ -193,15 +205,13 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
 int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, v, options);
-  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
-  return packed_bwd_bytes(dims, bwd_variant(q.dtype, dims.head_dim_max(), features_of(options, k),
-                                            limits, matrix_mode()));
+  return packed_bwd_bytes(dims, bwd_variant_on(queue_from_handle(queue_handle), q.dtype,
+                                               dims.head_dim_max(), features_of(options, k)));
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant =
-      bwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()), matrix_mode());
+  const KernelVariant variant = bwd_variant_on(queue, dtype, head_dim, 0);
   bwd_kernels(queue, variant);
   return variant;
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -174,16 +175,30 @@ int decode_num_splits(int batch, int heads_kv, int rows, int head_dim, int max_l
   return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
 }
 
+namespace {
+
+// The variant decode_variant picks for the queue's device, with its scores on the vector units
+// where the device's compiler cannot build its matrix program (build_guard.hpp).
+KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
+                                int rows, int features, bool heads_interleaved) {
+  const DeviceLimits& limits = device_limits(queue.get_device());
+  const KernelVariant variant =
+      decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, matrix_mode());
+  if (program_builds(queue, decode_program(variant), variant)) return variant;
+  return decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, "0");
+}
+
+}  // namespace
+
 KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const AttentionOptions& options, std::uintptr_t queue_handle) {
   const int64_t heads_kv = std::max<int64_t>(k.size(1), 1);
   const int rows = static_cast<int>(q.size(1) / heads_kv * q.size(2));
   const int head_dim = static_cast<int>(q.size(3)), head_dim_v = static_cast<int>(v.size(3));
-  return decode_variant(
-      q.dtype, std::max(head_dim, head_dim_v), rows,
+  return decode_variant_on(
+      queue_from_handle(queue_handle), q.dtype, std::max(head_dim, head_dim_v), rows,
       features_of(options, k) | (head_dim_v != head_dim ? FEATURE_VALUE_DIM : 0),
-      /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1],
-      device_limits(queue_from_handle(queue_handle).get_device()), matrix_mode());
+      /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1]);
 }
 
 bool flash_decode_supported(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -251,8 +266,8 @@ KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
                                 std::to_string(kMaxDecodeRows) + "], got " + std::to_string(rows));
   sycl::queue& queue = queue_from_handle(queue_handle);
   // flash-attn's (B, N, H, D) cache, as serving calls pass it.
-  const KernelVariant variant = decode_variant(dtype, head_dim, rows, 0, /*heads_interleaved=*/true,
-                                               device_limits(queue.get_device()), matrix_mode());
+  const KernelVariant variant =
+      decode_variant_on(queue, dtype, head_dim, rows, 0, /*heads_interleaved=*/true);
   get_kernels(queue, decode_program(variant));
   return variant;
 }

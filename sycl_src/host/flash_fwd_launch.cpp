@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
@@ -38,6 +39,16 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant)
   if (variant.matrix_m == 0) return 0;
   return static_cast<int64_t>(dims.batch) * dims.heads_kv() * packed_kv_blocks(dims, variant) * 2 *
          variant.block_n * variant.head_dim * 2;
+}
+
+// The variant fwd_variant picks for the queue's device, or the vector kernel's where the
+// device's compiler cannot build its matrix program (build_guard.hpp).
+KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
+                             int features) {
+  const DeviceLimits& limits = device_limits(queue.get_device());
+  const KernelVariant variant = fwd_variant(dtype, head_dim, features, limits, matrix_mode());
+  if (program_builds(queue, fwd_program(variant), variant)) return variant;
+  return fwd_variant(dtype, head_dim, features, limits, "0");
 }
 
 }  // namespace
@@ -82,8 +93,8 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = fwd_variant(q.dtype, c.dims.head_dim_max(), features_of(options, k),
-                                            device_limits(queue.get_device()), matrix_mode());
+  const KernelVariant variant =
+      fwd_variant_on(queue, q.dtype, c.dims.head_dim_max(), features_of(options, k));
   set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
   if (options.cu_seqlens_q) params.q_stride.batch = params.out_stride.batch = 0;
@@ -115,15 +126,13 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, v, options);
-  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
-  return packed_kv_bytes(dims, fwd_variant(q.dtype, dims.head_dim_max(), features_of(options, k),
-                                           limits, matrix_mode()));
+  return packed_kv_bytes(dims, fwd_variant_on(queue_from_handle(queue_handle), q.dtype,
+                                              dims.head_dim_max(), features_of(options, k)));
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant =
-      fwd_variant(dtype, head_dim, 0, device_limits(queue.get_device()), matrix_mode());
+  const KernelVariant variant = fwd_variant_on(queue, dtype, head_dim, 0);
   get_kernels(queue, fwd_program(variant));
   return variant;
 }
