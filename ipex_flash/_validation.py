@@ -66,12 +66,23 @@ def check_attention_inputs(
                          f"{v.shape[3]}")
     if len_k == 0:
         raise ValueError(f"{fn}: k and v must have at least one key (seq_len k.shape[2] >= 1)")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{fn}: scale must be a finite number or None, got {scale}")
+    check_scale(fn, scale, "scale")
 
 
-def softmax_scale(scale: Optional[float], head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+def softmax_scale(scale: Optional[float], head_dim: int, fn: str = "ipex_flash",
+                  name: str = "softmax_scale") -> float:
+    """The scale applied to q.k: 1/sqrt(head_dim) for None. A NaN or infinite scale would
+    turn every output into NaN, so it is refused (a Python number: nothing is read from a
+    device)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    check_scale(fn, scale, name)
+    return float(scale)
+
+
+def check_scale(fn: str, scale: Optional[float], name: str = "softmax_scale") -> None:
+    if scale is not None and not math.isfinite(float(scale)):
+        raise ValueError(f"{fn}: {name} must be a finite number or None, got {scale}")
 
 
 def check_dropout_p(fn: str, dropout_p: float) -> None:

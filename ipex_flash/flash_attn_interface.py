@@ -19,7 +19,7 @@ from ipex_flash.attn_probs import attn_probs
 from ipex_flash.paged_varlen import paged_varlen_func
 from ipex_flash.flash_attn_args import (
     bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
-from ipex_flash._validation import check_dropout_p, check_window
+from ipex_flash._validation import check_dropout_p, check_scale, check_window
 from ipex_flash._validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -43,7 +43,7 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     out, lse = forward_outputs(q, v, packed)
     sinks32 = ops.float_sinks(sinks)  # read by address: referenced until the launch returns
     options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
+                             resolve_scale(softmax_scale, q.shape[-1], fn), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
                              sinks32)
     if packed:
@@ -194,6 +194,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """
     fn = "ipex_flash.flash_attn_func"
     check_dropout_p(fn, dropout_p)
+    check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)
     seed = _seed(q, dropout_p)
     out, lse = torch.ops.ipex_flash.flash_attn_forward(
@@ -228,6 +229,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)
+    check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)
     if block_table is not None:
         return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

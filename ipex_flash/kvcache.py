@@ -16,7 +16,8 @@ import torch
 
 from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
-from ipex_flash._validation import check_alibi, check_sinks, check_softcap, check_window
+from ipex_flash._validation import (
+    check_alibi, check_scale, check_sinks, check_softcap, check_window)
 from ipex_flash.kvcache_checks import (
     cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash._validation import softmax_scale as resolve_scale
@@ -117,7 +118,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
     max_len_k = max_keys(seqlens_k, cache_leftpad)
-    options = cache_options(resolve_scale(softmax_scale, head_dim), causal, window_left,
+    options = cache_options(resolve_scale(softmax_scale, head_dim, _FN), causal, window_left,
                             window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
                             block_table, k_cache.shape[1], k_descale, v_descale)
     if cache_leftpad is not None:
@@ -189,6 +190,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                              k_cache.shape[2], q.device)
     left, right = check_window(_FN, window_size)
     check_softcap(_FN, softcap)
+    check_scale(_FN, softmax_scale)  # before the append: a refused call leaves the cache as it was
     check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
     check_leftpad_combination(_FN, cache_leftpad, block_table)
     if not isinstance(num_splits, int) or num_splits < 0:

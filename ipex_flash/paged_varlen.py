@@ -93,7 +93,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if batch == 0 or q.shape[0] == 0:
         return out, lse
-    scale = resolve_scale(softmax_scale, q.shape[-1])
+    scale = resolve_scale(softmax_scale, q.shape[-1], _FN)
     page_size = k_cache.shape[1]
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
     # Sequences of at most max_sliced_decode_tokens new tokens (decodes, speculative drafts)

@@ -76,3 +76,34 @@ def test_kernel_build_failure_is_a_runtime_error_with_the_log():
     # The process survives and the op still works afterwards.
     q, k, v = good()
     assert torch.isfinite(ipex_flash.attention(q, k, v)).all()
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_meaningless_scale_is_refused_everywhere(scale):
+    """A NaN or infinite scale would make every output NaN: each entry point refuses it,
+    naming its argument, before anything is computed or written."""
+    q, k, v = (torch.randn(2, 10, 4, 32), torch.randn(2, 12, 2, 32), torch.randn(2, 12, 2, 32))
+    with pytest.raises(ValueError, match="scale must be a finite number or None, got"):
+        ipex_flash.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                v.transpose(1, 2), scale=scale, enable_gqa=True)
+    with pytest.raises(ValueError, match=r"ipex_flash.attention: scale must be a finite number"):
+        torch.ops.ipex_flash.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       scale=scale)
+    with pytest.raises(ValueError, match="flash_attn_func: softmax_scale must be a finite"):
+        ipex_flash.flash_attn_func(q, k, v, softmax_scale=scale)
+    cu_q = torch.tensor([0, 10, 20], dtype=torch.int32)
+    cu_k = torch.tensor([0, 12, 24], dtype=torch.int32)
+    with pytest.raises(ValueError, match="flash_attn_varlen_func: softmax_scale must be a finite"):
+        ipex_flash.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                          cu_q, cu_k, 10, 12, softmax_scale=scale)
+    k_cache, v_cache = torch.randn(2, 16, 2, 32), torch.randn(2, 16, 2, 32)
+    before = k_cache.clone(), v_cache.clone()
+    with pytest.raises(ValueError, match="flash_attn_with_kvcache: softmax_scale must be a finite"):
+        ipex_flash.flash_attn_with_kvcache(q[:, :1], k_cache, v_cache, k=k[:, :1], v=v[:, :1],
+                                           cache_seqlens=3, softmax_scale=scale)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+    page_table = torch.arange(2, dtype=torch.int32).view(2, 1)
+    with pytest.raises(ValueError, match="flash_attn_varlen_func: softmax_scale must be a finite"):
+        ipex_flash.flash_attn_varlen_func(q[:, :1].flatten(0, 1), k_cache, v_cache,
+                                          torch.tensor([0, 1, 2], dtype=torch.int32), cu_k, 1,
+                                          12, softmax_scale=scale, block_table=page_table)
