@@ -155,13 +155,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
   m.def(
       "set_build_guard",
-      [](const std::string& python, const std::string& module_path, const std::string& verdict_dir) {
-        set_build_guard(BuildGuard{python, module_path, verdict_dir, [](const std::string& message) {
-                                     // Called from launches that released the GIL.
-                                     py::gil_scoped_acquire gil;
-                                     if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0)
-                                       throw py::error_already_set();  // warnings as errors
-                                   }});
+      [](const std::string& python, const std::string& module_path,
+         const std::string& verdict_dir) {
+        auto warn = [](const std::string& message) {
+          py::gil_scoped_acquire gil;  // called from launches that released it
+          if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0)
+            throw py::error_already_set();  // warnings turned into errors
+        };
+        set_build_guard(BuildGuard{python, module_path, verdict_dir, warn});
       },
       "python"_a, "module_path"_a, "verdict_dir"_a);
   m.def(

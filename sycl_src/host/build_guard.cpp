@@ -134,7 +134,8 @@ int run_probe(const BuildGuard& guard, int device, const KernelProgram& program,
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, guard.python.c_str(), &actions, nullptr, argv.data(), environ);
+  const int spawned =
+      posix_spawn(&pid, guard.python.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     reason = std::string("could not start ") + guard.python + ": " + std::strerror(spawned);
@@ -224,7 +225,8 @@ void set_build_guard(BuildGuard guard) {
   s.guard = std::move(guard);
 }
 
-bool program_builds(sycl::queue& queue, const KernelProgram& program, const KernelVariant& variant) {
+bool program_builds(sycl::queue& queue, const KernelProgram& program,
+                    const KernelVariant& variant) {
   if (!covered(variant)) return true;
   GuardState& s = state();
   // Held across the child's build: concurrent first calls of one program run it once.
@@ -255,7 +257,8 @@ bool program_builds(sycl::queue& queue, const KernelProgram& program, const Kern
 
 int probe_build(int device_index, const KernelProgram& program) {
   const char* crash = std::getenv("IPEX_FLASH_TEST_CRASH_BUILD");
-  if (crash != nullptr && *crash != '\0' && joined_kernels(program).find(crash) != std::string::npos)
+  if (crash != nullptr && *crash != '\0' &&
+      joined_kernels(program).find(crash) != std::string::npos)
     raise(SIGSEGV);
   const std::vector<sycl::device> devices = sycl::device::get_devices();
   if (device_index < 0 || device_index >= static_cast<int>(devices.size())) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "host/matrix_path.hpp"
 #include "host/variants.hpp"
 
 namespace ipex_flash {
@@ -35,7 +36,19 @@ void set_build_guard(BuildGuard guard);
 // build failed or crashed in a child. IPEX_FLASH_BUILD_GUARD chooses what is covered: unset or
 // "matrix", real matrix-engine programs; "all", emulated matrix programs too (so tests can
 // exercise the guard on any CPU); "0", none.
-bool program_builds(sycl::queue& queue, const KernelProgram& program, const KernelVariant& variant);
+bool program_builds(sycl::queue& queue, const KernelProgram& program,
+                    const KernelVariant& variant);
+
+// The variant `choose(mode)` picks under IPEX_FLASH_MATRIX's mode, or the one it picks under
+// "0" (the vector kernels) where the device's compiler cannot build the matrix program that
+// `program_of` gives for it.
+template <typename Choose, typename ProgramOf>
+KernelVariant buildable_variant(sycl::queue& queue, const Choose& choose,
+                                const ProgramOf& program_of) {
+  const KernelVariant variant = choose(matrix_mode());
+  if (program_builds(queue, program_of(variant), variant)) return variant;
+  return choose("0");
+}
 
 // The child's side: builds `program` for device `device_index` of sycl::device::get_devices().
 // Returns 0 when it builds, kProbeBuildFailed when the compiler reports an error (printed to

@@ -71,9 +71,12 @@ BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
 KernelVariant bwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
                              int features) {
   const DeviceLimits& limits = device_limits(queue.get_device());
-  const KernelVariant variant = bwd_variant(dtype, head_dim, features, limits, matrix_mode());
-  if (program_builds(queue, bwd_program(variant), variant)) return variant;
-  return bwd_variant(dtype, head_dim, features, limits, "0");
+  return buildable_variant(
+      queue,
+      [&](const std::string& mode) {
+        return bwd_variant(dtype, head_dim, features, limits, mode);
+      },
+      bwd_program);
 }
 
 }  // namespace

@@ -182,10 +182,12 @@ namespace {
 KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
                                 int rows, int features, bool heads_interleaved) {
   const DeviceLimits& limits = device_limits(queue.get_device());
-  const KernelVariant variant =
-      decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, matrix_mode());
-  if (program_builds(queue, decode_program(variant), variant)) return variant;
-  return decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, "0");
+  return buildable_variant(
+      queue,
+      [&](const std::string& mode) {
+        return decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, mode);
+      },
+      decode_program);
 }
 
 }  // namespace

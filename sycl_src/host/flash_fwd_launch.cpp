@@ -46,9 +46,12 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant)
 KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
                              int features) {
   const DeviceLimits& limits = device_limits(queue.get_device());
-  const KernelVariant variant = fwd_variant(dtype, head_dim, features, limits, matrix_mode());
-  if (program_builds(queue, fwd_program(variant), variant)) return variant;
-  return fwd_variant(dtype, head_dim, features, limits, "0");
+  return buildable_variant(
+      queue,
+      [&](const std::string& mode) {
+        return fwd_variant(dtype, head_dim, features, limits, mode);
+      },
+      fwd_program);
 }
 
 }  // namespace
