@@ -184,17 +184,14 @@ def _backward(ctx, grad_out, _grad_lse):
         ctx.deterministic, attn_mask, ctx.softcap)
     d_mask = d_sinks = None
     wants_mask, wants_sinks = ctx.wants_mask, ctx.wants_sinks
-    if wants_mask or wants_sinks:
-        delta = score_grads.output_delta(grad_out, out)
-        if wants_sinks:
-            d_sinks = score_grads.sinks_grad(sinks, lse, delta)
-        if wants_mask:
-            if ctx.dropout_p > 0.0:
-                raise NotImplementedError(
-                    "ipex_flash: the gradient of attn_mask with dropout_p > 0 is not implemented")
-            d_mask = score_grads.attn_mask_grad(q, k, v, grad_out, lse, delta, attn_mask,
-                                                ctx.causal, softmax_scale(ctx.scale, q.shape[-1]),
-                                                ctx.softcap)
+    if wants_sinks:
+        d_sinks = score_grads.sinks_grad(sinks, lse, score_grads.output_delta(grad_out, out))
+    if wants_mask:
+        if ctx.dropout_p > 0.0:
+            raise NotImplementedError(
+                "ipex_flash: the gradient of attn_mask with dropout_p > 0 is not implemented")
+        d_mask = score_grads.attn_mask_grad(q, k, v, grad_out, lse, attn_mask, ctx.causal,
+                                            softmax_scale(ctx.scale, q.shape[-1]), ctx.softcap)
     return dq, dk, dv, None, None, None, None, None, d_mask, d_sinks, None
 
 

@@ -4,7 +4,7 @@ the forward kept (out, LSE) without another attention pass:
     sinks:  a sink's probability in row i is exp(sink - lse_i) and its value is 0, so
             d loss / d sink = -sum_i exp(sink - lse_i) * delta_i,  delta_i = rowsum(dO * O)_i
     mask:   an additive mask enters the scores as s += mask, so d loss / d mask = dS,
-            dS_ij = P_ij * (dP_ij - delta_i),  P_ij = exp(s_ij - lse_i),  dP = dO . V^T
+            dS_ij = P_ij * (dP_ij - sum_k P_ik dP_ik),  P_ij = exp(s_ij - lse_i),  dP = dO . V^T
 
 The mask's gradient is a full (B, Hq, Nq, Nk) tensor (autograd then sums it over the mask's
 broadcast dimensions); it is built here in blocks of query rows, in float32, so its only
@@ -32,7 +32,7 @@ def sinks_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
 
 
 def attn_mask_grad(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tensor,
-                   delta: Tensor, attn_mask: Tensor, causal: bool, scale: float,
+                   attn_mask: Tensor, causal: bool, scale: float,
                    softcap: Optional[float] = None) -> Tensor:
     """d loss / d attn_mask for an additive mask viewed as (B, Hq, Nq, Nk) (top-left causal
     as in SDPA); returned in that shape and the mask's dtype."""
@@ -55,5 +55,25 @@ def attn_mask_grad(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tenso
         prob = torch.where(torch.isinf(lse_rows), torch.zeros_like(scores),
                            torch.exp(scores - lse_rows))
         dprob = grad_out[:, :, rows].float() @ v32.transpose(-1, -2)
-        grad[:, :, rows] = prob * (dprob - delta[:, :, rows].unsqueeze(-1))
-    return grad.to(attn_mask.dtype)
+        # The row term sum_j P_ij dP_ij from these P and dP rather than delta = rowsum(dO * O):
+        # O was rounded to the input dtype, and dO . (O - P V) would enter every dS of the row
+        # (a broadcast mask's gradient, the sum of them all, is exactly 0 but came out at
+        # 4e-2 in bfloat16). So each row of dS sums to 0 up to float32 rounding.
+        row_term = (prob * dprob).sum(-1, keepdim=True)
+        grad[:, :, rows] = prob * (dprob - row_term)
+    return _summed_over_broadcast(grad, attn_mask)
+
+
+def _summed_over_broadcast(grad: Tensor, attn_mask: Tensor) -> Tensor:
+    """The float32 gradient in the mask's dtype, for autograd to sum over the mask's broadcast
+    (stride-0) dimensions. Autograd would sum it there in the mask's dtype, adding up to
+    Nq * Nk rounded terms (a float16 (1, 1) mask's gradient, exactly 0, came out at 4e-3); so
+    the sum is taken here in float32 and rounded once, and autograd gets it in the first place
+    of each broadcast run with zeros elsewhere: its own sum then adds only exact zeros."""
+    broadcast = [d for d in range(grad.dim()) if attn_mask.stride(d) == 0 and grad.shape[d] > 1]
+    if not broadcast:
+        return grad.to(attn_mask.dtype)
+    first = tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(grad.dim()))
+    summed = torch.zeros(grad.shape, dtype=attn_mask.dtype, device=grad.device)
+    summed[first] = grad.sum(dim=broadcast, keepdim=True).to(attn_mask.dtype)
+    return summed

@@ -237,3 +237,23 @@ def test_mask_costs_no_memory_beyond_itself():
     outputs_kb = (4 + 12) * 1024 + 2 * 64
     assert forward - before <= 64 * 1024 + outputs_kb, (before, forward)
     assert backward - before <= 64 * 1024 + outputs_kb, (before, backward)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_broadcast_mask_gradient_is_one_float32_sum(dtype):
+    """A (1, 1) float mask is added to every score, which moves no probability: its exact
+    gradient is 0, the sum of every dS. Ours must be within one float32 sum's error of the
+    float64 reference (2^-24 of the sum of |dS|), however many terms (250k here) and whatever
+    the dtype: dS is summed in float32 before the one rounding to the mask's dtype, and each
+    row's dS from its own P and dP."""
+    q = torch.randn(2, 3, 184, 59, dtype=dtype) * 0.5
+    k = torch.randn(2, 3, 227, 59, dtype=dtype) * 0.5
+    v = torch.randn(2, 3, 227, 59, dtype=dtype)
+    mask = torch.zeros(1, 1, dtype=dtype, requires_grad=True)
+    ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    full_mask = torch.zeros(2, 3, 184, 227, dtype=torch.float64, requires_grad=True)
+    F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                   attn_mask=full_mask).sum().backward()
+    reference = full_mask.grad.sum().item()
+    bound = 2.0 ** -24 * full_mask.grad.abs().sum().item()
+    assert abs(mask.grad.double().item() - reference) <= bound, (mask.grad.item(), bound)
