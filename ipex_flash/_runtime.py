@@ -80,8 +80,8 @@ def _configure_environment() -> None:
 # kernels run on the OpenCL runtime's own (TBB) threads, which then share the cores with
 # spinning torch threads: inside a model, attention right after a projection ran 1.5-1.9x
 # slower than standalone. libgomp reads the setting once, when torch loads it; a short spin
-# (10000) removes the slowdown and keeps torch's back-to-back small ops as fast (NOTES.md,
-# "OpenMP contention"). OMP_WAIT_POLICY=PASSIVE also removes it, but makes small ops slower.
+# (10000) removes the slowdown and keeps torch's back-to-back small ops as fast.
+# OMP_WAIT_POLICY=PASSIVE also removes it, but makes small ops slower.
 _GOMP_SPINCOUNT = "10000"
 _OPENMP_SETTINGS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 

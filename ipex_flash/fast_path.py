@@ -1,7 +1,7 @@
 """The eager fast path of the forward: calls that need nothing the dispatcher gives (autograd,
 tracing, modes, transforms) skip it, and small CPU calls are prepared in C++ in one crossing.
 The op's way through torch.library (autograd wrapper, dispatcher, Python redispatch) cost more
-host time than a small call's kernels (benchmarks/NOTES.md, session 8)."""
+host time than a small call's kernels (measured on the CPU device)."""
 from __future__ import annotations
 
 import math

@@ -19,14 +19,11 @@ Meteor Lake and Arrow Lake-H spills 64-160 bytes at SIMD8. A register tile of 8 
 of 16 spilled more (224-320 bytes), and so did 32-bit mask offsets; no model we know combines
 all three. The third (sessions 10-11, cause not found): the float32 decode kernel for one row
 per K/V head at head dim 128 on GPUs without a large register file spills up to 512 bytes.
-IGC's allocation sits at its edge here and moves with changes elsewhere in the kernel: in
-session 10 Arc A-series spilled 448 bytes without score changes once the kernels' parameters
-grew (making one field 32-bit moved a spill of the same size to the bfloat16 kernel at head
-dim 64); in session 11, after the decode loop was split into score and P.V lambdas, that
-variant spilled nothing, the one with softcap, ALiBi and a mask 512 bytes, and Meteor Lake and
-Arrow Lake-H's 32-64 bytes; since session 12's split of the kernel into headers, Arc A-series
-spills nothing in either and Meteor Lake and Arrow Lake-H 32-64 bytes without score changes;
-since session 13's row slices, none of the three spills in either. Any other spill fails.
+IGC's allocation sits at its edge here and moves with changes elsewhere in the kernel (a
+field made 32-bit once moved a 448-byte spill from one variant to another; splitting the decode
+loop into score and P.V functions moved 512 bytes onto the variant with softcap, ALiBi and a
+mask); with the decode kernel's row slices none of the three spills in either. Any other spill
+fails.
 """
 from __future__ import annotations
 

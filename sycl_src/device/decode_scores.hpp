@@ -46,7 +46,7 @@ struct DecodeHeadRows {
 
 // Reads the V rows of step t of one head, returned xor-ed (RowVectors::touch), so that P.V
 // finds them in cache: P.V alone issues too few misses at a time to keep memory busy (bf16
-// decode +20-30 %, NOTES.md). The head-major order's read-ahead, while the K misses are in
+// decode +20-30 %). The head-major order's read-ahead, while the K misses are in
 // flight.
 template <class Tr>
 inline uint32_t decode_touch_v(sycl::sub_group sg, const KvRows<typename Tr::KV>& v,
@@ -61,8 +61,8 @@ inline uint32_t decode_touch_v(sycl::sub_group sg, const KvRows<typename Tr::KV>
 
 // Step-major (the CPU device): step t's K and V rows of every head of the group, read in one
 // burst before its scores. The CPU keeps only so many misses in flight, and compute spread
-// between them leaves it short of that; a burst fills them (NOTES.md, session 11: bf16 decode
-// +12 %, FP8 +20-25 %, a (B, H, N, D) cache +10-30 %). Key by key, the key's rows of every
+// between them leaves it short of that; a burst fills them (bf16 decode +12 %, FP8 +20-25 %,
+// a (B, H, N, D) cache +10-30 %). Key by key, the key's rows of every
 // head: one contiguous run of K and one of V in a (B, N, H, D) cache (+10 % over head by head
 // there; a (B, H, N, D) cache: the same).
 template <class Tr>

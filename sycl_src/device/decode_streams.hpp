@@ -9,8 +9,8 @@
 // Why: the CPU's prefetchers keep reads in flight under the compute for a few such streams.
 // With a step's keys side by side instead, several keys share each 4 KB page and are read in
 // alternation, and the prefetchers do not follow; the kernel then waits for each read.
-// Measured in scripts/stream_overlap.c and on the kernel (NOTES.md, decode session 14: bf16
-// decode 1.4x, fp32 1.2x, no burst of reads needed). Kernels of 8 or more rows keep the
+// Measured in scripts/stream_overlap.c and on the kernel (bf16 decode 1.4x, fp32 1.2x, no
+// burst of reads needed). Kernels of 8 or more rows keep the
 // consecutive order (step-major P.V loads and stores O every KEYS_PER_STEP keys, too often
 // with 2 or 1 keys per step), and so do (B, H, N, D) caches, whose heads are streams already.
 // Dimension legend as in decode_traits.hpp.

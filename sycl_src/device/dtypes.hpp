@@ -93,7 +93,7 @@ inline void fp8_word_to_float(float8_e4m3_bits, uint32_t word, float (&out)[4]) 
   // 13..7. S.1111.111, the only NaN, is the one magnitude whose carry from an added bit 7
   // reaches bit 14, which then makes the half's exponent all ones: a NaN without a compare
   // per element (23 vector instructions a word instead of 29: e4m3 decode 0.91x the time on the
-  // CPU device, NOTES.md session 15). GPUs keep the compares: with this form their one-row
+  // CPU device). GPUs keep the compares: with this form their one-row
   // decode grew from 6.9k to 18k instructions (gpu-check), unmeasured on hardware.
   const auto halves = [](uint32_t high_bytes) {
     const uint32_t magnitude = (high_bytes >> 1) & 0x3f803f80u;

@@ -20,7 +20,7 @@
 // Device functions taking pointers or arrays that the CPU device's compiler must inline. Past
 // its inline threshold it keeps one out of line, and its vectorizer, which must then treat the
 // pointer arguments as varying per lane, turns every load through them into gathers: decode
-// variants ran 10-20x slower (NOTES.md, decode session 13). GPUs inline every call anyway.
+// variants ran 10-20x slower. GPUs inline every call anyway.
 #if defined(IPEX_FLASH_CPU_LOOPS)
 #define IPEX_FLASH_INLINE __attribute__((always_inline))
 #else

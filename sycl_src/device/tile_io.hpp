@@ -186,7 +186,7 @@ inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
 
 // A row of K or V read by a sub-group as float vectors, one element per lane, straight from
 // memory with sub-group block loads: they state that the lanes read one contiguous run, where
-// lane-indexed loads from a computed row pointer became gathers on the CPU device (NOTES.md);
+// lane-indexed loads from a computed row pointer became gathers on the CPU device;
 // on GPUs they are the block reads such an access should use. The loads are 32-bit: 16-bit
 // block loads were lowered to one insert per element on the CPU device. So for a 16-bit T a
 // lane takes two neighbouring columns and one load gives PER_LOAD = 2 vectors (an FP8 T: four) (rows must then
@@ -227,7 +227,7 @@ struct RowVectors {
 
   // Reads a whole row of COLS columns (whole 32-bit words) and returns its words xor-ed: a
   // load issued early so that a later pass finds the row in cache, where the device's own
-  // prefetch compiled to a runtime call per line on the CPU device (NOTES.md). The caller must
+  // prefetch compiled to a runtime call per line on the CPU device. The caller must
   // keep the result alive.
   template <int COLS>
   static inline uint32_t touch(sycl::sub_group sg, const T* row) {

@@ -22,7 +22,7 @@ constexpr int kMergeGroup = 64;
 // multiple of the matrix tile's 16 rows). The work paid once per block (lane reductions of the
 // softmax, the score tile, barriers) then costs the same per byte read for every dtype and
 // head dim, and a block's K and V rows stay in L1 between the scores and P.V. Measured on the
-// 2-core CPU device (NOTES.md, decode session 6): bf16 d = 128 0.58 -> 0.66x copy with 32 keys
+// 2-core CPU device: bf16 d = 128 0.58 -> 0.66x the speed of a copy with 32 keys
 // instead of 16; fp32 d = 128 loses with 64, bf16 d = 64 gains with 64.
 constexpr int kDecodeBlockBytes = 8192;
 constexpr int kMinDecodeBlockKeys = 16, kMaxDecodeBlockKeys = 64;
@@ -86,8 +86,8 @@ size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_b
 
 // Whether the decode kernel reads its keys as streams (decode_streams.hpp): on the CPU device
 // (its vector scores, step-major), with at least 4 keys per step (at most 4 query rows per K/V
-// head), for a cache whose key rows hold the heads side by side. Measured in NOTES.md (decode
-// session 14): with 8 rows per head, or a (B, H, N, D) cache, the consecutive order is faster.
+// head), for a cache whose key rows hold the heads side by side. Measured on the CPU device:
+// with 8 rows per head, or a (B, H, N, D) cache, the consecutive order is faster.
 bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
   return variant.cpu_device && variant.matrix_m == 0 && heads_interleaved &&
          DECODE_LANES / variant.block_m >= 4;
@@ -129,8 +129,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   if (key_streams) {
     variant.features |= FEATURE_KEY_STREAMS;
     // The most keys per block: V is read in a pass of its own, so a block's rows need not stay
-    // in L1, and the softmax and barriers come less often (NOTES.md, decode session 14: bf16
-    // 12.0 -> 11.2 ms, fp32 18.2 -> 17.5; 128 or 256 keys within noise of 64).
+    // in L1, and the softmax and barriers come less often (CPU device: bf16 12.0 -> 11.2 ms,
+    // fp32 18.2 -> 17.5; 128 or 256 keys within noise of 64).
     variant.block_n = kMaxDecodeBlockKeys;
   }
   variant.slm_bytes =

@@ -16,7 +16,7 @@ namespace ipex_flash {
 // max_sliced_decode_tokens(heads_kv) new tokens; otherwise the general forward kernel (which
 // also reads paged caches) is used. The general kernel reads the keys once per query head
 // whatever its few rows (a Q block of mostly padding), the slices once per slice. On the CPU
-// device (NOTES.md, session 15; B=2, causal, same process) slices won 1.6-7.5x with 8 or 16
+// device (B=2, causal, same process) slices won 1.6-7.5x with 8 or 16
 // new tokens in all 12 cases (MQA 32/1, 128/1, GQA 32/8, 64/8; fp32 and bf16; 8k keys, and
 // 64k once), with 32 won 1.3-2.0x on one or two K/V heads and lost 0.8-0.9x on four or eight,
 // and with 64 lost or tied (0.4-1.0x).

@@ -1,8 +1,7 @@
 // The small-call path of ipex_flash.scaled_dot_product_attention on the SYCL CPU device: few
 // query rows per K/V head (decoding, short queries), no mask, sinks, softcap or dropout. What a
 // call needs besides its output tensors (views, options, the split scratch) is made here, in
-// one crossing from Python: made in Python, it cost more than the decode kernels themselves
-// (NOTES.md, "Host overhead").
+// one crossing from Python: made in Python, it cost more than the decode kernels themselves.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
