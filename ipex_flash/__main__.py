@@ -17,42 +17,48 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import gpu_check, selftest
+from ipex_flash import gpu_check, launch, selftest
 from ipex_flash._runtime import C, default_cache_dir
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def _best_seconds(fn, repeats: int, device: torch.device) -> float:
     fn()  # warm-up (and, for ipex_flash, the first-use kernel build)
+    launch.synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        launch.synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 
 
 def demo(args) -> None:
     dtype = _DTYPES[args.dtype]
-    info = C.device_info()
-    print(f"device: {info['name']} ({info['platform']}), {info['compute_units']} compute units")
+    device = torch.device(args.device) if args.device else launch.default_device()
+    info = C.device_info(launch.queue_handle(device))
+    print(f"device: torch {device} -> {info['name']} ({info['platform']}), "
+          f"{info['compute_units']} compute units")
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(shape, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(shape, dtype=dtype, device=device) for _ in range(3))
     out = ipex_flash.attention(q, k, v, causal=args.causal)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
     error = (out.float() - sdpa.float()).abs().max().item()
     print(f"attention(q, k, v, causal={args.causal}) with q, k, v {tuple(shape)} {args.dtype}")
     print(f"output {tuple(out.shape)} {out.dtype}; max |ipex_flash - SDPA| = {error:.2e}")
-    ours = _best_seconds(lambda: ipex_flash.attention(q, k, v, causal=args.causal), args.repeats)
+    ours = _best_seconds(lambda: ipex_flash.attention(q, k, v, causal=args.causal), args.repeats,
+                         device)
     theirs = _best_seconds(
-        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal), args.repeats)
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal), args.repeats,
+        device)
     flops = 4 * args.batch * args.heads * args.seq_len**2 * args.head_dim
     flops *= 0.5 if args.causal else 1.0
     print(f"ipex_flash: {ours * 1e3:8.1f} ms  {flops / ours / 1e9:7.1f} GFLOP/s")
     print(f"torch SDPA: {theirs * 1e3:8.1f} ms  {flops / theirs / 1e9:7.1f} GFLOP/s "
-          f"({torch.get_num_threads()} threads)")
+          + (f"({torch.get_num_threads()} threads)" if device.type == "cpu" else ""))
     print(f"ipex_flash / SDPA throughput: {theirs / ours:.2f}x")
 
 
@@ -94,6 +100,8 @@ def main() -> None:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default=None,
+                   help="cpu, xpu or xpu:N (default: xpu where torch has one, else cpu)")
     p.set_defaults(func=demo)
     p = commands.add_parser("warmup", help="build kernel variants into the persistent cache")
     p.add_argument("--dtypes", nargs="+", choices=sorted(_DTYPES), default=sorted(_DTYPES))

@@ -24,6 +24,21 @@ def queue_handle(device: torch.device) -> int:
     return int(torch.xpu.current_stream(device).sycl_queue)
 
 
+def default_device() -> torch.device:
+    """The first XPU where torch has one (an Intel GPU with an XPU build of torch), else the
+    CPU, whose tensors run on the SYCL CPU device."""
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu")
+    return torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's queued work (XPU work runs asynchronously; CPU calls return
+    when done)."""
+    if device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
 def warn_openmp_spin() -> None:
     _runtime.OPENMP_SPIN = "warned"
     warnings.warn(

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import ops
+from ipex_flash import launch, ops
 from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference, flash_attn_reference
 
@@ -262,9 +262,11 @@ def available(device: str) -> bool:
     return dev.type == "cpu" or (dev.type == "xpu" and (dev.index or 0) < xpus)
 
 
-def run(device: str = "cpu", quick: bool = False, json_path: str | None = None) -> int:
-    """Runs the checks on device and prints the table. Returns 0 when all pass, 1 when one
-    fails, 2 when the device is not available."""
+def run(device: str | None = None, quick: bool = False, json_path: str | None = None) -> int:
+    """Runs the checks on device (None: launch.default_device()) and prints the table, the
+    device first. Returns 0 when all pass, 1 when one fails, 2 when the device is not available."""
+    if device is None:
+        device = str(launch.default_device())
     if not available(device):
         print(f"ipex_flash selftest: device {device!r} is not available: use cpu, or xpu[:N] "
               f"with an Intel GPU and an XPU build of torch (this is {torch.__version__})")
@@ -291,7 +293,8 @@ def run(device: str = "cpu", quick: bool = False, json_path: str | None = None) 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--device", default="cpu",
-                        help="cpu (the SYCL CPU device), xpu or xpu:N (default: cpu)")
+    parser.add_argument("--device", default=None,
+                        help="cpu (the SYCL CPU device), xpu or xpu:N (default: xpu where "
+                             "torch has one, else cpu)")
     parser.add_argument("--quick", action="store_true", help="fewer cases per kernel family")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")

@@ -79,4 +79,17 @@ def test_arguments():
     selftest.add_arguments(parser)
     args = parser.parse_args(["--device", "xpu:1", "--quick", "--json", "out.json"])
     assert (args.device, args.quick, args.json) == ("xpu:1", True, "out.json")
-    assert parser.parse_args([]).device == "cpu"
+    assert parser.parse_args([]).device is None  # launch.default_device()
+
+
+def test_default_device_is_an_xpu_where_torch_has_one(monkeypatch):
+    """The demo and the self-test run where a user's model would: on the XPU when torch has
+    one, else on the CPU (the SYCL CPU device)."""
+    import torch
+    from ipex_flash import launch
+    has_xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
+    assert launch.default_device().type == ("xpu" if has_xpu else "cpu")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    assert launch.default_device() == torch.device("xpu")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    assert launch.default_device() == torch.device("cpu")
