@@ -9,5 +9,5 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # torch first and pinned, so nothing below resolves a different (e.g. CUDA) build.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check ".[test,transformers]"
+.venv/bin/pip install --quiet --disable-pip-version-check ".[cpu,test,transformers]"
 bash scripts/install_ocloc.sh .venv/ocloc

@@ -17,7 +17,7 @@ printf '%s\n' intel-sycl-rt==2026.0.0 intel-cmplr-lib-ur==2026.0.0 intel-cmplr-l
 constraints="$floor"
 [ -f /etc/xdg/pip/constraints.txt ] && constraints="/etc/xdg/pip/constraints.txt $floor"
 .venv-floor/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-PIP_CONSTRAINT="$constraints" .venv-floor/bin/pip install --quiet --disable-pip-version-check ".[test]"
+PIP_CONSTRAINT="$constraints" .venv-floor/bin/pip install --quiet --disable-pip-version-check ".[cpu,test]"
 .venv-floor/bin/python -c "import importlib.metadata as m; v = m.version('intel-sycl-rt'); \
 assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
 bash scripts/install_ocloc.sh .venv-floor/ocloc

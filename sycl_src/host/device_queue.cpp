@@ -19,9 +19,11 @@ sycl::queue& cpu_queue() {
     } catch (const sycl::exception& e) {
       throw std::runtime_error(
           std::string("ipex_flash: no SYCL CPU device: ") + e.what() +
-          "\nThe OpenCL CPU runtime (pip package intel-opencl-rt, 2026.0.x-2026.1.x) must be installed, "
-          "and OCL_ICD_FILENAMES must name its libintelocl.so before the first SYCL call "
-          "(ipex_flash sets it on import when it is unset).");
+          "\nCPU tensors need the SYCL CPU device: pip install 'ipex_flash[cpu]' (Intel's "
+          "OpenCL CPU runtime, with a SYCL runtime of 2026.0.x-2026.1.x, whose Unified Runtime "
+          "has the OpenCL adapter; 2026.2 has Level Zero only). OCL_ICD_FILENAMES must name "
+          "its libintelocl.so before the first SYCL call (ipex_flash sets it on import when "
+          "it is unset).");
     }
   }();
   return *queue;
