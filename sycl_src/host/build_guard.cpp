@@ -54,7 +54,9 @@ struct GuardState {
   std::mutex mutex;
   BuildGuard guard;
   bool enabled = false;
-  std::unordered_map<std::string, Verdict> verdicts;  // by verdict key, this process
+  // This process's verdicts, by device and program_text: a lookup per call, so nothing in it
+  // asks the device anything.
+  std::unordered_map<std::string, Verdict> verdicts;
 };
 
 GuardState& state() {
@@ -82,14 +84,20 @@ std::string joined_kernels(const KernelProgram& program) {
   return joined;
 }
 
-// Names the program on this device, driver, CPU target and device source: a verdict holds
-// for exactly these.
-std::string verdict_key(const sycl::device& device, const KernelProgram& program) {
-  const char* target = std::getenv("CL_CONFIG_CPU_TARGET_ARCH");
-  std::string text = device_description(device) + "|" +
-                     device.get_info<sycl::info::device::driver_version>() + "|" +
-                     (target ? target : "") + "|" + program.header + "|" + joined_kernels(program);
+// The program's header, kernels and build options in one string.
+std::string program_text(const KernelProgram& program) {
+  std::string text = program.header + "|" + joined_kernels(program);
   for (const std::string& option : program.options) text += "|" + option;
+  return text;
+}
+
+// Names the program on this device, driver, CPU target and device source: a verdict kept on
+// disk holds for exactly these.
+std::string verdict_key(const sycl::device& device, const std::string& program) {
+  const char* target = std::getenv("CL_CONFIG_CPU_TARGET_ARCH");
+  const std::string text = device_description(device) + "|" +
+                           device.get_info<sycl::info::device::driver_version>() + "|" +
+                           (target ? target : "") + "|" + program;
   char hex[40];
   std::snprintf(hex, sizeof(hex), "%016llx-%016llx",
                 static_cast<unsigned long long>(fnv1a(text)),
@@ -229,29 +237,38 @@ bool program_builds(sycl::queue& queue, const KernelProgram& program,
                     const KernelVariant& variant) {
   if (!covered(variant)) return true;
   GuardState& s = state();
-  // Held across the child's build: concurrent first calls of one program run it once.
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (!s.enabled) return true;
   const sycl::device device = queue.get_device();
-  const std::string key = verdict_key(device, program);
-  auto known = s.verdicts.find(key);
-  if (known != s.verdicts.end()) return known->second.builds;
-
-  const std::string path_base = s.guard.verdict_dir + "/" + key;
+  const std::string text = program_text(program);
+  const std::string process_key = std::to_string(std::hash<sycl::device>{}(device)) + "|" + text;
   Verdict verdict;
-  if (!read_verdict(path_base, verdict)) {
-    bool recorded = false;
-    verdict = probe(s.guard, device, program, key, recorded);
-    if (recorded) write_verdict(path_base, verdict);
-    else if (!verdict.reason.empty() && s.guard.warn)
-      s.guard.warn("ipex_flash: could not check the build of " + joined_kernels(program) +
-                   " in a child process (" + verdict.reason + "); building it in this process");
+  std::string unchecked;  // why the child could not tell, if it could not
+  std::function<void(const std::string&)> warn;
+  {
+    // Held across the child's build: concurrent first calls of one program run it once. Not
+    // held while warning, which takes the GIL (a Python thread may be waiting here with it).
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.enabled) return true;
+    auto known = s.verdicts.find(process_key);
+    if (known != s.verdicts.end()) return known->second.builds;
+    const std::string key = verdict_key(device, text);
+    const std::string path_base = s.guard.verdict_dir + "/" + key;
+    if (!read_verdict(path_base, verdict)) {
+      bool recorded = false;
+      verdict = probe(s.guard, device, program, key, recorded);
+      if (recorded) write_verdict(path_base, verdict);
+      else unchecked = verdict.reason;
+    }
+    s.verdicts.emplace(process_key, verdict);
+    warn = s.guard.warn;
   }
-  s.verdicts.emplace(key, verdict);
-  if (!verdict.builds && s.guard.warn)
-    s.guard.warn("ipex_flash: " + device_description(device) + "'s compiler cannot build " +
-                 joined_kernels(program) + ": " + verdict.reason +
-                 ". These calls run the vector kernels instead.");
+  if (!warn) return verdict.builds;
+  if (!unchecked.empty())
+    warn("ipex_flash: could not check the build of " + joined_kernels(program) +
+         " in a child process (" + unchecked + "); building it in this process");
+  if (!verdict.builds)
+    warn("ipex_flash: " + device_description(device) + "'s compiler cannot build " +
+         joined_kernels(program) + ": " + verdict.reason +
+         ". These calls run the vector kernels instead.");
   return verdict.builds;
 }
 
