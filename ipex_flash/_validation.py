@@ -69,6 +69,9 @@ def check_attention_inputs(
     check_scale(fn, scale, "scale")
 
 
+INT32_MAX = 2**31 - 1  # the kernels' sizes, positions and windows are 32-bit
+
+
 def softmax_scale(scale: Optional[float], head_dim: int, fn: str = "ipex_flash",
                   name: str = "softmax_scale") -> float:
     """The scale applied to q.k: 1/sqrt(head_dim) for None. A NaN or infinite scale would
@@ -125,7 +128,13 @@ def check_window(fn: str, window_size) -> tuple[int, int]:
         raise ValueError(f"{fn}: window_size must be a pair of ints (left, right), got {window_size!r}")
     if left < -1 or right < -1:
         raise ValueError(f"{fn}: window_size values must be >= -1 (-1 = unbounded), got {window_size!r}")
-    return left, right
+    return window_bound(left), window_bound(right)
+
+
+def window_bound(window: int) -> int:
+    """A window side as the kernels take it (32-bit): one wider than any sequence can be
+    hides nothing, so it is the unbounded -1."""
+    return -1 if window > INT32_MAX else window
 
 
 def check_softcap(fn: str, softcap: float) -> None:

@@ -10,7 +10,7 @@ from ipex_flash import ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_flash_inputs, check_sinks, check_softcap,
-    check_window)
+    INT32_MAX, check_window, window_bound)
 
 Tensor = torch.Tensor
 
@@ -28,8 +28,9 @@ def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softma
     options = C.AttentionOptions()
     options.scale = softmax_scale_value
     # flash-attn aligns masks to the bottom-right corner; causal is the window (left, 0).
-    options.mask = C.MaskParams(window_left=window_left,
-                                window_right=0 if causal else window_right, bottom_right=True)
+    options.mask = C.MaskParams(window_left=window_bound(window_left),
+                                window_right=0 if causal else window_bound(window_right),
+                                bottom_right=True)
     options.dropout = ops.dropout_params(dropout_p, dropout_seed)
     options.softcap = softcap
     if alibi_slopes is not None:
@@ -60,8 +61,8 @@ def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         if batch_k != batch:
             raise ValueError(f"{fn}: cu_seqlens_k describes {batch_k} sequences, cu_seqlens_q {batch}")
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{fn}: {name} must be an int >= 0, got {value!r}")
+            if not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+                raise ValueError(f"{fn}: {name} must be an int in [0, 2^31 - 1], got {value!r}")
         if cu_seqlens_q.device.type != "meta":
             for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
                 longest = int((cu[1:] - cu[:-1]).max())

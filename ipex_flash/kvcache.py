@@ -17,7 +17,7 @@ import torch
 from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
 from ipex_flash._validation import (
-    check_alibi, check_scale, check_sinks, check_softcap, check_window)
+    check_alibi, check_scale, check_sinks, check_softcap, check_window, window_bound)
 from ipex_flash.kvcache_checks import (
     cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash._validation import softmax_scale as resolve_scale
@@ -66,6 +66,21 @@ def _outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
                             device=q.device)
 
 
+def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:
+    """The caches an append writes into in place: elements of their own (an expanded cache
+    would have one write land on every row sharing it), and outside autograd (which cannot
+    follow writes into a tensor that requires grad)."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.requires_grad:
+            raise ValueError(f"{_FN}: {name} requires grad, and appending k, v writes into it in "
+                             "place; pass a cache that does not (e.g. cache.detach())")
+        shared = [d for d in range(cache.dim()) if cache.stride(d) == 0 and cache.shape[d] > 1]
+        if shared:
+            raise ValueError(f"{_FN}: {name} is expanded (stride 0 in dimension {shared[0]}), and "
+                             "appending k, v writes into it in place; pass a cache with memory "
+                             "of its own (e.g. cache.clone())")
+
+
 def cache_options(scale: float, causal: bool, window_left: int, window_right: int,
                   softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
                   seqlens_k: Tensor, max_len_k: int, block_table: Optional[Tensor],
@@ -76,7 +91,8 @@ def cache_options(scale: float, causal: bool, window_left: int, window_right: in
     keeps them alive and dense until the launch has returned."""
     options = C.AttentionOptions()
     options.scale = scale
-    options.mask = C.MaskParams(window_left=window_left, window_right=0 if causal else window_right,
+    options.mask = C.MaskParams(window_left=window_bound(window_left),
+                                window_right=0 if causal else window_bound(window_right),
                                 bottom_right=True)
     options.softcap = softcap
     if alibi_slopes is not None:
@@ -212,6 +228,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     seqlens_k = cache_seqlens
     if (k is None) != (v is None):
         raise ValueError(f"{_FN}: k and v must be given together")
+    if k is not None:
+        check_appendable(k_cache, v_cache)
     if k is not None:
         for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
             expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, cache.shape[2],

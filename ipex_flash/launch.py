@@ -117,7 +117,9 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v, queue):
         batch, heads_q, len_q, head_dim = q.shape
         heads_kv, head_dim_v = k.shape[1], v.shape[3]
-        splits = num_splits or C.decode_num_splits(
+        # A split holds one key at least: more splits than keys would only be empty.
+        keys = k.shape[2] if max_len_k is None else max_len_k
+        splits = min(num_splits, max(keys, 1)) or C.decode_num_splits(
             batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v),
             k.shape[2] if max_len_k is None else max_len_k, queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),

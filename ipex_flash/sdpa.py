@@ -51,12 +51,12 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
 
 def _as_bhnd(t: Tensor) -> Tensor:
     """(..., H, N, D) as (B, H, N, D), B the product of the leading dimensions (a view
-    whenever the strides allow)."""
+    whenever the strides allow; given, not inferred, so that empty tensors reshape too)."""
     if t.dim() == 2:
         return t.unsqueeze(0).unsqueeze(0)
     if t.dim() == 3:
         return t.unsqueeze(0)
-    return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+    return t if t.dim() == 4 else t.reshape(math.prod(t.shape[:-3]), *t.shape[-3:])
 
 
 def _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> None:
@@ -86,6 +86,10 @@ def _contract_error(query, key, value, attn_mask, dropout_p, is_causal,
     if key.shape[-1] != query.shape[-1]:
         return ValueError(f"{_FN}: key's head dim (last dimension) must equal query's "
                           f"({query.shape[-1]}), got {key.shape[-1]}")
+    for name, t in (("query", query), ("value", value)):
+        if t.shape[-1] < 1:
+            return ValueError(f"{_FN}: {name}'s head dim (last dimension) must be at least 1, "
+                              f"got shape {tuple(t.shape)}")
     heads_q = query.shape[-3] if query.dim() >= 3 else 1
     heads_kv = key.shape[-3] if key.dim() >= 3 else 1
     if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):

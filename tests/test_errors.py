@@ -107,3 +107,63 @@ def test_meaningless_scale_is_refused_everywhere(scale):
         ipex_flash.flash_attn_varlen_func(q[:, :1].flatten(0, 1), k_cache, v_cache,
                                           torch.tensor([0, 1, 2], dtype=torch.int32), cu_k, 1,
                                           12, softmax_scale=scale, block_table=page_table)
+
+
+def test_sdpa_head_dim_zero_is_refused():
+    q = torch.randn(1, 2, 5, 0)
+    with pytest.raises(ValueError, match="query's head dim .* must be at least 1"):
+        ipex_flash.scaled_dot_product_attention(q, q, q)
+
+
+def test_sdpa_zero_query_rows_with_leading_dims():
+    """As torch: an empty output of the right shape, also with leading dimensions."""
+    q, k = torch.randn(1, 1, 1, 0, 1), torch.randn(1, 1, 1, 3, 1)
+    out = ipex_flash.scaled_dot_product_attention(q, k, k)
+    assert out.shape == torch.nn.functional.scaled_dot_product_attention(q, k, k).shape
+
+
+def test_window_wider_than_32_bits_is_no_window():
+    """The kernels' windows are 32-bit; a wider one hides nothing, as no window."""
+    q, k, v = torch.randn(1, 20, 2, 32), torch.randn(1, 30, 2, 32), torch.randn(1, 30, 2, 32)
+    unbounded = ipex_flash.flash_attn_func(q, k, v, window_size=(-1, -1))
+    for window in [(2**31, 2**31), (2**40, 2**63)]:
+        assert torch.equal(ipex_flash.flash_attn_func(q, k, v, window_size=window), unbounded)
+    k_cache, v_cache = torch.randn(1, 30, 2, 32), torch.randn(1, 30, 2, 32)
+    assert torch.equal(
+        ipex_flash.flash_attn_with_kvcache(q[:, :1], k_cache, v_cache, window_size=(2**40, 0)),
+        ipex_flash.flash_attn_with_kvcache(q[:, :1], k_cache, v_cache))
+
+
+def test_max_seqlen_beyond_32_bits_is_refused():
+    q = torch.randn(5, 2, 32)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    for name, lengths in (("max_seqlen_q", (2**31, 5)), ("max_seqlen_k", (5, 2**40))):
+        with pytest.raises(ValueError, match=name + r" must be an int in \[0, 2\^31 - 1\]"):
+            ipex_flash.flash_attn_varlen_func(q, q, q, cu, cu, *lengths)
+
+
+def test_more_splits_than_keys_is_as_many_as_keys():
+    """num_splits is a hint: beyond the number of keys it would only add empty splits (and
+    once asked for memory in proportion)."""
+    q, k_cache, v_cache = torch.randn(2, 1, 4, 32), torch.randn(2, 50, 2, 32), torch.randn(2, 50, 2, 32)
+    huge = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=2**40)
+    as_many = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=50)
+    assert torch.equal(huge, as_many)
+
+
+@pytest.mark.parametrize("which", ["expanded", "requires_grad"])
+def test_append_into_a_shared_or_differentiable_cache_is_refused(which):
+    k_cache = torch.zeros(2, 8, 2, 32)
+    v_cache = torch.zeros(2, 8, 2, 32)
+    if which == "expanded":
+        k_cache = torch.zeros(1, 8, 2, 32).expand(2, 8, 2, 32)
+        message = r"k_cache is expanded \(stride 0 in dimension 0\)"
+    else:
+        v_cache.requires_grad_()
+        message = "v_cache requires grad"
+    before = k_cache.clone(), v_cache.detach().clone()
+    new = torch.randn(2, 1, 2, 32)
+    with pytest.raises(ValueError, match=message):
+        ipex_flash.flash_attn_with_kvcache(torch.randn(2, 1, 2, 32), k_cache, v_cache, k=new,
+                                           v=new, cache_seqlens=1)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache.detach(), before[1])
