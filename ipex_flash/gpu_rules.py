@@ -1,4 +1,4 @@
-"""The rules gpu-check enforces on every kernel a GPU would build (README, "Intel GPUs").
+"""The rules gpu-check enforces on every kernel a GPU would build (docs/gpus.md).
 
 - it builds for the target (the host planned it, and ocloc compiled it);
 - its local memory fits the target's, and the host's estimate for the variant covers it (the
@@ -8,7 +8,7 @@
 - an XMX kernel contains DPAS instructions;
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
-Three spills are known and reported as such rather than failed (README, "Intel GPUs"). The 16-bit
+Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
 decode kernel serving 8 or more query rows per K/V head with softcap or ALiBi on GPUs without a
 large register file (Arc A-series, Meteor Lake, Arrow Lake-H). It keeps each row's Q slice and
 a 16-wide partial-score tile per lane, and the score changes' code in the step loop takes it

@@ -1,7 +1,7 @@
-"""The GPU status table of README.md, from a gpu-check JSON file.
+"""The GPU status table of docs/gpus.md, from a gpu-check JSON file.
 
     python -m ipex_flash gpu-check --full --json benchmarks/gpu_check_full.json
-    python scripts/gpu_status_table.py benchmarks/gpu_check_full.json --readme README.md
+    python scripts/gpu_status_table.py benchmarks/gpu_check_full.json --readme docs/gpus.md
 
 Several JSON files (runs over different targets) are merged.
 
@@ -92,7 +92,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json_files", nargs="+", help="gpu-check --json outputs (merged)")
-    parser.add_argument("--readme", help="README.md to update between the gpu-status markers")
+    parser.add_argument("--readme",
+                        help="the Markdown file to update between the gpu-status markers "
+                             "(docs/gpus.md)")
     args = parser.parse_args()
     table = markdown(merge(args.json_files))
     print(table)

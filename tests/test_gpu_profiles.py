@@ -33,7 +33,7 @@ def profile(request, monkeypatch):
     C.set_device_profile("")
 
 
-# The one gap (README, "Intel GPUs"): the vector backward's dK/dV kernel keeps K, V, dK, dV
+# The one gap (docs/gpus.md): the vector backward's dK/dV kernel keeps K, V, dK, dV
 # and a Q and dO tile of 16 rows in float32 local memory, 74 KB at head dim 192, so head dims
 # above 160 have no vector backward on GPUs with 64 KiB per work-group. The matrix backward
 # (16-bit inputs on DG2 / Arrow Lake-H, 8-wide) fits there with smaller key blocks.
