@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -123,10 +124,15 @@ int device_index(const sycl::device& device) {
   return -1;
 }
 
-// Runs the child; returns its wait status, or -1 when it could not be started or timed out
-// (`reason` says which).
-int run_probe(const BuildGuard& guard, int device, const KernelProgram& program,
-              const std::string& log_path, std::string& reason) {
+// How a child's run ended: its wait status, or why there is none.
+struct ProbeRun {
+  enum Outcome { kExited, kNotStarted, kTimedOut } outcome;
+  int status = 0;       // waitpid's, for kExited
+  std::string reason;   // for the others
+};
+
+ProbeRun run_probe(const BuildGuard& guard, int device, const KernelProgram& program,
+                   const std::string& log_path) {
   std::vector<std::string> args = {guard.python, "-I", "-c", kProbeScript, guard.module_path,
                                    std::to_string(device), program.header,
                                    std::to_string(program.kernels.size())};
@@ -145,25 +151,22 @@ int run_probe(const BuildGuard& guard, int device, const KernelProgram& program,
   const int spawned =
       posix_spawn(&pid, guard.python.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    reason = std::string("could not start ") + guard.python + ": " + std::strerror(spawned);
-    return -1;
-  }
+  if (spawned != 0)
+    return {ProbeRun::kNotStarted, 0,
+            std::string("could not start ") + guard.python + ": " + std::strerror(spawned)};
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
   for (;;) {
     const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) return status;
-    if (done < 0 && errno != EINTR) {
-      reason = std::string("lost the child: ") + std::strerror(errno);
-      return -1;
-    }
+    if (done == pid) return {ProbeRun::kExited, status, ""};
+    if (done < 0 && errno != EINTR)
+      return {ProbeRun::kNotStarted, 0, std::string("lost the child: ") + std::strerror(errno)};
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
         kProbeTimeoutSeconds) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
-      reason = "the build did not finish in " + std::to_string(int(kProbeTimeoutSeconds)) + " s";
-      return -1;
+      return {ProbeRun::kTimedOut, 0,
+              "the build did not finish in " + std::to_string(int(kProbeTimeoutSeconds)) + " s"};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -177,16 +180,11 @@ Verdict probe(const BuildGuard& guard, const sycl::device& device, const KernelP
   const int index = device_index(device);
   if (index < 0) return {true, ""};
   const std::string log_path = guard.verdict_dir + "/" + key + ".log";
-  std::string reason;
-  const int status = run_probe(guard, index, program, log_path, reason);
-  if (status == -1) {
-    if (reason.rfind("the build did not finish", 0) == 0) {
-      recorded = true;
-      return {false, reason};
-    }
-    return {true, reason};
-  }
+  const ProbeRun run = run_probe(guard, index, program, log_path);
+  if (run.outcome == ProbeRun::kNotStarted) return {true, run.reason};
   recorded = true;
+  if (run.outcome == ProbeRun::kTimedOut) return {false, run.reason};
+  const int status = run.status;
   if (WIFSIGNALED(status))
     return {false, std::string("the compiler crashed (") + strsignal(WTERMSIG(status)) +
                        "); its output: " + log_path};
