@@ -120,8 +120,8 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         # A split holds one key at least: more splits than keys would only be empty.
         keys = k.shape[2] if max_len_k is None else max_len_k
         splits = min(num_splits, max(keys, 1)) or C.decode_num_splits(
-            batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v),
-            k.shape[2] if max_len_k is None else max_len_k, queue)
+            batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v), keys,
+            queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),
                                   dtype=torch.float32, device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
