@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "dropout.hpp"
+#include "kernel_props.hpp"
 #include "mask.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
@@ -55,7 +56,8 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
   float factor[N];  // dropout: 1/(1-p) kept, 0 dropped
 #pragma unroll
   for (int j = 0; j < N; ++j) factor[j] = 1.f;
-  if (c.dropout.enabled) dropout_factors_for_keys(c.dropout, batch_head, row, key0, factor);
+  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false))
+    dropout_factors_for_keys(c.dropout, batch_head, row, key0, factor);
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const float prob = sycl::exp2(qk[j] - stats.lse_log2);

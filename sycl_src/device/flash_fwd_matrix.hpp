@@ -15,16 +15,15 @@
 // probabilities P^T (packed two keys to a word, the layout the matrix engine takes for B) and
 // the accumulator O^T, which the online softmax rescales. Q^T is packed once.
 //
-// The price is V^T. flash_fwd_pack_kv_kernel (below) runs first and writes every K/V block once
-// in the order the products read it: K (kv, d) and V^T (d, kv), zero-padded to whole blocks
-// and the compiled head dim, one contiguous run per block (PackedKv). The main kernel loads
-// its A tiles straight from there; transposing V per work-group instead (64 times per K/V
-// block at N = 4096) took a third of the kernel's time. With nothing of K or V in SLM, the
+// This SLM-staged form serves AMX, whose eight tile registers cannot hold a block's
+// accumulators, and whose layout of a tile's elements over a sub-group's work-items is not
+// known to be the lane-column layout flash_fwd_matrix_registers.hpp needs; GPUs and the
+// emulation run that one.
+// K and V^T come from the packed copy (fwd_pack_kv.hpp). With nothing of K or V in SLM, the
 // sub-groups never wait on each other: there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
-// FP8 caches (kv_quant.hpp) are converted to T by the pack, exactly (every e4m3 and e5m2 value
-// is a float16 and a bfloat16), and their descales folded into the score scale and the final
-// normalisation as in the vector kernel.
+// FP8 caches' descales are folded into the score scale and the final normalisation as in the
+// vector kernel.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -33,6 +32,7 @@
 #include "kernel_props.hpp"
 #include "dropout.hpp"
 #include "fwd_block.hpp"
+#include "fwd_pack_kv.hpp"
 #include "kv_quant.hpp"
 #include "mask.hpp"
 #include "matrix_tile.hpp"
@@ -45,20 +45,6 @@
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
-
-// The packed K/V copy: per (batch, K/V head) kv_blocks blocks, each K (BLOCK_N x HEAD_DIM)
-// followed by V^T (HEAD_DIM x BLOCK_N), in the input dtype.
-template <typename T, int HEAD_DIM, int BLOCK_N>
-struct PackedKv {
-  static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
-
-  // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM.
-  static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
-    const int64_t index =
-        (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + blk;
-    return static_cast<T*>(p.kv_packed) + index * BLOCK_ELEMENTS;
-  }
-};
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N>
@@ -114,8 +100,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
     const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
-    const bool fully_visible =
-        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
+    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 
     // S^T for this sub-group's rows: S_STRIPS x MATRIX_M keys at a time.
     for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M)
@@ -151,7 +137,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
         probs[j] = softmax.probability(s_t[c0 + j][lid]);
         block_sum += probs[j];
       }
-      if (c.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
+      // After the row sum: dropout rescales P, not the softmax.
+      if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
         float factor[MATRIX_KEY_CHUNK];
         dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
 #pragma unroll
@@ -174,33 +161,6 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   }
 
   write_output_row<T>(p, block, lid, acc_t, softmax, descale.v);
-}
-
-// Writes one block of the packed K/V copy (PackedKv): K and V^T of BLOCK_N keys of one
-// (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
-// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's, in T
-// or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2, else 0).
-template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES>
-SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-void flash_fwd_pack_kv_kernel(FwdParams p) {
-  const AttentionCommon& c = p.common;
-  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const int lid = static_cast<int>(item.get_local_id(0));
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.kv_blocks,
-                                       c.dims.heads_kv(), /*reverse_blocks=*/false);
-  const int batch = coord.batch, head_kv = coord.head;
-  const SeqInfo seq = seq_info(c, batch);
-  const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
-  const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
-  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, coord.block);
-  T* v_block = k_block + BLOCK_N * HEAD_DIM;
-  using KV = kv_storage_t<T, KV_FEATURES>;
-  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
-                               kv_rows<KV>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
-                               rows, c.dims.head_dim, lid, BLOCK_N);
-  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
-                                          kv_rows<KV>(p.v, p.v_stride, c, seq, batch, head_kv),
-                                          kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
 }
 
 }  // namespace ipex_flash

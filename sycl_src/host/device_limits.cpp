@@ -49,6 +49,7 @@ DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_devic
   limits.large_grf = large_grf;
   limits.fp8_decode = large_grf;
   limits.matrix_by_default = matrix_by_default;
+  limits.matrix_lane_columns = true;
   return limits;
 }
 
@@ -135,6 +136,7 @@ DeviceLimits limits_of(const sycl::device& device) {
   limits.large_grf = is_xe_hpc_or_xe2(device);
   limits.fp8_decode = limits.is_cpu || limits.large_grf;
   limits.matrix_masked_backward = !limits.is_cpu;
+  limits.matrix_lane_columns = !limits.is_cpu;
   return limits;
 }
 
@@ -146,6 +148,7 @@ DeviceLimits profile_on_cpu(const DeviceLimits& profile, const DeviceLimits& cpu
   DeviceLimits limits = profile;
   limits.large_grf = false;
   limits.matrix_masked_backward = cpu.matrix_masked_backward;  // the CPU's compiler builds it
+  limits.matrix_lane_columns = cpu.matrix_lane_columns;        // and its engine runs it
   limits.matrix.clear();
   for (const MatrixShape& shape : profile.matrix) {
     const int m = shape.m > 0 ? shape.m : shape.max_m;

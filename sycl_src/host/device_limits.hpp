@@ -42,6 +42,10 @@ struct DeviceLimits {
   // process building the dK/dV and dQ matrix kernels together, and the dQ kernel built apart
   // computed wrong gradients. There such calls take the vector backward.
   bool matrix_masked_backward = true;
+  // The matrix engine lays a sub-group's tiles out in lane columns (matrix_registers.hpp), so
+  // the forward keeps its tiles in registers: XMX on every Intel GPU. Not AMX, whose tiles
+  // take the SLM-staged forward (flash_fwd_matrix.hpp). Kept by a profile on the CPU device.
+  bool matrix_lane_columns = false;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;
   bool takes_sub_group(int size) const;

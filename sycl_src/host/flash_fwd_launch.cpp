@@ -27,6 +27,10 @@ size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
   return 2 * (hd * bm + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
 }
 
+size_t fwd_matrix_registers_slm_bytes(int head_dim, int block_m, int) {
+  return 2 * static_cast<size_t>(head_dim) * block_m;  // Q^T (d, q) in the 16-bit dtype
+}
+
 
 // Blocks of BLOCK_N keys per (batch, K/V head) in the packed K/V copy.
 int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant) {
@@ -65,8 +69,12 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
   const MatrixTile tile = fp8 && !limits.fp8_decode
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
-  KernelVariant variant = choose_variant(dtype, head_dim, limits,
-                                         tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
+  const bool registers = tile.m > 0 && (tile.emulated || limits.matrix_lane_columns);
+  KernelVariant variant = choose_variant(
+      dtype, head_dim, limits,
+      registers ? fwd_matrix_registers_slm_bytes
+                : tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
+  variant.matrix_registers = registers;
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
   variant.matrix_emulated = tile.emulated;
@@ -77,8 +85,10 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
 
 KernelProgram fwd_program(const KernelVariant& variant) {
   if (variant.matrix_m > 0)
-    return {"flash_fwd_matrix.hpp",
-            {variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
+    return {variant.matrix_registers ? "flash_fwd_matrix_registers.hpp" : "flash_fwd_matrix.hpp",
+            {variant.instantiate(variant.matrix_registers
+                                     ? "ipex_flash::flash_fwd_matrix_registers_kernel"
+                                     : "ipex_flash::flash_fwd_matrix_kernel"),
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
                  std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
                  ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ">"},

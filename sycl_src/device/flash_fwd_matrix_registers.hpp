@@ -1,0 +1,177 @@
+// FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
+// kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
+// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX), without the SLM round
+// trips. Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of
+// one sub-group, one per lane.
+//
+// One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
+// lanes; lane r of a sub-group owns query row r. Everything is computed transposed so that a
+// row's values are its lane's column of each tile (matrix_registers.hpp). Per K/V block:
+//   S^T (kv, r) = K (kv, d) . Q^T (d, r)     BLOCK_N / MATRIX_M accumulators, in registers
+//   softmax over kv                          each lane on its own column: no exchange
+//   P^T (kv, r)                              B operands built in registers from the column
+//   O^T (d, r) = rescale * O^T + V^T . P^T   HEAD_DIM / MATRIX_M accumulators, resident for
+//                                            the whole K/V loop
+// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in the order the
+// products read them. Q^T is staged once in SLM in the matrix engine's packed B layout and
+// read as whole B tiles, the only SLM the kernel uses; each sub-group reads only its own
+// columns, so there is no work-group barrier.
+// P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "dropout.hpp"
+#include "fwd_block.hpp"
+#include "fwd_pack_kv.hpp"
+#include "kernel_props.hpp"
+#include "kv_quant.hpp"
+#include "mask.hpp"
+#include "matrix_registers.hpp"
+#include "online_softmax.hpp"
+#include "params.hpp"
+#include "score_mod.hpp"
+
+namespace ipex_flash {
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+// Writes the lane's output row from the O^T accumulators (column d of the row is element
+// d % M of tile d / M), normalised, with its log-sum-exp. Called by every lane of the
+// sub-group (the column reads are collective).
+template <typename T, int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void write_output_from_tiles(const FwdParams& p, const QueryBlock& block, int lid,
+                                    sycl::sub_group sg, Acc (&o)[TILES],
+                                    const OnlineSoftmaxRow& softmax, float v_descale) {
+  const AttentionCommon& c = p.common;
+  const SeqInfo& seq = block.seq;
+  const int64_t row = block.begin + lid;
+  const bool inside = row < seq.len_q;
+  const float inv_sum = softmax.inverse_sum() * v_descale;
+  T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
+           block.head * p.out_stride.head + (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row;
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    float column[M];
+    matrix_acc_column(sg, o[t], column);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (inside && t * M + m < c.dims.head_dim_v) out[t * M + m] = from_float<T>(column[m] * inv_sum);
+  }
+  if (inside) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
+}
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
+          int MATRIX_K, int MATRIX_N>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
+IPEX_FLASH_REGISTER_FILE
+void flash_fwd_matrix_registers_kernel(FwdParams p) {
+  constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
+  constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM / M, P_STEPS = BLOCK_N / K;
+  static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
+                    BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0,
+                "tile shape");
+  static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
+  uint32_t(&q_t)[HEAD_DIM / 2][BLOCK_M] = q_slm;
+
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const auto sg = item.get_sub_group();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
+  const int64_t row = q_begin + lid;
+  const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
+  const float score_scale = c.q_prescale * descale.k;
+  using Packed = PackedKv<T, HEAD_DIM, BLOCK_N>;
+  constexpr auto GLOBAL = sycl::access::address_space::global_space;
+  constexpr auto LOCAL = sycl::access::address_space::local_space;
+
+  // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
+  load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, forward_operands<T>(p, block).q, p.q_stride.row,
+                                      static_cast<int>(q_end - q_begin), c.dims.head_dim, lid,
+                                      BLOCK_M);
+  sycl::group_barrier(sg);
+
+  MatrixAcc<M, R> o[O_TILES];
+#pragma unroll
+  for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[t], 0.f);
+
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
+  const int64_t kv_end = mask.end_key(q_end);
+  OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+    const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
+    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+
+    // S^T: every key tile against one Q^T B tile per reduction step.
+    MatrixAcc<M, R> s[S_TILES];
+#pragma unroll
+    for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
+    matrix_mad_strips<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL, LOCAL>(sg, s, k_tile, HEAD_DIM,
+                                                                   &q_t[0][r0], BLOCK_M);
+
+    // The row's scores (scale, modifiers, mask) and their max, from the lane's columns.
+    float scores[BLOCK_N];
+#pragma unroll
+    for (int t = 0; t < S_TILES; ++t) {
+      float column[M];
+      matrix_acc_column(sg, s[t], column);
+#pragma unroll
+      for (int m = 0; m < M; ++m) scores[t * M + m] = column[m] * score_scale;
+    }
+    if constexpr (FEATURES != 0) {
+      float unused_grad[BLOCK_N];
+      score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin, 0, 1);
+    }
+    if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin);
+    float block_max = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < BLOCK_N; ++j) block_max = sycl::fmax(block_max, scores[j]);
+
+    // Probabilities against the new max, row sum, dropout; P in the dtype.
+    const float rescale = softmax.raise_max(block_max);
+    float block_sum = 0.f;
+    T probs[BLOCK_N];
+#pragma unroll
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float chunk[MATRIX_KEY_CHUNK];
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
+        chunk[j] = softmax.probability(scores[c0 + j]);
+        block_sum += chunk[j];
+      }
+      // After the row sum: dropout rescales P, not the softmax.
+      if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+        float factor[MATRIX_KEY_CHUNK];
+        dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
+#pragma unroll
+        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
+      }
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[c0 + j] = from_float<T>(chunk[j]);
+    }
+    softmax.row_sum += block_sum;
+
+    // O^T = rescale * O^T + V^T . P^T.
+    MatrixBRegisters<T, K, R> p_t[P_STEPS];
+#pragma unroll
+    for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
+#pragma unroll
+    for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
+    matrix_mad_registers<T, M, K, R, BLOCK_N, O_TILES, GLOBAL>(sg, o, v_t, BLOCK_N, p_t);
+  }
+
+  write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);
+}
+
+}  // namespace ipex_flash

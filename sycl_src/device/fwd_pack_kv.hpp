@@ -1,0 +1,65 @@
+// The forward matrix kernels' packed K/V copy (flash_fwd_matrix.hpp,
+// flash_fwd_matrix_registers.hpp): every K/V block written once, before the main kernel, in the
+// order its products read it: K (kv, d) and V^T (d, kv), zero-padded to whole blocks and the
+// compiled head dim, one contiguous run per block, so that the main kernel loads its A tiles
+// straight from global memory. Transposing V per work-group instead (64 times per K/V block at
+// N = 4096) took a third of the kernel's time. FP8 caches (kv_quant.hpp) are converted to T here,
+// exactly: every e4m3 and e5m2 value is a float16 and a bfloat16.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <algorithm>
+
+#include "block_schedule.hpp"
+#include "kv_quant.hpp"
+#include "params.hpp"
+#include "seq_info.hpp"
+#include "tile_io.hpp"
+
+namespace ipex_flash {
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+// The packed K/V copy: per (batch, K/V head) kv_blocks blocks, each K (BLOCK_N x HEAD_DIM)
+// followed by V^T (HEAD_DIM x BLOCK_N), in the input dtype.
+template <typename T, int HEAD_DIM, int BLOCK_N>
+struct PackedKv {
+  static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
+
+  // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM.
+  static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
+    const int64_t index =
+        (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + blk;
+    return static_cast<T*>(p.kv_packed) + index * BLOCK_ELEMENTS;
+  }
+};
+
+// Writes one block of the packed K/V copy (PackedKv): K and V^T of BLOCK_N keys of one
+// (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
+// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's, in T
+// or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2, else 0).
+template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void flash_fwd_pack_kv_kernel(FwdParams p) {
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.kv_blocks,
+                                       c.dims.heads_kv(), /*reverse_blocks=*/false);
+  const int batch = coord.batch, head_kv = coord.head;
+  const SeqInfo seq = seq_info(c, batch);
+  const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
+  const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
+  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, coord.block);
+  T* v_block = k_block + BLOCK_N * HEAD_DIM;
+  using KV = kv_storage_t<T, KV_FEATURES>;
+  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
+                               kv_rows<KV>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
+                               rows, c.dims.head_dim, lid, BLOCK_N);
+  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
+                                          kv_rows<KV>(p.v, p.v_stride, c, seq, batch, head_kv),
+                                          kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
+}
+
+}  // namespace ipex_flash
