@@ -46,7 +46,16 @@ class KernelReport(gpu_grid.Selection):
     loop_dpas: int = 0           # DPAS in the main loop (the longest loop holding DPAS)
     loop_instructions: int = 0   # all instructions of that loop
     loop_dpas_share: float = 0.0
+    # The main loop's issued instructions (sync.* left out) per DPAS, for a fully visible
+    # block with dropout off: read from the kernel built with those as compile-time facts
+    # (IPEX_FLASH_MEASURE_FULL_BLOCK, kernel_props.hpp), so the mask and dropout branches are
+    # not in it. loop_nested > 0: loops inside the main loop, counted once (a lower bound).
+    loop_per_dpas: float = 0.0
+    loop_nested: int = 0
     violations: list = field(default_factory=list)
+
+
+MEASURE_OPTION = "-DIPEX_FLASH_MEASURE_FULL_BLOCK"
 
 
 def _module_id(header: str, kernels: list, options: list) -> str:
@@ -109,9 +118,15 @@ def group_modules(programs: list) -> dict:
     for (target, header, options), names in kernels.items():
         module_id = _module_id(header, sorted(names), list(options))
         modules[module_id] = (header, sorted(names), list(options))
-        for p in programs:
-            if (p.target, p.header, tuple(p.options)) == (target, header, options):
-                p.module = module_id
+        members = [p for p in programs
+                   if not p.error and (p.target, p.header, tuple(p.options)) == (target, header, options)]
+        measure_id = None
+        if any(p.matrix for p in members):  # its XMX main loops, measured (KernelReport)
+            measure_options = [*options, MEASURE_OPTION]
+            measure_id = _module_id(header, sorted(names), measure_options)
+            modules[measure_id] = (header, sorted(names), measure_options)
+        for p in members:
+            p.module, p.measure_module = module_id, measure_id
     return modules
 
 
@@ -127,6 +142,8 @@ def kernel_reports(programs: list, native: dict) -> list:
         result = native[(p.target, p.module)]
         by_key = {gpu_grid.mangled_key(name): figures
                   for name, figures in result.get("kernels", {}).items()}
+        measured = {gpu_grid.mangled_key(name): figures for name, figures in
+                    native.get((p.target, p.measure_module), {}).get("kernels", {}).items()}
         for kernel in p.kernels:
             if (p.target, kernel) in seen:
                 continue
@@ -142,6 +159,10 @@ def kernel_reports(programs: list, native: dict) -> list:
                     setattr(report, name, figures[name])
                 report.dpas_share = figures["dpas"] / max(figures["instructions"], 1)
                 report.loop_dpas_share = figures["loop_dpas"] / max(figures["loop_instructions"], 1)
+                loop = measured.get(gpu_grid.registered_key(kernel))
+                if loop and loop["loop_dpas"]:
+                    report.loop_per_dpas = round(loop["loop_issued"] / loop["loop_dpas"], 2)
+                    report.loop_nested = loop["loop_nested"]
             reports.append(report)
     return reports
 
@@ -160,7 +181,8 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
     work.mkdir(parents=True, exist_ok=True)
     modules = group_modules(programs)
     build_spirv(modules, work)
-    pairs = sorted({(p.target, p.module) for p in programs if not p.error})
+    pairs = sorted({(p.target, module) for p in programs if not p.error
+                    for module in (p.module, p.measure_module) if module})
 
     def compile_pair(pair):
         target, module_id = pair

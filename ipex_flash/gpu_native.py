@@ -56,33 +56,38 @@ def parse_ze_info(text: str) -> dict:
 _LABEL = re.compile(r"L(\d+):$")
 _BRANCH = re.compile(r"(\(\S+\)\s+)?(jmpi|goto|while|brc|brd)\b.*?\bL(\d+)\b")
 _DPAS = re.compile(r"(\(\S+\)\s+)?dpasw?\b")
+_PREDICATE = re.compile(r"^\(\S+\)\s+")
 
 
 def _asm_counts(asm: Path) -> dict:
     """DPAS and all instructions of a disassembled kernel, and of its main loop: the longest
     loop (a branch back to an earlier label) holding DPAS, e.g. the matrix kernels' loop over
     K/V or Q blocks. Its DPAS share says how much of the loop's issue the matrix engine gets;
-    the rest is softmax, loads, stores and barriers."""
-    labels, is_dpas, loops = {}, [], []
+    the rest is softmax, loads, stores and barriers. loop_issued leaves out sync.* (scoreboard
+    waits, which take no issue slot); loop_nested counts the loops inside the main loop, whose
+    bodies run more than once per block (the static count then under-states the cost)."""
+    labels, ops, loops = {}, [], []
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
         label = _LABEL.match(stripped)
         if label:
-            labels[label.group(1)] = len(is_dpas)
+            labels[label.group(1)] = len(ops)
             continue
         if not stripped or stripped.startswith("//"):
             continue
         branch = _BRANCH.match(stripped)
         if branch and branch.group(3) in labels:  # a label already seen: a backward branch
-            loops.append((labels[branch.group(3)], len(is_dpas) + 1))
-        is_dpas.append(bool(_DPAS.match(stripped)))
-    loop_dpas = loop_instructions = 0
-    for begin, end in loops:
-        dpas = sum(is_dpas[begin:end])
-        if dpas and end - begin > loop_instructions:
-            loop_dpas, loop_instructions = dpas, end - begin
-    return {"dpas": sum(is_dpas), "instructions": len(is_dpas), "loop_dpas": loop_dpas,
-            "loop_instructions": loop_instructions}
+            loops.append((labels[branch.group(3)], len(ops) + 1))
+        opcode = _PREDICATE.sub("", stripped).split(" ", 1)[0]
+        ops.append("dpas" if _DPAS.match(stripped) else opcode)
+    main = max((loop for loop in loops if "dpas" in ops[loop[0]:loop[1]]),
+               key=lambda loop: loop[1] - loop[0], default=(0, 0))
+    body = ops[main[0]:main[1]]
+    return {"dpas": ops.count("dpas"), "instructions": len(ops), "loop_dpas": body.count("dpas"),
+            "loop_instructions": len(body),
+            "loop_issued": sum(1 for op in body if not op.startswith("sync.")),
+            "loop_nested": sum(1 for loop in loops
+                               if loop != main and main[0] <= loop[0] and loop[1] <= main[1])}
 
 
 def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
@@ -105,7 +110,8 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
             continue
         asm = dump / f".text.{name}.asm"
         counts = _asm_counts(asm) if asm.exists() else {
-            "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0}
+            "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0,
+            "loop_issued": 0, "loop_nested": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),
             "slm": int(env.get("slm_size", 0)), "spill": int(env.get("spill_size", 0)),
@@ -144,7 +150,8 @@ def print_table(reports: list) -> None:
     """One line per kernel and target; figures per work-item lane where IGC gives them per
     thread (spill and private sizes are per hardware thread of `simd` lanes)."""
     header = (f"{'target':6} {'kernel':44} {'mode':4} {'simd':>4} {'grf':>4} {'slm':>7} "
-              f"{'limit':>7} {'spill':>6} {'priv':>5} {'dpas':>5} {'insts':>6} {'loop%':>5}  result")
+              f"{'limit':>7} {'spill':>6} {'priv':>5} {'dpas':>5} {'insts':>6} {'loop%':>5} "
+              f"{'/dpas':>6}  result")
     print(header)
     print("-" * len(header))
     for r in sorted(reports, key=lambda r: (r.target, r.family, r.dtype, r.head_dim, r.kernel)):
@@ -153,9 +160,13 @@ def print_table(reports: list) -> None:
             status = "ok (spill reported, not enforced: gpu_rules.py)"
         # DPAS share of the main loop's instructions (gpu-check's "loop%"), for XMX kernels.
         loop_share = f"{100 * r.loop_dpas_share:5.1f}" if r.loop_dpas else f"{'-':>5}"
+        # Issued instructions per DPAS in a fully visible block's main loop; "+": loops
+        # nested in it were counted once, so the figure is a lower bound.
+        per_dpas = (f"{r.loop_per_dpas:5.1f}{'+' if r.loop_nested else ' '}" if r.loop_per_dpas
+                    else f"{'-':>5} ")
         if not r.built:
             print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} not built: {r.error}")
             continue
         print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} {r.simd:4d} {r.grf:4d} "
               f"{r.slm:7d} {r.slm_limit:7d} {r.spill:6d} {r.private:5d} {r.dpas:5d} "
-              f"{r.instructions:6d} {loop_share}  {status}")
+              f"{r.instructions:6d} {loop_share} {per_dpas}  {status}")

@@ -46,6 +46,29 @@ def test_transposed_inputs_keep_their_layout(dtype, causal):
     assert out.stride() == q.stride(), "output should come back in q's (B, N, H, D) layout"
 
 
+@pytest.mark.parametrize("len_q", [1, 3])  # the decode kernel, the forward
+@pytest.mark.parametrize("matrix", ["0", "emulate", "emulate8"])
+def test_bfloat16_outputs_round_like_torch(monkeypatch, matrix, len_q):
+    """bfloat16 outputs are rounded as torch rounds: to nearest, ties to even, subnormals kept.
+    With equal scores over two keys each output is (v1 + v2) / 2, exact in float32; v2 one or
+    two steps above v1 makes it a tie or a representable value, and random pairs of one
+    binade anything else."""
+    monkeypatch.setenv("IPEX_FLASH_MATRIX", matrix)
+    bits = torch.randint(0, 0x7f7e, (8, 1, 1, 128), dtype=torch.int32)
+    bits[..., :8] = torch.arange(8, dtype=torch.int32)  # zero and the smallest subnormals
+    step = torch.randint(1, 3, bits.shape, dtype=torch.int32)
+    step[..., 64:] = torch.randint(0, 128, (8, 1, 1, 64), dtype=torch.int32)  # same binade
+    second = torch.where(torch.arange(128) < 64, bits + step, (bits & ~0x7f) | step)
+    sign = (torch.randint(0, 2, bits.shape, dtype=torch.int32) << 15)
+    as_bf16 = lambda b: (b | sign).to(torch.int16).view(torch.bfloat16)
+    v = torch.cat([as_bf16(bits), as_bf16(second)], dim=2)  # (8, 1, 2, 128)
+    k = torch.randn(8, 1, 2, 128, dtype=torch.bfloat16)
+    q = torch.zeros(8, 1, len_q, 128, dtype=torch.bfloat16)
+    out = ipex_flash.attention(q, k, v)
+    expected = ((v[:, :, :1].float() + v[:, :, 1:].float()) * 0.5).bfloat16()
+    assert torch.equal(out.view(torch.int16), expected.expand_as(out).view(torch.int16))
+
+
 def test_broadcast_and_noncontiguous_last_dim():
     """K shared across the batch by a stride-0 view, V with a strided last dimension (which
     costs a copy), Q a slice of a larger tensor."""

@@ -1,7 +1,8 @@
 // FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
 // kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
-// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX), without the SLM round
-// trips. Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of
+// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX and the GPUs with 128
+// registers per thread), without the SLM round trips; for 256-register GPUs (PVC, BMG, Lunar
+// Lake) and the emulation at sub-group 16. Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of
 // one sub-group, one per lane.
 //
 // One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
@@ -61,6 +62,33 @@ __attribute__((always_inline)) inline void write_output_from_tiles(const FwdPara
   if (inside) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
 }
 
+// Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles that
+// hold them (M keys each), read and written back.
+template <int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
+                                                            int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
+  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
+#pragma unroll
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+    float column[M];
+    matrix_acc_column(sg, s[c0 / M + t], column);
+#pragma unroll
+    for (int m = 0; m < M; ++m) chunk[t * M + m] = column[m];
+  }
+}
+
+template <int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void set_chunk_of_columns(
+    sycl::sub_group sg, Acc (&s)[TILES], int c0, const float (&chunk)[MATRIX_KEY_CHUNK]) {
+#pragma unroll
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+    float column[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) column[m] = chunk[t * M + m];
+    matrix_acc_set_column(sg, s[c0 / M + t], column);
+  }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -88,8 +116,6 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
   const float score_scale = c.q_prescale * descale.k;
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N>;
-  constexpr auto GLOBAL = sycl::access::address_space::global_space;
-  constexpr auto LOCAL = sycl::access::address_space::local_space;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
   load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, forward_operands<T>(p, block).q, p.q_stride.row,
@@ -109,7 +135,8 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
-    const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
+    const MatrixSurface<T> keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                   // K
+    const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM, BLOCK_N, BLOCK_N};  // V^T
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 
@@ -117,26 +144,26 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     MatrixAcc<M, R> s[S_TILES];
 #pragma unroll
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
-    matrix_mad_strips<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL, LOCAL>(sg, s, k_tile, HEAD_DIM,
-                                                                   &q_t[0][r0], BLOCK_M);
+    matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, &q_t[0][r0], BLOCK_M);
 
-    // The row's scores (scale, modifiers, mask) and their max, from the lane's columns.
-    float scores[BLOCK_N];
-#pragma unroll
-    for (int t = 0; t < S_TILES; ++t) {
-      float column[M];
-      matrix_acc_column(sg, s[t], column);
-#pragma unroll
-      for (int m = 0; m < M; ++m) scores[t * M + m] = column[m] * score_scale;
-    }
-    if constexpr (FEATURES != 0) {
-      float unused_grad[BLOCK_N];
-      score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin, 0, 1);
-    }
-    if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin);
+    // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
+    // the accumulators, and their max.
     float block_max = NEG_INF;
 #pragma unroll
-    for (int j = 0; j < BLOCK_N; ++j) block_max = sycl::fmax(block_max, scores[j]);
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float scores[MATRIX_KEY_CHUNK];
+      chunk_of_columns<M>(sg, s, c0, scores);
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
+      if constexpr (FEATURES != 0) {
+        float unused_grad[MATRIX_KEY_CHUNK];
+        score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
+      }
+      if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
+#pragma unroll
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) block_max = sycl::fmax(block_max, scores[j]);
+      set_chunk_of_columns<M>(sg, s, c0, scores);
+    }
 
     // Probabilities against the new max, row sum, dropout; P in the dtype.
     const float rescale = softmax.raise_max(block_max);
@@ -145,9 +172,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
 #pragma unroll
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float chunk[MATRIX_KEY_CHUNK];
+      chunk_of_columns<M>(sg, s, c0, chunk);
 #pragma unroll
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
-        chunk[j] = softmax.probability(scores[c0 + j]);
+        chunk[j] = softmax.probability(chunk[j]);
         block_sum += chunk[j];
       }
       // After the row sum: dropout rescales P, not the softmax.
@@ -168,7 +196,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
 #pragma unroll
     for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
-    matrix_mad_registers<T, M, K, R, BLOCK_N, O_TILES, GLOBAL>(sg, o, v_t, BLOCK_N, p_t);
+    matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
   }
 
   write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);

@@ -23,13 +23,26 @@
 
 namespace ipex_flash {
 
+// A row-major matrix in global memory whose A tiles are read by their coordinates: on GPUs
+// with 2-D block loads the load's descriptor (base, extent, pitch) is then the same for every
+// tile and only the coordinates change, where a pointer per tile costs the descriptor's setup
+// on every load (six scalar instructions per DPAS in the forward's main loop).
+template <typename T>
+struct MatrixSurface {
+  const T* base;
+  int rows, cols, pitch;  // pitch: elements from one row to the next
+};
+
 #ifndef IPEX_FLASH_MATRIX_EMULATE
 
 template <typename T, int K, int N>
 using MatrixBRegisters = MatrixB<T, K, N>;
 
 // Templated on the tile types: joint_matrix's sizes are size_t, which MatrixAcc<int M, int N>
-// cannot deduce.
+// cannot deduce. Elements are reached through get_wi_data with constant indices:
+// joint_matrix_apply runs to a length only the GPU compiler knows, and filling a B operand
+// through it, element by element with a counter, made IGC (ocloc 26.27) drop the kernel's
+// products altogether.
 // The lane's column of accumulator `acc` (M rows): column[i] = acc (i, lane).
 template <typename Acc, int M>
 __attribute__((always_inline)) inline void matrix_acc_column(sycl::sub_group sg, Acc& acc,
@@ -37,6 +50,15 @@ __attribute__((always_inline)) inline void matrix_acc_column(sycl::sub_group sg,
   auto data = sycl::ext::oneapi::detail::get_wi_data(sg, acc);
 #pragma unroll
   for (int i = 0; i < M; ++i) column[i] = data[i];
+}
+
+// Sets the lane's column of `acc`: acc (i, lane) = column[i].
+template <typename Acc, int M>
+__attribute__((always_inline)) inline void matrix_acc_set_column(sycl::sub_group sg, Acc& acc,
+                                                                 const float (&column)[M]) {
+  auto data = sycl::ext::oneapi::detail::get_wi_data(sg, acc);
+#pragma unroll
+  for (int i = 0; i < M; ++i) data[i] = column[i];
 }
 
 // Multiplies the lane's column of `acc` by `factor` (one factor per query row).
@@ -56,20 +78,47 @@ __attribute__((always_inline)) inline void matrix_b_from_column(sycl::sub_group 
   for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(column[i]);
 }
 
-// acc[s] (M x N) += A_s (M x DEPTH) . B, for A_s the s-th M-row strip of A (row stride lda, in
-// A_SPACE) and B the DEPTH / K operands b[] held in registers.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
-          sycl::access::address_space A_SPACE = sycl::access::address_space::global_space>
-__attribute__((always_inline)) inline void matrix_mad_registers(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a, int64_t lda,
+template <typename A, typename T>
+__attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& a,
+                                                         const MatrixSurface<T>& surface,
+                                                         int row, int col) {
+  sycl::ext::intel::experimental::matrix::joint_matrix_load_checked(
+      sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.base),
+      surface.pitch, surface.rows, surface.cols, row, col);
+}
+
+// acc[s] (M x N) += A_s (M x DEPTH) . B for A_s the s-th M-row strip of `a` from row `row0`:
+// B read from SLM in the packed layout (row stride ldb words), one B tile per reduction step
+// for all strips (matrix_mad_strips' form) ...
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+__attribute__((always_inline)) inline void matrix_mad_surface(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
+    const uint32_t* b, int ldb) {
+  MatrixA<T, M, K> a_tile;
+  MatrixB<T, K, N> b_tile;
+#pragma unroll
+  for (int k = 0; k < DEPTH; k += K) {
+    jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
+                          2 * ldb);
+#pragma unroll
+    for (int s = 0; s < STRIPS; ++s) {
+      matrix_load_a(sg, a_tile, a, row0 + s * M, k);
+      jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
+    }
+  }
+}
+
+// ... or B held in registers, the DEPTH / K operands b[].
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+__attribute__((always_inline)) inline void matrix_mad_surface(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   MatrixA<T, M, K> a_tile;
 #pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
-      jm::joint_matrix_load(sg, a_tile, matrix_ptr<A_SPACE>(a + s * M * lda + k),
-                            static_cast<size_t>(lda));
+      matrix_load_a(sg, a_tile, a, row0 + s * M, k);
       jm::joint_matrix_mad(sg, acc[s], a_tile, b[k / K], acc[s]);
     }
   }
@@ -89,6 +138,13 @@ inline void matrix_acc_column(sycl::sub_group, MatrixAcc<M, N>& acc, float (&col
 }
 
 template <int M, int N>
+inline void matrix_acc_set_column(sycl::sub_group, MatrixAcc<M, N>& acc,
+                                  const float (&column)[M]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc.column[m] = column[m];
+}
+
+template <int M, int N>
 inline void matrix_acc_scale_column(sycl::sub_group, MatrixAcc<M, N>& acc, float factor) {
 #pragma unroll
   for (int m = 0; m < M; ++m) acc.column[m] *= factor;
@@ -100,21 +156,29 @@ inline void matrix_b_from_column(sycl::sub_group, MatrixBRegisters<T, K, N>& b, 
   for (int i = 0; i < K; ++i) b.column[i] = column[i];
 }
 
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
-          sycl::access::address_space A_SPACE = sycl::access::address_space::global_space>
-inline void matrix_mad_registers(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS], const T* a,
-                                 int64_t lda, MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+// The emulation reads A through plain pointers; the kernels' surfaces are whole padded blocks.
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+                               const MatrixSurface<T>& a, int row0, const uint32_t* b, int ldb) {
+  matrix_mad_strips<T, M, K, N, DEPTH, STRIPS>(
+      sg, acc, a.base + static_cast<int64_t>(row0) * a.pitch, a.pitch, b, ldb);
+}
+
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
+                               const MatrixSurface<T>& a, int row0,
+                               MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   // As matrix_mad_strips' emulation: strip by strip, the column in registers.
 #pragma unroll 1
   for (int s = 0; s < STRIPS; ++s) {
     float column[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) column[m] = acc[s].column[m];
-    const T* a_strip = a + static_cast<int64_t>(s) * M * lda;
+    const T* a_strip = a.base + static_cast<int64_t>(row0 + s * M) * a.pitch;
     for (int k = 0; k < DEPTH; ++k) {
       const float b_k = to_float(b[k / K].column[k % K]);
 #pragma unroll
-      for (int m = 0; m < M; ++m) column[m] += to_float(a_strip[m * lda + k]) * b_k;
+      for (int m = 0; m < M; ++m) column[m] += to_float(a_strip[m * a.pitch + k]) * b_k;
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];

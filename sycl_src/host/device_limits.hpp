@@ -43,8 +43,9 @@ struct DeviceLimits {
   // computed wrong gradients. There such calls take the vector backward.
   bool matrix_masked_backward = true;
   // The matrix engine lays a sub-group's tiles out in lane columns (matrix_registers.hpp), so
-  // the forward keeps its tiles in registers: XMX on every Intel GPU. Not AMX, whose tiles
-  // take the SLM-staged forward (flash_fwd_matrix.hpp). Kept by a profile on the CPU device.
+  // that the forward can keep its tiles in registers (where there are enough of them,
+  // forward_tiles_in_registers): XMX on every Intel GPU. Not AMX, whose tiles take the
+  // SLM-staged forward (flash_fwd_matrix.hpp). A profile on the CPU device takes the CPU's.
   bool matrix_lane_columns = false;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;

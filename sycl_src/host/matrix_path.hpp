@@ -15,8 +15,10 @@ namespace ipex_flash {
 //   vector kernels);  "8", "16": on, with that tile height (an error where it is not taken)
 //   "emulate": the matrix kernels on any device, their joint_matrix calls replaced by
 //   sub-group arithmetic of the same tile semantics (matrix_tile.hpp): a test vehicle for
-//   their data flow where no matrix engine runs them, not a fast path; AMX's shape (N = 16)
+//   their data flow where no matrix engine runs them, not a fast path; AMX's tile shape
+//   (N = 16), with the forward as 256-register GPUs run it (tiles in registers)
 //   "emulate8": the same with DG2 / Arrow Lake-H's XMX shape (N = 8, sub-group 8, M = 8, K = 16)
+//   and their SLM-staged forward
 // Only 16-bit inputs use it.
 struct MatrixTile {
   int m = 0;  // accumulator rows (MATRIX_M); 0: use the vector kernels
