@@ -5,7 +5,11 @@
   estimate is what chose the tiles);
 - at the common head dims (gpu_grid.COMMON_HEAD_DIMS) it neither spills nor uses private
   (scratch) memory; at other head dims these are reported, not enforced;
-- an XMX kernel contains DPAS instructions;
+- an XMX kernel contains DPAS instructions, and its main loop's cost per DPAS is measured
+  (gpu_check.KernelReport.loop_per_dpas); the forward with its tiles in registers issues at
+  most MAX_FORWARD_PER_DPAS instructions per DPAS there (without score changes, at the common
+  head dims): a guard at the figures it reached (docs/gpus.md), above the 12-14 of a main loop
+  as lean as Intel's own;
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
@@ -34,6 +38,8 @@ _HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",
             "flash_bwd_preprocess_kernel", "flash_bwd_pack_keys_kernel",
             "flash_bwd_pack_rows_kernel", "dropout_mask_kernel")
 
+
+MAX_FORWARD_PER_DPAS = 24.0
 
 _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (params.hpp FEATURE_*)
 
@@ -67,6 +73,12 @@ def kernel_violations(r) -> list:
     main_kernel = not any(name in r.kernel for name in _HELPERS)
     if r.matrix and main_kernel and r.dpas == 0:
         found.append("XMX variant without DPAS")
+    if r.matrix and main_kernel and r.dpas > 0 and r.loop_per_dpas == 0:
+        found.append("main loop not measured")
+    if ("flash_fwd_matrix_registers_kernel" in r.kernel and r.features == 0
+            and r.head_dim in COMMON_HEAD_DIMS and r.loop_per_dpas > MAX_FORWARD_PER_DPAS):
+        found.append(f"main loop issues {r.loop_per_dpas} instructions per DPAS "
+                     f"(at most {MAX_FORWARD_PER_DPAS})")
     if r.large_grf and main_kernel and r.grf != 256:
         found.append(f"large register file asked for, {r.grf} registers given")
     return found

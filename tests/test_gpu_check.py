@@ -41,6 +41,33 @@ def test_ze_info_is_parsed_per_kernel():
     assert set(kernels) == {*kernels} and len(kernels) == 2
 
 
+MAIN_LOOP_ASM = """\
+L0:
+(W)     mov (1|M0)               r1.0<1>:d     0:w
+L32:
+(W)     mov (1|M0)               r7.5<1>:ud    16:w
+        dpas.8x8 (16|M0)         r32:f         null:f            r23:bf            r11.0:bf         {$2}
+        sync.nop                             null                             {$2.src}
+L80:
+        mul (16|M0)              r40.0<1>:f    r40.0<1;1,0>:f    r9.0<0;1,0>:f
+(W&~f0.0) jmpi                               L80
+        dpas.8x8 (16|M0)         r48:f         r48:f            r25:bf            r12.0:bf         {$3}
+(W&f0.1) jmpi                               L32
+(W)     send.ugm (1|M0)          null     r2  null:0  0x0            0x0200F506
+"""
+
+
+def test_main_loop_cost_is_read_from_disassembly(tmp_path):
+    """The main loop is the longest loop holding DPAS; its issued instructions leave sync.*
+    out, and the loops nested in it are counted."""
+    asm = tmp_path / "kernel.asm"
+    asm.write_text(MAIN_LOOP_ASM)
+    counts = gpu_native._asm_counts(asm)
+    assert counts["dpas"] == 2 and counts["instructions"] == 9
+    assert counts["loop_dpas"] == 2 and counts["loop_instructions"] == 7
+    assert counts["loop_issued"] == 6 and counts["loop_nested"] == 1
+
+
 @pytest.mark.parametrize("registered,mangled", [
     ("ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>",
      "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
@@ -73,7 +100,14 @@ def test_rules_flag_each_defect():
     assert any("> 131072" in v for v in kernel_violations(report(slm=139264, slm_estimate=139264)))
     assert any("estimate" in v for v in kernel_violations(report(slm=70000)))
     assert kernel_violations(report(matrix=True)) == ["XMX variant without DPAS"]
-    assert kernel_violations(report(matrix=True, dpas=64)) == []
+    assert kernel_violations(report(matrix=True, dpas=64, loop_per_dpas=14.9)) == []
+    assert kernel_violations(report(matrix=True, dpas=64)) == ["main loop not measured"]
+    registers = dict(matrix=True, dpas=128, head_dim=128,
+                     kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
+    assert kernel_violations(report(loop_per_dpas=30.5, **registers)) == [
+        "main loop issues 30.5 instructions per DPAS (at most 24.0)"]
+    assert kernel_violations(report(loop_per_dpas=30.5, **{**registers, "features": 7})) == []
+    assert kernel_violations(report(loop_per_dpas=14.9, **registers)) == []
     assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
     assert kernel_violations(report(large_grf=True)) == [
         "large register file asked for, 128 registers given"]

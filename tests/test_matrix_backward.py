@@ -43,7 +43,11 @@ def matrix_backward(monkeypatch):
         monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
         name = str(dtype).removeprefix("torch.")
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
-        assert plan["header"] == "flash_bwd_matrix.hpp", plan
+        # emulate: the dQ kernel with its tiles in registers, as PVC, BMG and Lunar Lake run it.
+        registers = mode == "emulate"
+        assert plan["header"] == ("flash_bwd_dq_registers.hpp" if registers
+                                  else "flash_bwd_matrix.hpp"), plan
+        assert plan["variant"].matrix_registers == registers
         assert plan["variant"].matrix_m > 0
         assert plan["variant"].matrix_n == (8 if mode == "emulate8" else 16)
     return use

@@ -193,9 +193,10 @@ def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
     decode kernel's matrix scores, with joint_matrix emulated (runs on any machine)."""
     monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
     name = str(dtype).removeprefix("torch.")
-    forward = "flash_fwd_matrix_registers.hpp" if mode == "emulate" else "flash_fwd_matrix.hpp"
-    for family, header in (("forward", forward),
-                           ("backward", "flash_bwd_matrix.hpp")):
+    registers = mode == "emulate"  # the tiles in registers, as PVC, BMG and Lunar Lake run it
+    for family, header in (
+            ("forward", "flash_fwd_matrix_registers.hpp" if registers else "flash_fwd_matrix.hpp"),
+            ("backward", "flash_bwd_dq_registers.hpp" if registers else "flash_bwd_matrix.hpp")):
         plan = C.plan(family, "", name, max(d, d_v), 0, 1, mode)
         assert plan["header"] == header and plan["variant"].matrix_m > 0, plan
     q, k, v = qkv(2, 4, 2, 77, 130, d, d_v, dtype)

@@ -41,9 +41,9 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 // d % M of tile d / M), normalised, with its log-sum-exp. Called by every lane of the
 // sub-group (the column reads are collective).
 template <typename T, int M, typename Acc, int TILES>
-__attribute__((always_inline)) inline void write_output_from_tiles(const FwdParams& p, const QueryBlock& block, int lid,
-                                    sycl::sub_group sg, Acc (&o)[TILES],
-                                    const OnlineSoftmaxRow& softmax, float v_descale) {
+__attribute__((always_inline)) inline void write_output_from_tiles(
+    const FwdParams& p, const QueryBlock& block, int lid, sycl::sub_group sg, Acc (&o)[TILES],
+    const OnlineSoftmaxRow& softmax, float v_descale) {
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = block.seq;
   const int64_t row = block.begin + lid;
@@ -51,42 +51,13 @@ __attribute__((always_inline)) inline void write_output_from_tiles(const FwdPara
   const float inv_sum = softmax.inverse_sum() * v_descale;
   T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
            block.head * p.out_stride.head + (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row;
+  float values[TILES * M];
+  lane_row_of_tiles<M>(sg, o, values);
+  if (!inside) return;
 #pragma unroll
-  for (int t = 0; t < TILES; ++t) {
-    float column[M];
-    matrix_acc_column(sg, o[t], column);
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-      if (inside && t * M + m < c.dims.head_dim_v) out[t * M + m] = from_float<T>(column[m] * inv_sum);
-  }
-  if (inside) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
-}
-
-// Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles that
-// hold them (M keys each), read and written back.
-template <int M, typename Acc, int TILES>
-__attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
-                                                            int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
-  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
-#pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
-    float column[M];
-    matrix_acc_column(sg, s[c0 / M + t], column);
-#pragma unroll
-    for (int m = 0; m < M; ++m) chunk[t * M + m] = column[m];
-  }
-}
-
-template <int M, typename Acc, int TILES>
-__attribute__((always_inline)) inline void set_chunk_of_columns(
-    sycl::sub_group sg, Acc (&s)[TILES], int c0, const float (&chunk)[MATRIX_KEY_CHUNK]) {
-#pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
-    float column[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) column[m] = chunk[t * M + m];
-    matrix_acc_set_column(sg, s[c0 / M + t], column);
-  }
+  for (int d = 0; d < TILES * M; ++d)
+    if (d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
+  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,

@@ -88,9 +88,10 @@ __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& 
 }
 
 // acc[s] (M x N) += A_s (M x DEPTH) . B for A_s the s-th M-row strip of `a` from row `row0`:
-// B read from SLM in the packed layout (row stride ldb words), one B tile per reduction step
-// for all strips (matrix_mad_strips' form) ...
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+// B read in the packed layout (row stride ldb words) from B_SPACE, SLM or global memory, one B
+// tile per reduction step for all strips (matrix_mad_strips' form) ...
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 __attribute__((always_inline)) inline void matrix_mad_surface(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     const uint32_t* b, int ldb) {
@@ -98,8 +99,8 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
   MatrixB<T, K, N> b_tile;
 #pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
-    jm::joint_matrix_load(sg, b_tile, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
-                          2 * ldb);
+    jm::joint_matrix_load(
+        sg, b_tile, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       matrix_load_a(sg, a_tile, a, row0 + s * M, k);
@@ -157,7 +158,8 @@ inline void matrix_b_from_column(sycl::sub_group, MatrixBRegisters<T, K, N>& b, 
 }
 
 // The emulation reads A through plain pointers; the kernels' surfaces are whole padded blocks.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
                                const MatrixSurface<T>& a, int row0, const uint32_t* b, int ldb) {
   matrix_mad_strips<T, M, K, N, DEPTH, STRIPS>(
@@ -186,5 +188,47 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
 }
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
+
+// Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles
+// (S^T, dP^T: M keys each) that hold them, read and written back.
+template <int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
+                                                            int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
+  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
+#pragma unroll
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+    float column[M];
+    matrix_acc_column(sg, s[c0 / M + t], column);
+#pragma unroll
+    for (int m = 0; m < M; ++m) chunk[t * M + m] = column[m];
+  }
+}
+
+template <int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void set_chunk_of_columns(
+    sycl::sub_group sg, Acc (&s)[TILES], int c0, const float (&chunk)[MATRIX_KEY_CHUNK]) {
+#pragma unroll
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+    float column[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) column[m] = chunk[t * M + m];
+    matrix_acc_set_column(sg, s[c0 / M + t], column);
+  }
+}
+
+// The lane's column of every tile, in order: a query row's values along the tiles' rows
+// (the output or dQ row from its O^T or dQ^T tiles).
+template <int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void lane_row_of_tiles(sycl::sub_group sg,
+                                                             Acc (&tiles)[TILES],
+                                                             float (&row)[TILES * M]) {
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    float column[M];
+    matrix_acc_column(sg, tiles[t], column);
+#pragma unroll
+    for (int m = 0; m < M; ++m) row[t * M + m] = column[m];
+  }
+}
 
 }  // namespace ipex_flash

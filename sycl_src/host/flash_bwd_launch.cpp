@@ -92,6 +92,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
+  variant.matrix_registers = matrix_tiles_in_registers(tile, limits);  // its dQ kernel's
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
@@ -105,11 +106,15 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     const std::string shape = "<" + type + ", " + std::to_string(variant.head_dim) + ", " +
                               std::to_string(variant.block_m) + ", " +
                               std::to_string(variant.block_n) + ">";
-    return {"flash_bwd_matrix.hpp",
+    // Where tiles stay in registers the dQ kernel is flash_bwd_dq_registers.hpp's, which
+    // includes the rest of the program.
+    const bool registers = variant.matrix_registers;
+    return {registers ? "flash_bwd_dq_registers.hpp" : "flash_bwd_matrix.hpp",
             {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + shape,
              "ipex_flash::flash_bwd_pack_rows_kernel" + shape,
              variant.instantiate("ipex_flash::flash_bwd_dkdv_matrix_kernel"),
-             variant.instantiate("ipex_flash::flash_bwd_dq_matrix_kernel")},
+             variant.instantiate(registers ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
+                                           : "ipex_flash::flash_bwd_dq_matrix_kernel")},
             program_options(variant)};
   }
   return {"flash_bwd.hpp",

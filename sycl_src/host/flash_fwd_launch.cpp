@@ -32,16 +32,6 @@ size_t fwd_matrix_registers_slm_bytes(int head_dim, int block_m, int) {
 }
 
 
-// Whether the forward keeps its tiles in registers (flash_fwd_matrix_registers.hpp): engines
-// with the lane-column layout and 256 registers per thread (PVC, BMG, Lunar Lake; the output
-// accumulator alone takes 128 of them at d=128), and the emulation at sub-group 16. Elsewhere
-// the SLM-staged kernel: AMX, and DG2 / Arrow Lake-H, whose 128 registers of 32 bytes cannot
-// hold the accumulators (4-13 KiB spilled per thread); emulate8 runs it in their shape.
-bool forward_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits) {
-  if (tile.emulated) return tile.n == 16;
-  return limits.matrix_lane_columns && limits.large_grf;
-}
-
 // Blocks of BLOCK_N keys per (batch, K/V head) in the packed K/V copy.
 int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant) {
   return ceil_div(std::max(dims.len_k, 1), variant.block_n);
@@ -79,7 +69,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
   const MatrixTile tile = fp8 && !limits.fp8_decode
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
-  const bool registers = tile.m > 0 && forward_tiles_in_registers(tile, limits);
+  const bool registers = tile.m > 0 && matrix_tiles_in_registers(tile, limits);
   KernelVariant variant = choose_variant(
       dtype, head_dim, limits,
       registers ? fwd_matrix_registers_slm_bytes

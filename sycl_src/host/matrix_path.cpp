@@ -52,4 +52,10 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
   return {};
 }
 
+bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits) {
+  if (tile.m == 0) return false;
+  if (tile.emulated) return tile.n == 16;
+  return limits.matrix_lane_columns && limits.large_grf;
+}
+
 }  // namespace ipex_flash

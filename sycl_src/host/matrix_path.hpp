@@ -41,4 +41,12 @@ std::string matrix_mode();
 MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int head_dim,
                        const std::string& mode);
 
+// Whether the matrix kernels keep their tiles in registers (flash_fwd_matrix_registers.hpp,
+// flash_bwd_dq_registers.hpp): engines with the lane-column layout and 256 registers per thread
+// (PVC, BMG, Lunar Lake; the forward's output accumulator alone takes 128 of them at d = 128),
+// and the emulation at sub-group 16. Elsewhere the SLM-staged kernels: AMX, and DG2 / Arrow
+// Lake-H, whose 128 registers of 32 bytes cannot hold the accumulators (4-13 KiB spilled per
+// thread); emulate8 runs them in their shape.
+bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits);
+
 }  // namespace ipex_flash

@@ -22,8 +22,7 @@ struct KernelVariant {
   int matrix_n = 16;  // and width = sub-group size (16, or 8 on DG2 / Arrow Lake-H); 16 in the
                       // decode kernel's vector instantiation, which takes the argument anyway
   bool matrix_emulated = false;  // those kernels with sub-group arithmetic for joint_matrix
-  // The forward's tiles stay in registers (flash_fwd_matrix_registers.hpp): engines with the
-  // lane-column layout (DeviceLimits::matrix_lane_columns) and the emulation.
+  // The forward's and dQ's tiles stay in registers (matrix_tiles_in_registers).
   bool matrix_registers = false;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)

@@ -1,0 +1,117 @@
+// The backward's dQ kernel with its tiles in registers, for the GPUs and emulation that run the
+// forward so (flash_fwd_matrix_registers.hpp, matrix_registers.hpp): the dK/dV kernel and the
+// packs of flash_bwd_matrix.hpp with this dQ kernel in place of its SLM-staged one. Per K/V
+// block and sub-group (lane r owns query row r; legend as in flash_bwd_matrix.hpp):
+//   S^T (kv, r)  = K (kv, d) . Q^T (d, r)       BLOCK_N / MATRIX_M accumulators
+//   dP^T (kv, r) = V (kv, d) . dO^T (d, r)      as many
+//   dS^T (kv, r)                                each lane on its own column (bwd_score_grads),
+//                                               B operands built in registers
+//   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
+// K, K^T and V are read by coordinates within their block of the packed copy, Q^T and dO^T as
+// B tiles from theirs (bwd_packed.hpp). No SLM but the mask's vote; deterministic, no atomics.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "flash_bwd_matrix.hpp"
+#include "matrix_registers.hpp"
+
+namespace ipex_flash {
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
+          int MATRIX_K, int MATRIX_N>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
+IPEX_FLASH_REGISTER_FILE
+void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
+  static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>(),
+                "tile shape");
+  constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
+  // Keys a slab at a time: S^T and dP^T of 64 keys next to dQ^T at d = 128 would need all
+  // 256 registers (3 KiB spilled per thread on BMG and PVC).
+  constexpr int SLAB = BLOCK_N % 32 == 0 ? 32 : BLOCK_N;
+  constexpr int S_TILES = SLAB / M, DQ_TILES = HEAD_DIM / M, DS_STEPS = SLAB / K;
+  constexpr auto GLOBAL = sycl::access::address_space::global_space;
+  static syclexp::work_group_static<float> visible_slm;  // any_visible's vote
+  float& visible = visible_slm;
+
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const auto group = item.get_group();
+  const auto sg = item.get_sub_group();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
+  const int64_t row = q_begin + lid;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+  const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
+
+  MatrixAcc<M, R> dq[DQ_TILES];
+#pragma unroll
+  for (int t = 0; t < DQ_TILES; ++t) matrix_fill(sg, dq[t], 0.f);
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  const BwdRowStats stats = BwdRowStats::of(p, seq, block.batch, block.head, row);
+  const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
+  const int64_t kv_end = mask.end_key(q_end);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
+      if (!score_mod.attn_mask.any_visible<FEATURES>(
+              group, visible, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
+              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
+        continue;
+    }
+    const typename Packed::Keys keys =
+        Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+#pragma unroll 1
+    for (int slab = 0; slab < BLOCK_N; slab += SLAB) {
+      const MatrixSurface<T> k_rows{keys.k + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
+      const MatrixSurface<T> v_rows{keys.v + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
+      const MatrixSurface<T> k_cols{keys.k_t + slab, HEAD_DIM, SLAB, BLOCK_N};
+      MatrixAcc<M, R> s[S_TILES], dp[S_TILES];
+#pragma unroll
+      for (int t = 0; t < S_TILES; ++t) {
+        matrix_fill(sg, s[t], 0.f);
+        matrix_fill(sg, dp[t], 0.f);
+      }
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, s, k_rows, 0, rows.q_t + r0,
+                                                                BLOCK_M);
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, v_rows, 0,
+                                                                rows.do_t + r0, BLOCK_M);
+
+      // dS for the lane's row, a chunk of keys at a time, in the dtype.
+      T ds[SLAB];
+#pragma unroll
+      for (int c0 = 0; c0 < SLAB; c0 += MATRIX_KEY_CHUNK) {
+        float qk[MATRIX_KEY_CHUNK], grad[MATRIX_KEY_CHUNK];
+        chunk_of_columns<M>(sg, s, c0, qk);
+        chunk_of_columns<M>(sg, dp, c0, grad);
+        bwd_score_grads<FEATURES>(c, score_mod, mask, fully_visible, block.batch_head, row,
+                                  kv_begin + slab + c0, stats, qk, grad);
+#pragma unroll
+        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
+      }
+      MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
+#pragma unroll
+      for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
+      matrix_mad_surface<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+    }
+  }
+
+  float values[HEAD_DIM];
+  lane_row_of_tiles<M>(sg, dq, values);
+  if (row >= seq.len_q) return;
+  T* out = static_cast<T*>(p.dq) + block.batch * p.dq_stride.batch +
+           block.head * p.dq_stride.head + (seq.q_row0 + row) * p.dq_stride.row;
+#pragma unroll
+  for (int d = 0; d < HEAD_DIM; ++d)
+    if (d < c.dims.head_dim) out[d] = from_float<T>(values[d] * c.scale);
+}
+
+}  // namespace ipex_flash
