@@ -121,7 +121,8 @@ def group_modules(programs: list) -> dict:
         members = [p for p in programs
                    if not p.error and (p.target, p.header, tuple(p.options)) == (target, header, options)]
         measure_id = None
-        if any(p.matrix for p in members):  # its XMX main loops, measured (KernelReport)
+        if any(p.matrix and p.header != "matrix_layout_probe.hpp" for p in members):
+            # its XMX main loops, measured (KernelReport)
             measure_options = [*options, MEASURE_OPTION]
             measure_id = _module_id(header, sorted(names), measure_options)
             modules[measure_id] = (header, sorted(names), measure_options)

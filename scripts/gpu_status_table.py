@@ -18,15 +18,21 @@ BEGIN, END = "<!-- gpu-status:begin -->", "<!-- gpu-status:end -->"
 
 def xmx_state(kernels, limits):
     """What the XMX path gives this GPU, from the kernels it built: default or opt-in, how
-    many kernels hold DPAS, and the range of their main loops' DPAS share."""
+    many kernels hold DPAS, and the range of their main loops' issued instructions per DPAS
+    without score changes (gpu_check.KernelReport.loop_per_dpas; "+": a lower bound)."""
     if not limits["matrix"]:
         return "no XMX: vector kernels"
     dpas = [k for k in kernels if k["matrix"] and k["dpas"] > 0]
     if not dpas:
         return "XMX shape not taken: vector kernels"
     when = "default for 16-bit" if limits.get("matrix_by_default") else "opt-in"
-    shares = [100 * k.get("loop_dpas_share", 0.0) for k in dpas if k.get("loop_dpas")]
-    loop = f", main-loop DPAS share {min(shares):.1f}-{max(shares):.1f}%" if shares else ""
+    costs = [(k["loop_per_dpas"], k.get("loop_nested", 0) > 0) for k in dpas
+             if k.get("loop_per_dpas") and k["features"] == 0]
+    loop = ""
+    if costs:
+        low, high = min(costs), max(costs)
+        loop = (f", main loops {low[0]:.1f}{'+' if low[1] else ''}-{high[0]:.1f}"
+                f"{'+' if high[1] else ''} instructions per DPAS")
     return f"{when}, compile-verified ({len(dpas)} kernels with DPAS{loop}), not run"
 
 

@@ -102,6 +102,9 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(matrix=True)) == ["XMX variant without DPAS"]
     assert kernel_violations(report(matrix=True, dpas=64, loop_per_dpas=14.9)) == []
     assert kernel_violations(report(matrix=True, dpas=64)) == ["main loop not measured"]
+    probe = dict(matrix=True, kernel="ipex_flash::matrix_layout_probe_kernel<...>")
+    assert kernel_violations(report(dpas=4, private=1024, **probe)) == []
+    assert kernel_violations(report(**probe)) == ["XMX variant without DPAS"]
     registers = dict(matrix=True, dpas=128, head_dim=128,
                      kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
     assert kernel_violations(report(loop_per_dpas=30.5, **registers)) == [

@@ -193,12 +193,15 @@ def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
     decode kernel's matrix scores, with joint_matrix emulated (runs on any machine)."""
     monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
     name = str(dtype).removeprefix("torch.")
-    registers = mode == "emulate"  # the tiles in registers, as PVC, BMG and Lunar Lake run it
-    for family, header in (
-            ("forward", "flash_fwd_matrix_registers.hpp" if registers else "flash_fwd_matrix.hpp"),
-            ("backward", "flash_bwd_dq_registers.hpp" if registers else "flash_bwd_matrix.hpp")):
+    # emulate: the tiles in registers where PVC, BMG and Lunar Lake keep them (head dims up to
+    # 128 for the forward, 64 for dQ), the SLM-staged kernels elsewhere.
+    for family, registers_header, staged_header, widest in (
+            ("forward", "flash_fwd_matrix_registers.hpp", "flash_fwd_matrix.hpp", 128),
+            ("backward", "flash_bwd_dq_registers.hpp", "flash_bwd_matrix.hpp", 64)):
         plan = C.plan(family, "", name, max(d, d_v), 0, 1, mode)
-        assert plan["header"] == header and plan["variant"].matrix_m > 0, plan
+        registers = mode == "emulate" and plan["variant"].head_dim <= widest
+        assert plan["variant"].matrix_m > 0 and plan["variant"].matrix_registers == registers
+        assert plan["header"] == (registers_header if registers else staged_header), plan
     q, k, v = qkv(2, 4, 2, 77, 130, d, d_v, dtype)
     for causal in (False, True):
         out, lse = ipex_flash.attention(q, k, v, causal=causal, return_lse=True)

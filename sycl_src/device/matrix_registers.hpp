@@ -95,6 +95,7 @@ template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
 __attribute__((always_inline)) inline void matrix_mad_surface(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     const uint32_t* b, int ldb) {
+  static_assert(STRIPS >= 2, "at least two tiles per array (see the overload below)");
   MatrixA<T, M, K> a_tile;
   MatrixB<T, K, N> b_tile;
 #pragma unroll
@@ -114,6 +115,9 @@ template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
 __attribute__((always_inline)) inline void matrix_mad_surface(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+  // IGC (ocloc 26.27) drops a kernel whose elements it reaches in an array of one joint_matrix
+  // (every store after it vanished); two or more are kept.
+  static_assert(STRIPS >= 2 && DEPTH / K >= 2, "at least two tiles per array");
   MatrixA<T, M, K> a_tile;
 #pragma unroll
   for (int k = 0; k < DEPTH; k += K) {

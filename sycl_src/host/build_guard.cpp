@@ -231,6 +231,19 @@ void set_build_guard(BuildGuard guard) {
   s.guard = std::move(guard);
 }
 
+void guard_warn(const std::string& message) {
+  std::function<void(const std::string&)> warn;
+  {
+    GuardState& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    warn = s.guard.warn;
+  }
+  if (warn)
+    warn(message);
+  else
+    std::cerr << message << std::endl;
+}
+
 bool program_builds(sycl::queue& queue, const KernelProgram& program,
                     const KernelVariant& variant) {
   if (!covered(variant)) return true;

@@ -31,6 +31,10 @@ struct BuildGuard {
 // in the calling process.
 void set_build_guard(BuildGuard guard);
 
+// Passes `message` to the guard's warn (a Python RuntimeWarning), or stderr without a guard.
+// Not to be called with a lock held that a Python thread may wait on (it takes the GIL).
+void guard_warn(const std::string& message);
+
 // Whether `variant`'s `program` may be built in this process. True for programs the guard does
 // not cover and for those a child built; false, after one warning per process, for those whose
 // build failed or crashed in a child. IPEX_FLASH_BUILD_GUARD chooses what is covered: unset or

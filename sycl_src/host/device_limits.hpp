@@ -47,6 +47,9 @@ struct DeviceLimits {
   // forward_tiles_in_registers): XMX on every Intel GPU. Not AMX, whose tiles take the
   // SLM-staged forward (flash_fwd_matrix.hpp). A profile on the CPU device takes the CPU's.
   bool matrix_lane_columns = false;
+  // Set on a copy of the limits where the layout probe failed (matrix_layout_probe.hpp): the
+  // matrix kernels then stage their tiles through SLM.
+  bool matrix_layout_refused = false;
 
   bool takes_matrix_tile(const std::string& dtype, int m, int n, int k) const;
   bool takes_sub_group(int size) const;

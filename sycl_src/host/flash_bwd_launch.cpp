@@ -8,6 +8,7 @@
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
 
 namespace ipex_flash {
@@ -74,7 +75,11 @@ KernelVariant bwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
   return buildable_variant(
       queue,
       [&](const std::string& mode) {
-        return bwd_variant(dtype, head_dim, features, limits, mode);
+        const KernelVariant variant = bwd_variant(dtype, head_dim, features, limits, mode);
+        if (matrix_layout_verified(queue, variant)) return variant;
+        DeviceLimits staged = limits;  // the engine failed the layout probe
+        staged.matrix_layout_refused = true;
+        return bwd_variant(dtype, head_dim, features, staged, mode);
       },
       bwd_program);
 }
@@ -92,7 +97,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
-  variant.matrix_registers = matrix_tiles_in_registers(tile, limits);  // its dQ kernel's
+  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 64);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);

@@ -9,6 +9,7 @@
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
 
 namespace ipex_flash {
@@ -53,7 +54,11 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
   return buildable_variant(
       queue,
       [&](const std::string& mode) {
-        return fwd_variant(dtype, head_dim, features, limits, mode);
+        const KernelVariant variant = fwd_variant(dtype, head_dim, features, limits, mode);
+        if (matrix_layout_verified(queue, variant)) return variant;
+        DeviceLimits staged = limits;  // the engine failed the layout probe
+        staged.matrix_layout_refused = true;
+        return fwd_variant(dtype, head_dim, features, staged, mode);
       },
       fwd_program);
 }
@@ -69,7 +74,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
   const MatrixTile tile = fp8 && !limits.fp8_decode
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
-  const bool registers = tile.m > 0 && matrix_tiles_in_registers(tile, limits);
+  const bool registers = matrix_tiles_in_registers(tile, limits, padded_head_dim(head_dim), 128);
   KernelVariant variant = choose_variant(
       dtype, head_dim, limits,
       registers ? fwd_matrix_registers_slm_bytes

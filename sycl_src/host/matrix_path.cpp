@@ -52,8 +52,9 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
   return {};
 }
 
-bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits) {
-  if (tile.m == 0) return false;
+bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits, int head_dim,
+                               int max_head_dim) {
+  if (tile.m == 0 || limits.matrix_layout_refused || head_dim > max_head_dim) return false;
   if (tile.emulated) return tile.n == 16;
   return limits.matrix_lane_columns && limits.large_grf;
 }

@@ -1,0 +1,115 @@
+#include "host/matrix_layout_probe.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "host/build_guard.hpp"
+#include "host/device_queue.hpp"
+#include "host/kernel_cache.hpp"
+#include "host/launch.hpp"
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+namespace {
+
+struct LayoutProbeParams {  // as matrix_layout_probe.hpp's
+  const void* a;
+  uint32_t* verdict;
+};
+
+bool mismatch_seam() {
+  static const bool seam = [] {
+    const char* env = std::getenv("IPEX_FLASH_TEST_LAYOUT_MISMATCH");
+    return env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0;
+  }();
+  return seam;
+}
+
+KernelProgram probe_program(const KernelVariant& variant) {
+  std::vector<std::string> options = program_options(variant);
+  if (mismatch_seam()) options.push_back("-DIPEX_FLASH_TEST_LAYOUT_MISMATCH");
+  return {"matrix_layout_probe.hpp",
+          {"ipex_flash::matrix_layout_probe_kernel<" + device_type_name(variant.dtype) + ", " +
+           std::to_string(variant.matrix_m) + ", " + std::to_string(variant.matrix_k) + ", " +
+           std::to_string(variant.matrix_n) + ">"},
+          options};
+}
+
+// The bits of a small integer in the 16-bit dtype (exact in both).
+uint16_t small_integer_bits(const std::string& dtype, int value) {
+  const float x = static_cast<float>(value);
+  if (dtype == "float16") return sycl::bit_cast<uint16_t>(sycl::half(x));
+  return static_cast<uint16_t>(sycl::bit_cast<uint32_t>(x) >> 16);  // bfloat16: exact
+}
+
+bool run_probe(sycl::queue& queue, const KernelVariant& variant, std::string& why) {
+  const KernelProgram program = probe_program(variant);
+  if (!program_builds(queue, program, variant)) {
+    why = "its build failed";
+    return false;
+  }
+  const int m = variant.matrix_m, k = variant.matrix_k, n = variant.matrix_n;
+  std::vector<uint16_t> a(4 * m * k);
+  for (int i = 0; i < 2 * m; ++i)
+    for (int j = 0; j < 2 * k; ++j)
+      a[i * 2 * k + j] = small_integer_bits(variant.dtype, (3 * i + j) % 7 - 3);  // probe's A
+  std::vector<uint32_t> verdict(n, 0);
+  void* a_device = nullptr;
+  uint32_t* verdict_device = nullptr;
+  try {
+    const sycl::kernel kernel = get_kernels(queue, program)[0];
+    a_device = sycl::malloc_device(a.size() * sizeof(uint16_t), queue);
+    verdict_device = sycl::malloc_device<uint32_t>(n, queue);
+    queue.memcpy(a_device, a.data(), a.size() * sizeof(uint16_t)).wait();
+    submit_kernel(queue, kernel, LayoutProbeParams{a_device, verdict_device},
+                  sycl::nd_range<1>(n, n), "the matrix layout probe")
+        .wait_and_throw();
+    queue.memcpy(verdict.data(), verdict_device, n * sizeof(uint32_t)).wait();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (a_device != nullptr) sycl::free(a_device, queue);
+  if (verdict_device != nullptr) sycl::free(verdict_device, queue);
+  if (!why.empty()) return false;
+  for (uint32_t lane : verdict)
+    if (lane != 1u) {
+      why = "its tiles are laid out otherwise";
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+bool matrix_layout_verified(sycl::queue& queue, const KernelVariant& variant) {
+  if (!variant.matrix_registers || variant.matrix_m == 0) return true;
+  // A lookup per call: the device, dtype and tile shape.
+  using Key = std::tuple<size_t, std::string, int, int, int, bool>;
+  static std::mutex mutex;
+  static std::map<Key, bool>* known = new std::map<Key, bool>();  // never destroyed
+  const sycl::device device = queue.get_device();
+  const Key key{std::hash<sycl::device>{}(device), variant.dtype, variant.matrix_m,
+                variant.matrix_k, variant.matrix_n, variant.matrix_emulated};
+  std::string why;
+  {
+    // Held while the probe runs: concurrent first calls run it once. Released before warning.
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = known->find(key);
+    if (found != known->end()) return found->second;
+    const bool verified = run_probe(queue, variant, why);
+    known->emplace(key, verified);
+    if (verified) return true;
+  }
+  guard_warn("ipex_flash: the matrix engine of " + device_description(device) +
+             " failed the tile-layout check (" + why + ") for " + variant.dtype +
+             " tiles; these calls run the kernels that stage tiles through local memory.");
+  return false;
+}
+
+}  // namespace ipex_flash

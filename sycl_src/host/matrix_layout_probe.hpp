@@ -1,0 +1,18 @@
+// Whether a device's matrix engine lays tiles out as the register-resident kernels assume
+// (matrix_registers.hpp), checked by running matrix_layout_probe.hpp once per process, device,
+// dtype and tile shape. Where it does not (or the probe cannot run), those calls take the
+// SLM-staged kernels, with one warning: a wrong layout would give wrong results, not errors.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "host/variants.hpp"
+
+namespace ipex_flash {
+
+// True when `variant` does not keep its tiles in registers, or when the probe for its dtype and
+// tile shape passes on the queue's device. IPEX_FLASH_TEST_LAYOUT_MISMATCH makes the probe
+// expect another layout (the test seam for the fallback).
+bool matrix_layout_verified(sycl::queue& queue, const KernelVariant& variant);
+
+}  // namespace ipex_flash
