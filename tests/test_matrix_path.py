@@ -3,6 +3,7 @@ Xeons, XMX on Intel GPUs) and the decode kernel's matrix scores: their tile shap
 one through IPEX_FLASH_MATRIX, against the float64 reference and against the vector kernels;
 the same kernels with joint_matrix emulated (IPEX_FLASH_MATRIX=emulate), which run on any
 machine; the selection rules; and a compile check that runs on any machine."""
+import json
 import os
 import subprocess
 import sys
@@ -357,3 +358,39 @@ def test_forward_scratch_is_checked(matrix_mode, mode):
     assert not out.any()
     matrix_mode("0")
     assert C.fwd_scratch_bytes(*views, options, 0) == 0
+
+
+LAYOUT_CHILD = """
+import json, warnings
+import torch
+import ipex_flash
+from ipex_flash._runtime import C
+from ipex_flash.reference import attention_reference
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 2, n, 64, dtype=torch.bfloat16) for n in (70, 90, 90))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = ipex_flash.attention(q, k, v, causal=True)
+ref, _ = attention_reference(q, k, v, causal=True)
+print(json.dumps({"error": (out.double() - ref).abs().max().item(),
+                  "registers": C.warmup_fwd("bfloat16", 64, 0).matrix_registers,
+                  "warnings": [str(w.message) for w in caught if "layout" in str(w.message)]}))
+"""
+
+
+@pytest.mark.parametrize("mismatch", [False, True])
+def test_layout_probe_guards_the_register_kernels(mismatch, tmp_path):
+    """Before the register kernels' first use the engine's tile layout is probed; where it
+    differs (the seam IPEX_FLASH_TEST_LAYOUT_MISMATCH makes the probe expect another) the call
+    runs the SLM-staged kernel, correctly, with one warning naming the check."""
+    env = dict(os.environ, IPEX_FLASH_MATRIX="emulate", IPEX_FLASH_CACHE_DIR=str(tmp_path),
+               IPEX_FLASH_TEST_LAYOUT_MISMATCH="1" if mismatch else "0")
+    done = subprocess.run([sys.executable, "-c", LAYOUT_CHILD], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] < 2e-2
+    assert result["registers"] == (not mismatch)
+    assert len(result["warnings"]) == (1 if mismatch else 0), result["warnings"]
+    if mismatch:
+        assert "tile-layout check" in result["warnings"][0]
