@@ -62,6 +62,20 @@ struct AttnMaskPlane {
     }
   }
 
+  // Whether the user's mask hides every element of rows [row0, row_end) x keys [key0,
+  // key_end): the backward kernels skip such blocks. Always false without a mask (FEATURES);
+  // otherwise collective over the work-group, as any_visible.
+  template <int FEATURES>
+  inline bool hides_block(sycl::group<1> group, float& slot, int64_t row0, int64_t row_end,
+                          int64_t key0, int64_t key_end, int lid, int lanes) const {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
+      return false;
+    } else {
+      return !any_visible<FEATURES>(group, slot, row0, static_cast<int>(row_end - row0), key0,
+                                    static_cast<int>(key_end - key0), lid, lanes);
+    }
+  }
+
   // Whether any element of rows [row0, row0 + rows) x keys [key0, key0 + keys) (both inside the
   // sequence) is visible; the work-group's `lanes` items scan it together, a row each, and
   // meet in `slot`, a float of local memory the caller's next step overwrites after a barrier

@@ -105,12 +105,11 @@ void flash_bwd_dq_kernel(BwdParams p) {
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
-      if (!score_mod.attn_mask.any_visible<FEATURES>(
-              group, k_tile[0][0], q_begin, q_rows, kv_begin,
-              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
-        continue;
-    }
+    if (score_mod.attn_mask.hides_block<FEATURES>(group, k_tile[0][0], q_begin, q_begin + q_rows,
+                                                  kv_begin,
+                                                  std::min<int64_t>(kv_begin + BLOCK_N, kv_end),
+                                                  lid, BLOCK_M))
+      continue;
     load_kv_block(group, k_tile, v_tile, k, v, kv_begin, seq.len_k, c.dims.head_dim,
                   c.dims.head_dim_v, lid, BLOCK_M);
     const bool fully_visible =
@@ -214,12 +213,9 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
       const int q_rows = static_cast<int>(q_end - q_begin);
-      if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
-        if (!score_mod.attn_mask.any_visible<FEATURES>(
-                group, q_tile[0][0], q_begin, q_rows, kv_begin, static_cast<int>(kv_end - kv_begin), lid,
-                BLOCK_N))
-          continue;
-      }
+      if (score_mod.attn_mask.hides_block<FEATURES>(group, q_tile[0][0], q_begin, q_end,
+                                                    kv_begin, kv_end, lid, BLOCK_N))
+        continue;
       sycl::group_barrier(group);
       load_tile<BLOCK_M, HEAD_DIM>(q_tile, q + q_begin * p.q_stride.row, p.q_stride.row, q_rows,
                                    c.dims.head_dim, lid, BLOCK_N);

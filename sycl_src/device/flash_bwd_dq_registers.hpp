@@ -59,12 +59,10 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const int64_t kv_end = mask.end_key(q_end);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
-      if (!score_mod.attn_mask.any_visible<FEATURES>(
-              group, visible, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
-              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
-        continue;
-    }
+    if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
+                                                  std::min<int64_t>(kv_begin + BLOCK_N, kv_end),
+                                                  lid, BLOCK_M))
+      continue;
     const typename Packed::Keys keys =
         Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(

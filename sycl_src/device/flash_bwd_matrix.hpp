@@ -127,12 +127,9 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
     const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
-      if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
-        if (!score_mod.attn_mask.any_visible<FEATURES>(
-                group, visible, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
-                static_cast<int>(kv_end - kv_begin), lid, BLOCK_M))
-          continue;
-      }
+      if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
+                                                    kv_end, lid, BLOCK_M))
+        continue;
       const typename Packed::Rows rows = Packed::rows(p, b, h, q_begin / BLOCK_M);
       bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
           sg, s_t, dp_t, keys, rows, r0);
@@ -233,12 +230,10 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
   const int64_t kv_end = mask.end_key(q_end);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {  // blocks the user's mask hides
-      if (!score_mod.attn_mask.any_visible<FEATURES>(
-              group, visible, q_begin, static_cast<int>(q_end - q_begin), kv_begin,
-              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
-        continue;
-    }
+    if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
+                                                  std::min<int64_t>(kv_begin + BLOCK_N, kv_end),
+                                                  lid, BLOCK_M))
+      continue;
     const typename Packed::Keys keys =
         Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
     bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
