@@ -52,6 +52,8 @@ class KernelReport(gpu_grid.Selection):
     # not in it. loop_nested > 0: loops inside the main loop, counted once (a lower bound).
     loop_per_dpas: float = 0.0
     loop_nested: int = 0
+    loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
+    loop_prefetches: int = 0
     violations: list = field(default_factory=list)
 
 
@@ -164,6 +166,8 @@ def kernel_reports(programs: list, native: dict) -> list:
                 if loop and loop["loop_dpas"]:
                     report.loop_per_dpas = round(loop["loop_issued"] / loop["loop_dpas"], 2)
                     report.loop_nested = loop["loop_nested"]
+                    report.loop_block_loads = loop["loop_block_loads"]
+                    report.loop_prefetches = loop["loop_prefetches"]
             reports.append(report)
     return reports
 

@@ -65,8 +65,10 @@ def _asm_counts(asm: Path) -> dict:
     K/V or Q blocks. Its DPAS share says how much of the loop's issue the matrix engine gets;
     the rest is softmax, loads, stores and barriers. loop_issued leaves out sync.* (scoreboard
     waits, which take no issue slot); loop_nested counts the loops inside the main loop, whose
-    bodies run more than once per block (the static count then under-states the cost)."""
-    labels, ops, loops = {}, [], []
+    bodies run more than once per block (the static count then under-states the cost);
+    loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
+    load that writes no register)."""
+    labels, ops, block2d, loops = {}, [], [], []
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
         label = _LABEL.match(stripped)
@@ -80,6 +82,8 @@ def _asm_counts(asm: Path) -> dict:
             loops.append((labels[branch.group(3)], len(ops) + 1))
         opcode = _PREDICATE.sub("", stripped).split(" ", 1)[0]
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
+        block2d.append("" if "load_block2d" not in stripped else
+                       "prefetch" if "rd:0;" in stripped else "load")
     main = max((loop for loop in loops if "dpas" in ops[loop[0]:loop[1]]),
                key=lambda loop: loop[1] - loop[0], default=(0, 0))
     body = ops[main[0]:main[1]]
@@ -87,7 +91,9 @@ def _asm_counts(asm: Path) -> dict:
             "loop_instructions": len(body),
             "loop_issued": sum(1 for op in body if not op.startswith("sync.")),
             "loop_nested": sum(1 for loop in loops
-                               if loop != main and main[0] <= loop[0] and loop[1] <= main[1])}
+                               if loop != main and main[0] <= loop[0] and loop[1] <= main[1]),
+            "loop_block_loads": block2d[main[0]:main[1]].count("load"),
+            "loop_prefetches": block2d[main[0]:main[1]].count("prefetch")}
 
 
 def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
@@ -111,7 +117,7 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
         asm = dump / f".text.{name}.asm"
         counts = _asm_counts(asm) if asm.exists() else {
             "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0,
-            "loop_issued": 0, "loop_nested": 0}
+            "loop_issued": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),
             "slm": int(env.get("slm_size", 0)), "spill": int(env.get("spill_size", 0)),

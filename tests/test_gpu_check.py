@@ -51,6 +51,8 @@ L32:
 L80:
         mul (16|M0)              r40.0<1>:f    r40.0<1;1,0>:f    r9.0<0;1,0>:f
 (W&~f0.0) jmpi                               L80
+        send.ugm (1|M0)          r11      r7  null:0  0x0            0x02400203           {$6} // wr:1+0, rd:4; load_block2d.ugm.d16.a64
+        send.ugm (1|M0)          null     r8  null:0  0x0            0x02400203           {$7} // wr:1+0, rd:0; load_block2d.ugm.d16.a64.ca.ca
         dpas.8x8 (16|M0)         r48:f         r48:f            r25:bf            r12.0:bf         {$3}
 (W&f0.1) jmpi                               L32
 (W)     send.ugm (1|M0)          null     r2  null:0  0x0            0x0200F506
@@ -59,13 +61,14 @@ L80:
 
 def test_main_loop_cost_is_read_from_disassembly(tmp_path):
     """The main loop is the longest loop holding DPAS; its issued instructions leave sync.*
-    out, and the loops nested in it are counted."""
+    out, and the loops nested in it, its 2-D block loads and its prefetches are counted."""
     asm = tmp_path / "kernel.asm"
     asm.write_text(MAIN_LOOP_ASM)
     counts = gpu_native._asm_counts(asm)
-    assert counts["dpas"] == 2 and counts["instructions"] == 9
-    assert counts["loop_dpas"] == 2 and counts["loop_instructions"] == 7
-    assert counts["loop_issued"] == 6 and counts["loop_nested"] == 1
+    assert counts["dpas"] == 2 and counts["instructions"] == 11
+    assert counts["loop_dpas"] == 2 and counts["loop_instructions"] == 9
+    assert counts["loop_issued"] == 8 and counts["loop_nested"] == 1
+    assert counts["loop_block_loads"] == 1 and counts["loop_prefetches"] == 1
 
 
 @pytest.mark.parametrize("registered,mangled", [

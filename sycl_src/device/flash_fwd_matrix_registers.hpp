@@ -79,6 +79,8 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
+  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_N;
+  const int sub_group = r0 / MATRIX_N;
   const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
   if (block.empty) return;
   const SeqInfo& seq = block.seq;
@@ -110,6 +112,14 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM, BLOCK_N, BLOCK_N};  // V^T
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+
+    // The next block's K and V^T, shared by the sub-groups, asked for while this one computes.
+    // Up to d = 64: at 128 the addresses spilled beside the resident accumulators on PVC.
+    if constexpr (HEAD_DIM <= 64) {
+      if (kv_begin + BLOCK_N < kv_end)
+        matrix_prefetch_run<Packed::BLOCK_ELEMENTS, SUB_GROUPS>(
+            sg, k_tile + Packed::BLOCK_ELEMENTS, sub_group);
+    }
 
     // S^T: every key tile against one Q^T B tile per reduction step.
     MatrixAcc<M, R> s[S_TILES];

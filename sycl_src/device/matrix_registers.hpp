@@ -87,6 +87,23 @@ __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& 
       surface.pitch, surface.rows, surface.cols, row, col);
 }
 
+// Asks for a contiguous run of ELEMENTS to be brought into the cache ahead of its loads, share
+// `part` of PARTS (a sub-group's), as 2-D block prefetches: 32 rows of 64 bytes each, the
+// widest a prefetch takes.
+template <int ELEMENTS, int PARTS, typename T>
+__attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group sg, const T* base,
+                                                               int part) {
+  namespace syclex = sycl::ext::oneapi::experimental;
+  using E = typename MatrixElement<T>::type;
+  constexpr int WIDTH = 64 / sizeof(T), ROWS = 32, CHUNK = WIDTH * ROWS;
+  static_assert(ELEMENTS % (CHUNK * PARTS) == 0, "whole chunks for every part");
+#pragma unroll
+  for (int i = 0; i < ELEMENTS / CHUNK / PARTS; ++i)
+    jm::joint_matrix_prefetch<ROWS, WIDTH>(
+        sg, reinterpret_cast<const E*>(base + (part + i * PARTS) * CHUNK), WIDTH,
+        jm::layout::row_major, syclex::properties{syclex::prefetch_hint_L1});
+}
+
 // acc[s] (M x N) += A_s (M x DEPTH) . B for A_s the s-th M-row strip of `a` from row `row0`:
 // B read in the packed layout (row stride ldb words) from B_SPACE, SLM or global memory, one B
 // tile per reduction step for all strips (matrix_mad_strips' form) ...
@@ -160,6 +177,9 @@ inline void matrix_b_from_column(sycl::sub_group, MatrixBRegisters<T, K, N>& b, 
 #pragma unroll
   for (int i = 0; i < K; ++i) b.column[i] = column[i];
 }
+
+template <int ELEMENTS, int PARTS, typename T>
+inline void matrix_prefetch_run(sycl::sub_group, const T*, int) {}  // nothing to hide here
 
 // The emulation reads A through plain pointers; the kernels' surfaces are whole padded blocks.
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
