@@ -96,15 +96,20 @@ bool matrix_layout_verified(sycl::queue& queue, const KernelVariant& variant) {
   const sycl::device device = queue.get_device();
   const Key key{std::hash<sycl::device>{}(device), variant.dtype, variant.matrix_m,
                 variant.matrix_k, variant.matrix_n, variant.matrix_emulated};
-  std::string why;
   {
-    // Held while the probe runs: concurrent first calls run it once. Released before warning.
     std::lock_guard<std::mutex> lock(mutex);
     auto found = known->find(key);
     if (found != known->end()) return found->second;
-    const bool verified = run_probe(queue, variant, why);
-    known->emplace(key, verified);
-    if (verified) return true;
+  }
+  // Run without the lock: the probe's build may warn, which takes the GIL, and a caller waiting
+  // on the lock may hold it. Concurrent first calls may both run it; the first verdict stays,
+  // and only its thread warns.
+  std::string why;
+  const bool verified = run_probe(queue, variant, why);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto [entry, inserted] = known->emplace(key, verified);
+    if (!inserted || entry->second) return entry->second;
   }
   guard_warn("ipex_flash: the matrix engine of " + device_description(device) +
              " failed the tile-layout check (" + why + ") for " + variant.dtype +
