@@ -19,7 +19,7 @@
 // accumulators and whose layout of a tile over a sub-group's work-items is not known to be the
 // lane-column layout flash_fwd_matrix_registers.hpp needs, and the GPUs with 128 registers per
 // thread (DG2, Arrow Lake-H), too few for them; the GPUs with 256 run that one
-// (forward_tiles_in_registers, flash_fwd_launch.cpp).
+// (matrix_tiles_in_registers, matrix_path.cpp).
 // K and V^T come from the packed copy (fwd_pack_kv.hpp). With nothing of K or V in SLM, the
 // sub-groups never wait on each other: there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.

@@ -1,15 +1,16 @@
 // Matrix tiles kept in registers between products, read and written by lane columns: the
-// forward kernel of flash_fwd_matrix_registers.hpp holds its score and output accumulators and
-// its P operand here instead of in SLM.
+// kernels of flash_fwd_matrix_registers.hpp and flash_bwd_dq_registers.hpp hold their
+// accumulators and their P or dS operands here instead of in SLM.
 //
 // Lane columns: lane n of the sub-group holds column n of an accumulator (M x N), its element
 // i being row i, and column n of a B operand (K x N), its element i being row k = i. That is
 // how the XMX engines lay out DPAS operands on every Intel GPU with them (row m of an
 // accumulator is one register, one lane per column; a packed B register holds rows 2w and 2w+1
 // of each lane's column), and how the emulation (matrix_tile.hpp) lays them out by
-// construction. The host builds this kernel only where the layout holds
-// (DeviceLimits::matrix_lane_columns): not on the CPU device's AMX, whose tiles are a different
-// register file altogether (the SLM-staged flash_fwd_matrix.hpp serves it).
+// construction. The host plans these kernels only where the layout holds
+// (DeviceLimits::matrix_lane_columns, matrix_tiles_in_registers), and runs
+// matrix_layout_probe.hpp first to check it: not on the CPU device's AMX, whose tiles are a
+// different register file altogether (the SLM-staged kernels serve it).
 //
 // The attention kernels own one query row per lane, computed transposed (the query is the
 // accumulators' column), so a lane's column of S^T is its row's scores, and a row's softmax

@@ -43,8 +43,8 @@ struct DeviceLimits {
   // computed wrong gradients. There such calls take the vector backward.
   bool matrix_masked_backward = true;
   // The matrix engine lays a sub-group's tiles out in lane columns (matrix_registers.hpp), so
-  // that the forward can keep its tiles in registers (where there are enough of them,
-  // forward_tiles_in_registers): XMX on every Intel GPU. Not AMX, whose tiles take the
+  // that the forward and dQ can keep their tiles in registers (where there are enough of them,
+  // matrix_tiles_in_registers): XMX on every Intel GPU. Not AMX, whose tiles take the
   // SLM-staged forward (flash_fwd_matrix.hpp). A profile on the CPU device takes the CPU's.
   bool matrix_lane_columns = false;
   // Set on a copy of the limits where the layout probe failed (matrix_layout_probe.hpp): the

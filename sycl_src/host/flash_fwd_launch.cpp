@@ -54,11 +54,9 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
   return buildable_variant(
       queue,
       [&](const std::string& mode) {
-        const KernelVariant variant = fwd_variant(dtype, head_dim, features, limits, mode);
-        if (matrix_layout_verified(queue, variant)) return variant;
-        DeviceLimits staged = limits;  // the engine failed the layout probe
-        staged.matrix_layout_refused = true;
-        return fwd_variant(dtype, head_dim, features, staged, mode);
+        return layout_verified_variant(queue, limits, [&](const DeviceLimits& verified) {
+          return fwd_variant(dtype, head_dim, features, verified, mode);
+        });
       },
       fwd_program);
 }

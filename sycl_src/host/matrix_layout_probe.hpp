@@ -6,6 +6,7 @@
 
 #include <sycl/sycl.hpp>
 
+#include "host/device_limits.hpp"
 #include "host/variants.hpp"
 
 namespace ipex_flash {
@@ -14,5 +15,17 @@ namespace ipex_flash {
 // tile shape passes on the queue's device. IPEX_FLASH_TEST_LAYOUT_MISMATCH makes the probe
 // expect another layout (the test seam for the fallback).
 bool matrix_layout_verified(sycl::queue& queue, const KernelVariant& variant);
+
+// The variant `choose(limits)` picks, or, where the queue's engine fails the layout probe for
+// it, the one it picks with the register-resident kernels refused (SLM-staged).
+template <typename Choose>
+KernelVariant layout_verified_variant(sycl::queue& queue, const DeviceLimits& limits,
+                                      const Choose& choose) {
+  const KernelVariant variant = choose(limits);
+  if (matrix_layout_verified(queue, variant)) return variant;
+  DeviceLimits staged = limits;
+  staged.matrix_layout_refused = true;
+  return choose(staged);
+}
 
 }  // namespace ipex_flash
