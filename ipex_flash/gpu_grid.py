@@ -111,24 +111,13 @@ def plan_target(target: str, full: bool) -> list:
                                 kernels=list(plan["kernels"]), options=list(plan["options"]),
                                 slm_estimate=plan["slm_bytes"], **base))
         if variant.matrix_registers:  # the layout check those kernels run first
-            probe = _layout_probe(plan)
+            probe = C.layout_probe_program(variant)
             key = (probe["header"], tuple(probe["kernels"]), tuple(probe["options"]))
             if key not in seen:
                 seen.add(key)
                 programs.append(Program(variant=programs[-1].variant, matrix=True,
                                         large_grf=False, slm_estimate=0, **probe, **base))
     return programs
-
-
-def _layout_probe(plan: dict) -> dict:
-    """The program of matrix_layout_probe.hpp for a plan's dtype and tile shape (the host's
-    matrix_layout_probe.cpp builds the same)."""
-    variant = plan["variant"]
-    element = plan["kernels"][-1].split("<", 1)[1].split(",", 1)[0]
-    return {"header": "matrix_layout_probe.hpp",
-            "kernels": [f"ipex_flash::matrix_layout_probe_kernel<{element}, {variant.matrix_m}, "
-                        f"{variant.matrix_k}, {variant.matrix_n}>"],
-            "options": list(plan["options"])}
 
 
 def ocloc_device(target: str) -> str:

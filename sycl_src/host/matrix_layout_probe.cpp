@@ -31,7 +31,9 @@ bool mismatch_seam() {
   return seam;
 }
 
-KernelProgram probe_program(const KernelVariant& variant) {
+}  // namespace
+
+KernelProgram layout_probe_program(const KernelVariant& variant) {
   std::vector<std::string> options = program_options(variant);
   if (mismatch_seam()) options.push_back("-DIPEX_FLASH_TEST_LAYOUT_MISMATCH");
   return {"matrix_layout_probe.hpp",
@@ -41,6 +43,8 @@ KernelProgram probe_program(const KernelVariant& variant) {
           options};
 }
 
+namespace {
+
 // The bits of a small integer in the 16-bit dtype (exact in both).
 uint16_t small_integer_bits(const std::string& dtype, int value) {
   const float x = static_cast<float>(value);
@@ -49,7 +53,7 @@ uint16_t small_integer_bits(const std::string& dtype, int value) {
 }
 
 bool run_probe(sycl::queue& queue, const KernelVariant& variant, std::string& why) {
-  const KernelProgram program = probe_program(variant);
+  const KernelProgram program = layout_probe_program(variant);
   if (!program_builds(queue, program, variant)) {
     why = "its build failed";
     return false;

@@ -16,6 +16,9 @@ namespace ipex_flash {
 // expect another layout (the test seam for the fallback).
 bool matrix_layout_verified(sycl::queue& queue, const KernelVariant& variant);
 
+// The probe's program for `variant`'s dtype and tile shape (gpu-check compiles it too).
+KernelProgram layout_probe_program(const KernelVariant& variant);
+
 // The variant `choose(limits)` picks, or, where the queue's engine fails the layout probe for
 // it, the one it picks with the register-resident kernels refused (SLM-staged).
 template <typename Choose>

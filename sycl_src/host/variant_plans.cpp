@@ -11,6 +11,7 @@
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
 #include "host/kernel_cache.hpp"
+#include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
 
 namespace py = pybind11;
@@ -79,6 +80,14 @@ void bind_variant_plans(py::module_& m) {
   m.def("set_device_profile", &set_device_profile, "name"_a);
   m.def("plan", &plan, "family"_a, "profile"_a, "dtype"_a, "head_dim"_a = 64, "features"_a = 0,
         "rows"_a = 1, "mode"_a = "auto");
+  m.def(
+      "layout_probe_program",
+      [](const KernelVariant& variant) {
+        const KernelProgram program = layout_probe_program(variant);
+        return py::dict("header"_a = program.header, "kernels"_a = program.kernels,
+                        "options"_a = program.options);
+      },
+      "variant"_a);
   m.def(
       "compile_to_spirv",
       [](const std::string& header, const std::vector<std::string>& kernels,
