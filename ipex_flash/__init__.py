@@ -5,15 +5,20 @@
     out, lse = ipex_flash.attention(q, k, v, causal=True, return_lse=True)
     out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # SDPA's contract
     with ipex_flash.sdpa_override(): model(x)   # torch's SDPA calls routed to ipex_flash
+    out = ipex_flash.flash_attn_func(q, k, v, causal=True)   # flash-attn's (B, N, H, D)
+
+Entry points here (attention.py, sdpa.py, flash_attn_interface.py, flash_attn_packed.py,
+flash_attn_kvcache.py, integrations/); below them ops/ (torch.library ops, validation,
+launch), kvcache/ (KV-cache ops and helpers) and tools/ (the CLI, selftest, gpu-check), over
+the compiled host module ipex_flash._C (loaded by _runtime.py).
 """
 from ipex_flash._runtime import C as _C  # noqa: F401  (sets up SYCL before anything runs)
-from ipex_flash import ops  # noqa: F401  (registers torch.ops.ipex_flash.*)
 from ipex_flash.attention import attention
 from ipex_flash.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from ipex_flash.flash_attn_packed import (
     flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func)
-from ipex_flash.kvcache import flash_attn_with_kvcache
+from ipex_flash.flash_attn_kvcache import flash_attn_with_kvcache
 from ipex_flash.sdpa import enable_sdpa_override, scaled_dot_product_attention, sdpa_override
 
 __all__ = ["attention", "enable_sdpa_override", "flash_attn_func", "flash_attn_kvpacked_func",

@@ -5,8 +5,9 @@ from typing import Optional, Union
 
 import torch
 
-from ipex_flash import fast_path, ops  # noqa: F401  (ops registers torch.ops.ipex_flash.*)
-from ipex_flash._validation import check_attention_inputs, check_dropout_p
+from ipex_flash.ops import attention as _attention_ops  # noqa: F401  (registers the ops)
+from ipex_flash.ops import fast_path, launch
+from ipex_flash.ops.validation import check_attention_inputs, check_dropout_p
 
 
 def attention(
@@ -61,6 +62,6 @@ def attention(
     # Checked here too, so a non-tensor argument gets our message rather than the dispatcher's.
     check_attention_inputs("ipex_flash.attention", q, k, v, scale)
     check_dropout_p("ipex_flash.attention", dropout_p)
-    seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    seed = launch.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = fast_path.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)
     return (out, lse) if return_lse else out

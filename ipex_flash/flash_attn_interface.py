@@ -1,12 +1,8 @@
 """flash-attn's API (Dao-AILab/flash-attention) on the ipex_flash kernels, so users of
 flash-attn switch by changing an import. Layout (batch, seq_len, heads, head_dim), or
-(total_tokens, heads, head_dim) for the varlen functions.
-
-Ops behind it (torch.library, with fake implementations):
-    ipex_flash::flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-        max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-        dropout_p, dropout_seed) -> (out, softmax_lse)          differentiable in q, k, v
-    ipex_flash::flash_attn_backward(grad_out, q, k, v, out, softmax_lse, ...) -> (dq, dk, dv)
+(total_tokens, heads, head_dim) for the varlen functions. The ops behind it are in
+ops/flash_attn.py; flash_attn_with_kvcache is in flash_attn_kvcache.py, the packed functions
+in flash_attn_packed.py.
 """
 from __future__ import annotations
 
@@ -14,143 +10,17 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import ops, score_grads
-from ipex_flash.attn_probs import attn_probs
-from ipex_flash.paged_varlen import paged_varlen_func
-from ipex_flash.flash_attn_args import (
-    bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
-from ipex_flash._validation import check_dropout_p, check_scale, check_window
-from ipex_flash._validation import softmax_scale as resolve_scale
+from ipex_flash.kvcache.paged_varlen import paged_varlen_func
+from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
+from ipex_flash.ops import launch
+from ipex_flash.ops.attn_probs import attn_probs
+from ipex_flash.ops.validation import check_dropout_p, check_scale, check_window
 
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("ipex_flash::flash_attn_forward", mutates_args=(),
-                         device_types=("cpu", "xpu"))
-def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                       softmax_scale: Optional[float], causal: bool, window_left: int,
-                       window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                       dropout_p: float, dropout_seed: Optional[Tensor],
-                       sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    fn = "ipex_flash.flash_attn_func"
-    check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
-           window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks)
-    packed = cu_seqlens_q is not None
-    q, k, v = (ops.with_contiguous_last_dim(t) for t in (q, k, v))
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes = contiguous_extras(cu_seqlens_q, cu_seqlens_k,
-                                                                  alibi_slopes)
-    out, lse = forward_outputs(q, v, packed)
-    sinks32 = ops.float_sinks(sinks)  # read by address: referenced until the launch returns
-    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             resolve_scale(softmax_scale, q.shape[-1], fn), causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
-                             sinks32)
-    if packed:
-        ops.flash_fwd(*(ops.view(bhnd(t, packed)) for t in (q, k, v, out)), ops.view(lse),
-                      options, q.device)
-    else:  # few query rows per K/V head take the decode kernel
-        ops.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p)
-    return out, lse
-
-
-@flash_attn_forward.register_fake
-def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, window_left, window_right, softcap,
-                             alibi_slopes, dropout_p, dropout_seed, sinks=None):
-    check_call("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-           max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
-           sinks)
-    return forward_outputs(q, v, cu_seqlens_q is not None)
-
-
-@torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
-                         device_types=("cpu", "xpu"))
-def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                        lse: Tensor, cu_seqlens_q: Optional[Tensor],
-                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                        softmax_scale: Optional[float], causal: bool, window_left: int,
-                        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                        dropout_p: float, dropout_seed: Optional[Tensor]
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    packed = cu_seqlens_q is not None
-    _check_grad_out(grad_out, out)
-    q, k, v, out, grad_out = (ops.with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
-    cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse = contiguous_extras(
-        cu_seqlens_q, cu_seqlens_k, alibi_slopes, lse)
-    # Packed K/V rows past cu_seqlens_k[-1] belong to no sequence: their gradient is zero.
-    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-    delta = torch.empty_like(lse)
-    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
-    ops.flash_bwd(*(ops.view(bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
-                  ops.view(lse),
-                  *(ops.view(bhnd(t, packed)) for t in (dq, dk, dv)), ops.view(delta), options,
-                  q.device)
-    return dq, dk, dv
-
-
-def _check_grad_out(grad_out: Tensor, out: Tensor) -> None:
-    fn = "ipex_flash.flash_attn_func"
-    if not isinstance(grad_out, torch.Tensor):
-        raise TypeError(f"{fn}: grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
-    if grad_out.shape != out.shape:
-        raise ValueError(f"{fn}: grad_out must have the output's shape {tuple(out.shape)}, got "
-                         f"{tuple(grad_out.shape)}")
-    if grad_out.dtype != out.dtype:
-        raise TypeError(f"{fn}: grad_out must have the output's dtype {out.dtype}, got "
-                        f"{grad_out.dtype}")
-
-
-@flash_attn_backward.register_fake
-def _flash_attn_backward_fake(grad_out, q, k, v, out, lse, *args):
-    _check_grad_out(grad_out, out)
-    return tuple(torch.empty_like(ops.with_contiguous_last_dim(t)) for t in (q, k, v))
-
-
-def _setup_context(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-     window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                          dropout_seed, sinks)
-    ctx.wants_sinks = sinks is not None and sinks.requires_grad
-    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                softcap)
-    ctx.dropout_p = dropout_p
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_out, _grad_lse):
-    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, dropout_seed,
-     sinks) = ctx.saved_tensors
-    (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-     softcap) = ctx.args
-    dq, dk, dv = torch.ops.ipex_flash.flash_attn_backward(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, ctx.dropout_p,
-        dropout_seed)
-    d_sinks = _sinks_grad(sinks, grad_out, out, lse, cu_seqlens_q) if ctx.wants_sinks else None
-    return (dq, dk, dv) + (None,) * 12 + (d_sinks,)
-
-
-def _sinks_grad(sinks, grad_out, out, lse, cu_seqlens_q):
-    """score_grads.sinks_grad in flash-attn's layouts: lse (B, Hq, Nq), or (Hq, total) packed,
-    where rows past the last sequence belong to none."""
-    delta = score_grads.output_delta(grad_out, out)  # (B, Nq, Hq) or (total, Hq)
-    if cu_seqlens_q is None:
-        return score_grads.sinks_grad(sinks, lse, delta.transpose(1, 2))
-    end = int(cu_seqlens_q[-1])
-    return score_grads.sinks_grad(sinks, lse[:, :end].unsqueeze(0),
-                                  delta[:end].transpose(0, 1).unsqueeze(0))
-
-
-flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
-
-
 def _seed(q: Tensor, dropout_p: float) -> Optional[Tensor]:
-    return ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    return launch.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -225,7 +95,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     With block_table (batch, max_blocks) int32, k and v are a paged KV cache (num_blocks,
     page_size, nheads_k, headdim or headdim_v) and sequence b's keys are its first
     seqused_k[b] (or cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call,
-    prefills and decodes mixed (ipex_flash/paged_varlen.py); no dropout, no backward. The cache
+    prefills and decodes mixed (kvcache/paged_varlen.py); no dropout, no backward. The cache
     may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
     check_dropout_p(fn, dropout_p)

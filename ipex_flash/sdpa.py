@@ -8,8 +8,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from ipex_flash import fast_path, ops
-from ipex_flash._validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
+from ipex_flash.ops import fast_path, launch
+from ipex_flash.ops.validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.scaled_dot_product_attention"
@@ -43,7 +43,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if attn_mask is not None:
         mask = attn_mask.expand(*lead, q.shape[1], q.shape[2], k.shape[2])
         mask = mask.reshape(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    seed = ops.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    seed = launch.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out = fast_path.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
                       float(softcap or 0.0))[0]
     return out if query.dim() == 4 else out.reshape(query.shape[:-1] + (value.shape[-1],))

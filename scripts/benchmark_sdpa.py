@@ -25,7 +25,8 @@ from pathlib import Path
 import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_runtime.py)
 import torch
 import torch.nn.functional as F
-from ipex_flash import ops
+from ipex_flash.ops import launch
+from ipex_flash.ops.attention import sdpa_options
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,8 +81,8 @@ def bench_overhead():
     q, k, v = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 16, 64), torch.randn(1, 8, 16, 64)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 1)
     partial_out, partial_lse = torch.empty(1, 8, 1, 1, 64), torch.empty(1, 8, 1, 1)
-    views = [ops.view(t) for t in (q, k, v, out, lse, partial_out, partial_lse)]
-    options = ops.sdpa_options(q, False, None, 0.0, None)
+    views = [launch.view(t) for t in (q, k, v, out, lse, partial_out, partial_lse)]
+    options = sdpa_options(q, False, None, 0.0, None)
     us = {name: 1e6 * s for name, s in alternate({
         "torch_sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "ours_sdpa": lambda: ipex_flash.scaled_dot_product_attention(q, k, v),

@@ -35,7 +35,7 @@ MATRIX_PLANS_FOR_AMX = """
 import json, warnings
 import ipex_flash, torch
 from ipex_flash._runtime import C
-from ipex_flash.launch import view
+from ipex_flash.ops.launch import view
 C.set_cpu_matrix_engine(True)
 q = torch.randn(3, 3, 70, 64, dtype=torch.bfloat16)
 k = torch.randn(3, 1, 70, 64, dtype=torch.bfloat16)

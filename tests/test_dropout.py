@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ipex_flash
-from ipex_flash import ops
+from ipex_flash.ops import launch
 from ipex_flash.reference import attention_reference
 
 from conftest import DTYPES, OUTPUT_TOLERANCE, random_qkv
@@ -30,7 +30,7 @@ def reference_with_mask(q, k, v, keep, p, causal):
 def test_forward_and_backward_apply_the_reported_mask(dtype, causal):
     p = 0.3
     q, k, v = random_qkv(2, 4, 2, 45, 70, 64, dtype)
-    seed = ops.draw_dropout_seed(q.device)
+    seed = launch.draw_dropout_seed(q.device)
     keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 4, 45, 70], p)
     a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
     out, _ = torch.ops.ipex_flash.attention_forward(a, b, c, causal, None, p, seed)
@@ -50,7 +50,7 @@ def test_forward_and_backward_apply_the_reported_mask(dtype, causal):
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_kept_fraction(p):
-    seed = ops.draw_dropout_seed(torch.device("cpu"))
+    seed = launch.draw_dropout_seed(torch.device("cpu"))
     keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 3, 100, 130], p)
     n = keep.numel()
     kept = keep.double().mean().item()

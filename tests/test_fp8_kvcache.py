@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ipex_flash
-from ipex_flash import launch
+from ipex_flash.ops import launch
 from ipex_flash._runtime import C
 from ipex_flash.reference import flash_attn_reference
 

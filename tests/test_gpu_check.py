@@ -10,9 +10,9 @@ import tempfile
 
 import pytest
 
-from ipex_flash import gpu_grid, gpu_native
-from ipex_flash.gpu_check import KernelReport
-from ipex_flash.gpu_rules import kernel_violations
+from ipex_flash.tools import gpu_grid, gpu_native
+from ipex_flash.tools.gpu_check import KernelReport
+from ipex_flash.tools.gpu_rules import kernel_violations
 
 ZE_INFO = """\
 version:         '1.73'

@@ -9,7 +9,7 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.gpu_grid import ALL_HEAD_DIMS
+from ipex_flash.tools.gpu_grid import ALL_HEAD_DIMS
 from ipex_flash.reference import attention_reference
 
 from conftest import (assert_matches_reference, check_against_reference, make_cache,

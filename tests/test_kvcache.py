@@ -170,20 +170,20 @@ def test_opcheck():
 def test_decode_kernel_refuses_what_it_does_not_serve():
     """flash_attn_with_kvcache sends these to the general kernel (test_decode_cache_layouts);
     called directly, the decode kernel raises instead of reading misaligned rows."""
-    from ipex_flash import ops
+    from ipex_flash.ops import launch
     k_cache, v_cache = cache_in_layout("offset", 1, 40, 2, 64, torch.bfloat16)
     q = torch.randn(1, 1, 8, 64, dtype=torch.bfloat16)
-    q_v, k_v, v_v = (ops.view(t.transpose(1, 2)) for t in (q, k_cache, v_cache))
+    q_v, k_v, v_v = (launch.view(t.transpose(1, 2)) for t in (q, k_cache, v_cache))
     assert not C.flash_decode_supported(q_v, k_v, v_v, 0)  # 0: the CPU device's queue
-    assert C.flash_decode_supported(*(ops.view(t.float().transpose(1, 2))
+    assert C.flash_decode_supported(*(launch.view(t.float().transpose(1, 2))
                                       for t in (q, k_cache, v_cache)), 0)
     # 2 x 17 = 34 rows: more than one work-group's, of more new tokens than slices serve
-    many_rows = ops.view(torch.randn(1, 8, 17, 64, dtype=torch.bfloat16))
-    aligned = [ops.view(t.transpose(1, 2)) for t in make_cache(1, 40, 4, 64, torch.bfloat16)]
+    many_rows = launch.view(torch.randn(1, 8, 17, 64, dtype=torch.bfloat16))
+    aligned = [launch.view(t.transpose(1, 2)) for t in make_cache(1, 40, 4, 64, torch.bfloat16)]
     assert not C.flash_decode_supported(many_rows, *aligned, 0)
     out, lse = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 8, 1)
     scratch = torch.empty(1, 8, 1, 1, 64)
     with pytest.raises(ValueError, match="flash_decode does not serve this problem"):
-        C.flash_decode(q_v, k_v, v_v, ops.view(out), ops.view(lse), ops.view(scratch),
-                       ops.view(scratch[..., 0]), C.AttentionOptions(), 0)
+        C.flash_decode(q_v, k_v, v_v, launch.view(out), launch.view(lse), launch.view(scratch),
+                       launch.view(scratch[..., 0]), C.AttentionOptions(), 0)
     assert not out.any()

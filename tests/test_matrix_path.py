@@ -182,12 +182,12 @@ def test_options_through_flash_attn_api(matrix_mode, mode):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ONE_RUN_MODE)
 def test_dropout_applies_the_reported_mask(matrix_mode, mode, causal):
-    from ipex_flash import ops
+    from ipex_flash.ops import launch
     from test_dropout import reference_with_mask
     matrix_mode(mode)
     p = 0.3
     q, k, v = random_qkv(2, 4, 2, 45, 70, 64, torch.bfloat16)
-    seed = ops.draw_dropout_seed(q.device)
+    seed = launch.draw_dropout_seed(q.device)
     keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 4, 45, 70], p)
     out, _ = torch.ops.ipex_flash.attention_forward(q, k, v, causal, None, p, seed)
     ref = reference_with_mask(q.double(), k.double(), v.double(), keep, p, causal)
@@ -341,20 +341,21 @@ def test_matrix_kernel_compiles():
 @pytest.mark.parametrize("mode", ONE_RUN_MODE)
 def test_forward_scratch_is_checked(matrix_mode, mode):
     """The matrix kernel reads K and V from a packed copy in the scratch Python allocates
-    (ops.flash_fwd): its size follows from the problem, and a short one is refused before
+    (launch.flash_fwd): its size follows from the problem, and a short one is refused before
     anything runs."""
-    from ipex_flash import ops
+    from ipex_flash.ops import launch
+    from ipex_flash.ops.attention import sdpa_options
     matrix_mode(mode)
     q, k, v = random_qkv(2, 4, 2, 30, 100, 40, torch.bfloat16)
-    options = ops.sdpa_options(q, False, None, 0.0, None)
-    views = [ops.view(t) for t in (q, k, v)]
+    options = sdpa_options(q, False, None, 0.0, None)
+    views = [launch.view(t) for t in (q, k, v)]
     # 2 sequences x 2 K/V heads x 2 blocks of 64 keys x (K + V^T) x 64 x 48 (head dim padded to
     # 48) x 2 bytes.
     assert C.fwd_scratch_bytes(*views, options, 0) == 2 * 2 * 2 * 2 * 64 * 48 * 2
     out, lse = torch.zeros_like(q), torch.zeros(2, 4, 30)
     short = torch.empty(2 * 2 * 2 * 2 * 64 * 48 * 2 - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match="scratch must be a uint8 tensor of at least"):
-        C.flash_fwd(*views, ops.view(out), ops.view(lse), ops.view(short), options, 0)
+        C.flash_fwd(*views, launch.view(out), launch.view(lse), launch.view(short), options, 0)
     assert not out.any()
     matrix_mode("0")
     assert C.fwd_scratch_bytes(*views, options, 0) == 0

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import ipex_flash
-from ipex_flash import ops
+from ipex_flash.ops import launch
 from ipex_flash._runtime import C
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
@@ -80,10 +80,10 @@ def test_speculative_steps_take_the_decode_kernel(monkeypatch, causal, window, a
     only those sequences (its K/V pack is sized by its batch); every row against the
     reference."""
     calls, general = [], []
-    run_forward, flash_fwd = ops.run_forward, ops.flash_fwd
-    monkeypatch.setattr(ops, "run_forward", lambda q, *args: calls.append(tuple(q.shape)) or
+    run_forward, flash_fwd = launch.run_forward, launch.flash_fwd
+    monkeypatch.setattr(launch, "run_forward", lambda q, *args: calls.append(tuple(q.shape)) or
                         run_forward(q, *args))
-    monkeypatch.setattr(ops, "flash_fwd", lambda q, k, v, out, lse, options, device: general.append(
+    monkeypatch.setattr(launch, "flash_fwd", lambda q, k, v, out, lse, options, device: general.append(
         (q.sizes[2], options.cu_seqlens_q.sizes[0] - 1)) or
         flash_fwd(q, k, v, out, lse, options, device))
     heads_q, dtype = 8, torch.bfloat16

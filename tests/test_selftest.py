@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ipex_flash import selftest
+from ipex_flash.tools import selftest
 
 FAMILIES = {"forward", "features", "varlen", "backward", "dropout", "kvcache"}
 DTYPE_NAMES = {"float32", "float16", "bfloat16"}
@@ -86,7 +86,7 @@ def test_default_device_is_an_xpu_where_torch_has_one(monkeypatch):
     """The demo and the self-test run where a user's model would: on the XPU when torch has
     one, else on the CPU (the SYCL CPU device)."""
     import torch
-    from ipex_flash import launch
+    from ipex_flash.ops import launch
     has_xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
     assert launch.default_device().type == ("xpu" if has_xpu else "cpu")
     monkeypatch.setattr(torch.xpu, "is_available", lambda: True)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import ops
+from ipex_flash.ops import launch
+from ipex_flash.ops.attention import sdpa_options
 from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference, flash_attn_reference, sdpa_reference
 
@@ -269,8 +270,8 @@ def test_bad_head_dims_are_named():
     with pytest.raises(ValueError, match=r"grad_out must have the output's shape "
                                          r"\(1, 2, 10, 32\)"):
         torch.ops.ipex_flash.attention_backward(torch.randn(1, 2, 10, 64), q, k, v, out, lse)
-    views = [ops.view(t) for t in (q, k48, v)]
+    views = [launch.view(t) for t in (q, k48, v)]
     with pytest.raises(ValueError, match=r"k's head dim \(48\) must equal q's \(64\)"):
-        C.flash_fwd(*views, ops.view(torch.empty(1, 2, 10, 32)), ops.view(torch.empty(1, 2, 10)),
-                    ops.view(torch.empty(0, dtype=torch.uint8)), ops.sdpa_options(q, False, None,
+        C.flash_fwd(*views, launch.view(torch.empty(1, 2, 10, 32)), launch.view(torch.empty(1, 2, 10)),
+                    launch.view(torch.empty(0, dtype=torch.uint8)), sdpa_options(q, False, None,
                                                                                   0.0, None), 0)

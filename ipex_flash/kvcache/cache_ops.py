@@ -1,8 +1,7 @@
-"""flash-attn's flash_attn_with_kvcache on the ipex_flash kernels: attention of a few new
-query tokens against a KV cache, contiguous or paged, appending the new keys and values in
-place. Layout (batch, seq_len, heads, head_dim).
-
-Ops behind it (torch.library, with fake implementations):
+"""The ops behind flash_attn_with_kvcache (flash_attn_kvcache.py): the append of new keys and
+values into a KV cache, in place, and attention of a few new query tokens against the cache,
+contiguous or paged. Layout (batch, seq_len, heads, head_dim); registered with torch.library,
+with fake implementations:
     ipex_flash::kvcache_append(k_cache!, v_cache!, k, v, cache_seqlens, block_table) -> ()
     ipex_flash::kvcache_attention(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale,
         causal, window_left, window_right, softcap, alibi_slopes, sinks, num_splits, k_descale,
@@ -10,19 +9,16 @@ Ops behind it (torch.library, with fake implementations):
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
-from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
-from ipex_flash._validation import (
-    check_alibi, check_scale, check_sinks, check_softcap, check_window, window_bound)
-from ipex_flash.kvcache_checks import (
-    cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
-from ipex_flash._validation import softmax_scale as resolve_scale
-from ipex_flash.kvcache_leftpad import check_leftpad, check_leftpad_combination, max_keys
-from ipex_flash.rotary import check_rotary, rotate_new_tokens
+from ipex_flash.kvcache import fp8_quant
+from ipex_flash.kvcache.checks import check_cache, check_seqlens
+from ipex_flash.kvcache.leftpad import check_leftpad, max_keys
+from ipex_flash.ops import launch
+from ipex_flash.ops.validation import check_sinks, softmax_scale as resolve_scale, window_bound
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
@@ -35,13 +31,13 @@ def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
                    k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> None:
     """Writes k, v (B, Nnew, Hkv, D) into the caches at positions cache_seqlens[b] + i, and
     nowhere else. 16-bit k, v into an FP8 cache are quantised: divided by their descales
-    ((B, Hkv) float32, see kv_quant.descales), saturating."""
+    ((B, Hkv) float32, see fp8_quant.descales), saturating."""
     batch, new = k.shape[:2]
-    if kv_quant.is_fp8(k_cache) and k.dtype != k_cache.dtype:
-        k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, True, batch,
+    if fp8_quant.is_fp8(k_cache) and k.dtype != k_cache.dtype:
+        k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, True, batch,
                                                  k_cache.shape[2], k.device)
-        k = kv_quant.quantise(k, k_descale, k_cache.dtype)
-        v = kv_quant.quantise(v, v_descale, v_cache.dtype)
+        k = fp8_quant.quantise(k, k_descale, k_cache.dtype)
+        v = fp8_quant.quantise(v, v_descale, v_cache.dtype)
     positions = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)  # (B, Nnew)
     if block_table is None:
         rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
@@ -61,7 +57,7 @@ def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_d
 
 
 def _outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
-    out = ops.output_like(ops.with_contiguous_last_dim(q), v_cache.shape[3])
+    out = launch.output_like(launch.with_contiguous_last_dim(q), v_cache.shape[3])
     return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
                             device=q.device)
 
@@ -96,16 +92,16 @@ def cache_options(scale: float, causal: bool, window_left: int, window_right: in
                                 bottom_right=True)
     options.softcap = softcap
     if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes)
+        options.alibi_slopes = launch.view(alibi_slopes)
     if sinks is not None:
-        options.sinks = ops.view(sinks)
-    options.seqlens_k = ops.view(seqlens_k)
+        options.sinks = launch.view(sinks)
+    options.seqlens_k = launch.view(seqlens_k)
     options.max_seqlen_k = max_len_k
     if block_table is not None:
-        options.block_table = ops.view(block_table)
+        options.block_table = launch.view(block_table)
         options.page_size = page_size
-    if k_descale is not None:  # an FP8 cache: (B, Hkv) float32 each (kv_quant.descales)
-        options.k_descale, options.v_descale = ops.view(k_descale), ops.view(v_descale)
+    if k_descale is not None:  # an FP8 cache: (B, Hkv) float32 each (fp8_quant.descales)
+        options.k_descale, options.v_descale = launch.view(k_descale), launch.view(v_descale)
     return options
 
 
@@ -123,24 +119,24 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
-    q = ops.with_contiguous_last_dim(q)
+    q = launch.with_contiguous_last_dim(q)
     # Passed by address: dense, and referenced here until the launch has returned.
     seqlens_k, block_table, alibi_slopes, cache_leftpad = (
         None if t is None else t.contiguous()
         for t in (seqlens_k, block_table, alibi_slopes, cache_leftpad))
-    sinks = ops.float_sinks(sinks)
+    sinks = launch.float_sinks(sinks)
     out, lse = _outputs(q, v_cache)
     batch, head_dim = q.shape[0], q.shape[3]
-    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
+    k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
     max_len_k = max_keys(seqlens_k, cache_leftpad)
     options = cache_options(resolve_scale(softmax_scale, head_dim, _FN), causal, window_left,
                             window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
                             block_table, k_cache.shape[1], k_descale, v_descale)
     if cache_leftpad is not None:
-        options.k_start = ops.view(cache_leftpad)
+        options.k_start = launch.view(cache_leftpad)
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
-    ops.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
+    launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
                     max_len_k, num_splits)
     return out, lse
 
@@ -150,107 +146,7 @@ def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax
                             window_left, window_right, softcap, alibi_slopes, sinks=None,
                             num_splits=0, k_descale=None, v_descale=None, cache_leftpad=None):
     fp8 = check_cache(q, k_cache, v_cache, block_table)
-    kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
+    fp8_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
     return _outputs(q, v_cache)
-
-
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
-                            rotary_sin=None, cache_seqlens: Union[int, Tensor, None] = None,
-                            cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, sinks=None, k_descale=None,
-                            v_descale=None):
-    """Attention of new query tokens against a KV cache, with flash-attn's semantics and
-    positional order (flash_attn_interface v2.8).
-
-    Args:
-        q: (batch, seqlen_q, nheads, headdim): the new tokens' queries.
-        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
-            a paged cache (num_blocks, page_size, nheads_k, headdim); v_cache's head dim
-            (headdim_v, that of the output) may differ from headdim. page_size a multiple of
-            16 up to 512. Modified in place when k and v are given.
-        k, v: optional (batch, seqlen_new, nheads_k, headdim or headdim_v): appended to the cache at
-            positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
-        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the
-            first rotary_dim features of the new k (token i at position cache_seqlens + i)
-            and of q (likewise when causal or local, else all at cache_seqlens); needs k, v.
-        cache_seqlens: int or (batch,) int32: keys already in each sequence's cache (default:
-            the whole cache).
-        cache_batch_idx: optional (batch,) int32: the cache row of each sequence (default
-            0 .. batch - 1); not with block_table.
-        cache_leftpad: optional (batch,) int32: the cache row where each sequence's keys
-            start (default 0): keys are rows cache_leftpad[b] .. cache_seqlens[b] (+ new);
-            masks and ALiBi count from there. Not with block_table.
-        block_table: optional (batch, max_blocks_per_seq) int32: the pages of each sequence.
-        softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; masks
-            are aligned to the bottom-right, i.e. new token i sits at position
-            cache_seqlens[b] + i.
-        rotary_interleaved: rotate features (2i, 2i + 1) together (GPT-J) rather than i and
-            i + rotary_dim / 2 (GPT-NeoX).
-        num_splits: splits of each sequence's keys in the decode kernel; 0 chooses.
-        return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
-        sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
-        k_descale, v_descale: with a float8_e4m3fn or float8_e5m2 cache (q float16 or
-            bfloat16), the factors its elements are multiplied by (flash-attn 3's names): one
-            value, or (batch, nheads_k); default 1. New k, v in q's dtype are divided by them
-            and rounded to the cache's dtype, saturating; the kernels dequantise in registers.
-
-    Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
-    kernel; more run the general kernel over the cache.
-    """
-    fp8 = check_cache(q, k_cache, v_cache, block_table)
-    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0],
-                                             k_cache.shape[2], q.device)
-    left, right = check_window(_FN, window_size)
-    check_softcap(_FN, softcap)
-    check_scale(_FN, softmax_scale)  # before the append: a refused call leaves the cache as it was
-    check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
-    check_leftpad_combination(_FN, cache_leftpad, block_table)
-    if not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
-    if block_table is not None:
-        check_page_size(k_cache)
-    check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
-    rotary_dim = check_rotary(_FN, rotary_cos, rotary_sin, q.shape[3], k is not None)
-    if cache_batch_idx is not None:
-        # Each sequence's cache row is one page of seqlen_cache keys: the paged path reads it.
-        block_table = cache_batch_idx.view(-1, 1)
-    capacity = cache_capacity(k_cache, block_table)
-    if cache_seqlens is None:
-        cache_seqlens = capacity if k is None else 0
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
-    check_leftpad(_FN, cache_leftpad, q.shape[0], q.device, cache_seqlens)
-    seqlens_k = cache_seqlens
-    if (k is None) != (v is None):
-        raise ValueError(f"{_FN}: k and v must be given together")
-    if k is not None:
-        check_appendable(k_cache, v_cache)
-    if k is not None:
-        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
-            expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, cache.shape[2],
-                        cache.shape[3])
-            if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != expected:
-                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_k, "
-                                 f"headdim) = {expected}, got "
-                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else t}")
-            if t.dtype != k_cache.dtype and not (fp8 and t.dtype == q.dtype):
-                raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's "
-                                f"({k_cache.dtype})" + (f" or q's ({q.dtype})" if fp8 else ""))
-        check_fits(cache_seqlens, k.shape[1], capacity)
-        if rotary_dim:
-            q, k = rotate_new_tokens(_FN, q, k, rotary_cos, rotary_sin, cache_seqlens,
-                                      rotary_interleaved, causal, window_size)
-        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                            k_descale, v_descale)
-        seqlens_k = cache_seqlens + k.shape[1]
-    else:
-        check_fits(cache_seqlens, 0, capacity)
-    out, lse = torch.ops.ipex_flash.kvcache_attention(
-        q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
-        float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)
-    return (out, lse) if return_softmax_lse else out

@@ -1,4 +1,4 @@
-"""Argument checks of flash_attn_with_kvcache and its ops (kvcache.py), shared with the paged
+"""Argument checks of flash_attn_with_kvcache and its ops (cache_ops.py), shared with the paged
 serving call (paged_varlen.py): cache shapes and dtypes, sequence lengths, page sizes, block
 tables, cache_batch_idx. Value checks read the device (one sync each); they are skipped for
 meta tensors, which the fake implementations see."""
@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import kv_quant
-from ipex_flash._validation import check_attention_inputs
+from ipex_flash.kvcache import fp8_quant
+from ipex_flash.ops.validation import check_attention_inputs
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
@@ -29,7 +29,7 @@ def cache_capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
 
 
 def check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> bool:
-    """Checks the call's tensors; returns whether the cache is FP8 (kv_quant.py)."""
+    """Checks the call's tensors; returns whether the cache is FP8 (fp8_quant.py)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -53,7 +53,7 @@ def check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Option
     if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
         raise ValueError(f"{_FN}: v_cache must have k_cache's shape but for the head dim, "
                          f"{tuple(k_cache.shape[:3])}, got {tuple(v_cache.shape)}")
-    fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
+    fp8 = fp8_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None,
                            fp8_kv=fp8)
     return fp8

@@ -4,7 +4,7 @@ single-token decodes mixed in one batch.
 
 One op, ipex_flash::paged_varlen_attention. Sequences with a few new tokens (decodes,
 speculative drafts: at most C.max_sliced_decode_tokens) run the split-KV decode kernel (where it
-serves the cache: ops.run_forward), gathered into a dense batch per length; the rest run the
+serves the cache: launch.run_forward), gathered into a dense batch per length; the rest run the
 general kernel over their own packed queries and the paged cache. Masks are aligned
 bottom-right per sequence (new token i of a sequence with L keys sits at position
 L - len_q + i)."""
@@ -14,12 +14,13 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import kv_quant, ops
 from ipex_flash._runtime import C
-from ipex_flash._validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
-from ipex_flash._validation import softmax_scale as resolve_scale
-from ipex_flash.kvcache import cache_options
-from ipex_flash.kvcache_checks import check_block_table_entries, check_page_size
+from ipex_flash.kvcache import fp8_quant
+from ipex_flash.kvcache.cache_ops import cache_options
+from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
+from ipex_flash.ops import launch
+from ipex_flash.ops.validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
+from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_varlen_func"
@@ -63,7 +64,7 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
                              "tokens")
         check_block_table_entries(_FN, block_table, k_cache.shape[0])
     q_bhnd = q.unsqueeze(0).transpose(1, 2)
-    fp8 = kv_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
+    fp8 = fp8_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, q_bhnd, *(t[:1].transpose(1, 2) for t in (k_cache, v_cache)),
                            None, fp8_kv=fp8)
     check_alibi(_FN, alibi_slopes, batch, q.shape[1], q.device)
@@ -82,14 +83,14 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                            v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                         max_seqlen_k, alibi_slopes, sinks)
-    k_descale, v_descale = kv_quant.descales(_FN, k_descale, v_descale, fp8, batch,
+    k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
-    q = ops.with_contiguous_last_dim(q)
+    q = launch.with_contiguous_last_dim(q)
     cu_seqlens_q, seqused_k, block_table, alibi_slopes = (
         None if t is None else t.contiguous()
         for t in (cu_seqlens_q, seqused_k, block_table, alibi_slopes))
-    sinks = ops.float_sinks(sinks)
-    out = ops.output_like(q, v_cache.shape[3])
+    sinks = launch.float_sinks(sinks)
+    out = launch.output_like(q, v_cache.shape[3])
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if batch == 0 or q.shape[0] == 0:
         return out, lse
@@ -132,13 +133,13 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                                            output_size=general_rows)
             rows = rows.long() + torch.arange(general_rows, device=q.device)
         q_gen = q if rows is None else q[rows]
-        out_gen = out if rows is None else ops.output_like(q_gen, v_cache.shape[3])
+        out_gen = out if rows is None else launch.output_like(q_gen, v_cache.shape[3])
         lse_gen = lse if rows is None else torch.empty((q.shape[1], q_gen.shape[0]),
                                                        dtype=torch.float32, device=q.device)
         options, _kept = options_for(index)
-        options.cu_seqlens_q = ops.view(cu_general)
+        options.cu_seqlens_q = launch.view(cu_general)
         options.max_seqlen_q = max_seqlen_q
-        ops.flash_fwd(*(ops.view(t) for t in (q_gen.unsqueeze(0).transpose(1, 2), *cache,
+        launch.flash_fwd(*(launch.view(t) for t in (q_gen.unsqueeze(0).transpose(1, 2), *cache,
                                               out_gen.unsqueeze(0).transpose(1, 2), lse_gen)),
                       options, q.device)
         if rows is not None:
@@ -148,11 +149,11 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         index = (short & (lengths_q == length)).nonzero().flatten()
         rows = cu_seqlens_q[:-1][index].long()[:, None] + torch.arange(length, device=q.device)
         q_dec = q[rows]  # (B_dec, length, H, D)
-        out_dec = ops.output_like(q_dec, v_cache.shape[3])
+        out_dec = launch.output_like(q_dec, v_cache.shape[3])
         lse_dec = torch.empty((q_dec.shape[0], q.shape[1], length), dtype=torch.float32,
                               device=q.device)
         options, _kept = options_for(index)
-        ops.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
+        launch.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
                         lse_dec, options, 0.0, max_seqlen_k)
         out[rows] = out_dec
         lse[:, rows] = lse_dec.transpose(0, 1)
@@ -166,8 +167,8 @@ def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, b
                                  v_descale=None):
     batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                         max_seqlen_k, alibi_slopes, sinks, values=False)
-    kv_quant.descales(_FN, k_descale, v_descale, fp8, batch, k_cache.shape[2], q.device)
-    return (ops.output_like(q, v_cache.shape[3]),
+    fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch, k_cache.shape[2], q.device)
+    return (launch.output_like(q, v_cache.shape[3]),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 

@@ -8,7 +8,7 @@ torch.nn.functional.scaled_dot_product_attention.
                                   deterministic, attn_mask, sinks) -> (out, lse)
         The forward kernel (the decode kernel for few query rows per K/V head);
         differentiable in q, k, v through attention_backward, and in sinks and a float
-        attn_mask through score_grads.py.
+        attn_mask through ops/score_grads.py.
     ipex_flash::attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)
         The backward kernels.
     ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
@@ -22,26 +22,18 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import score_grads
 from ipex_flash._runtime import C
-# The launch helpers, used by the other op modules as ops.*.
-from ipex_flash.launch import (  # noqa: F401
-    DTYPE_NAMES, flash_bwd, flash_fwd, float_sinks, output_like, queue_handle, run_forward, view,
-    warn_openmp_spin, with_contiguous_last_dim)
-from ipex_flash._validation import (
+from ipex_flash.ops import score_grads
+from ipex_flash.ops.launch import (
+    draw_dropout_seed, dropout_params, flash_bwd, float_sinks, output_like, run_forward, view,
+    with_contiguous_last_dim)
+from ipex_flash.ops.validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.attention"
 
-
-
-def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
-    if dropout_p == 0.0:
-        return C.DropoutParams(0.0, 0, 0)
-    seed, offset = (int(x) % 2**64 for x in dropout_seed.tolist())
-    return C.DropoutParams(dropout_p, seed, offset)
 
 
 def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: float,
@@ -70,14 +62,6 @@ def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: flo
 # The options of calls without mask, sinks, softcap or dropout, by (causal, scale, head dim):
 # building them is a visible part of a small call's host time.
 _PLAIN_OPTIONS: dict = {}
-
-
-def draw_dropout_seed(device: torch.device) -> Tensor:
-    """(seed, offset) as a CPU int64 tensor, drawn from torch's default generator for the
-    device, so torch.manual_seed makes dropout reproducible."""
-    generator_device = device if device.type != "meta" else torch.device("cpu")
-    words = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=generator_device)
-    return words.cpu()
 
 
 def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

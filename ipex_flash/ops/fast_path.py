@@ -11,9 +11,10 @@ import torch
 from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ipex_flash import _runtime, ops
+from ipex_flash import _runtime
 from ipex_flash._runtime import C
-from ipex_flash._validation import softmax_scale
+from ipex_flash.ops import attention as attention_ops, launch
+from ipex_flash.ops.validation import softmax_scale
 
 Tensor = torch.Tensor
 
@@ -33,7 +34,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float
         result = _small_call(q, k, v, causal, scale)
         if result is not None:
             return result
-    return ops.attention_forward_impl(*args)
+    return attention_ops.attention_forward_impl(*args)
 
 
 def _small_call(q: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -46,11 +47,11 @@ def _small_call(q: Tensor, k: Tensor, v: Tensor, causal: bool,
             and (scale is None or math.isfinite(scale))):
         return None
     if _runtime.OPENMP_SPIN == "late":
-        ops.warn_openmp_spin()
+        launch.warn_openmp_spin()
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32)
     if C.small_call_cpu(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                        ops.DTYPE_NAMES[q.dtype], q.shape, q.stride(), k.shape, k.stride(),
+                        launch.DTYPE_NAMES[q.dtype], q.shape, q.stride(), k.shape, k.stride(),
                         v.stride(), out.stride(), softmax_scale(scale, q.shape[-1]), causal):
         return out, lse
     return None

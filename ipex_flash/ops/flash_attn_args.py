@@ -1,4 +1,4 @@
-"""flash-attn's arguments as the kernels take them (flash_attn_interface.py): the checks of a
+"""flash-attn's arguments as the kernels take them (ops/flash_attn.py): the checks of a
 call, the kernels' options, and the outputs' shapes."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Optional
 
 import torch
 
-from ipex_flash import ops
 from ipex_flash._runtime import C
-from ipex_flash._validation import (
+from ipex_flash.ops import launch
+from ipex_flash.ops.validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_flash_inputs, check_sinks, check_softcap,
     INT32_MAX, check_window, window_bound)
 
@@ -31,15 +31,15 @@ def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softma
     options.mask = C.MaskParams(window_left=window_bound(window_left),
                                 window_right=0 if causal else window_bound(window_right),
                                 bottom_right=True)
-    options.dropout = ops.dropout_params(dropout_p, dropout_seed)
+    options.dropout = launch.dropout_params(dropout_p, dropout_seed)
     options.softcap = softcap
     if alibi_slopes is not None:
-        options.alibi_slopes = ops.view(alibi_slopes)
+        options.alibi_slopes = launch.view(alibi_slopes)
     if sinks is not None:
-        options.sinks = ops.view(sinks)
+        options.sinks = launch.view(sinks)
     if cu_seqlens_q is not None:
-        options.cu_seqlens_q = ops.view(cu_seqlens_q)
-        options.cu_seqlens_k = ops.view(cu_seqlens_k)
+        options.cu_seqlens_q = launch.view(cu_seqlens_q)
+        options.cu_seqlens_k = launch.view(cu_seqlens_k)
         options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
     return options
 
@@ -78,6 +78,6 @@ def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def forward_outputs(q: Tensor, v: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
-    out = ops.output_like(ops.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
+    out = launch.output_like(launch.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
     lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
     return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)

@@ -1,6 +1,7 @@
 """From torch tensors to the host module's launches: SYCL queues, tensor views, the scratch
-the kernels ask for, and the choice between the decode and the general forward kernel. Used by
-every op module (ops.py, flash_attn_interface.py, kvcache.py, paged_varlen.py) through ops.*."""
+the kernels ask for, dropout seeds, and the choice between the decode and the general forward
+kernel. Used by every op module (ops/attention.py, ops/flash_attn.py, kvcache/cache_ops.py,
+kvcache/paged_varlen.py)."""
 from __future__ import annotations
 
 import warnings
@@ -80,6 +81,21 @@ def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
     scratch = torch.empty(C.bwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)
     C.flash_bwd(q, k, v, out, grad_out, lse, dq, dk, dv, delta, view(scratch), options, queue)
+
+
+def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
+    if dropout_p == 0.0:
+        return C.DropoutParams(0.0, 0, 0)
+    seed, offset = (int(x) % 2**64 for x in dropout_seed.tolist())
+    return C.DropoutParams(dropout_p, seed, offset)
+
+
+def draw_dropout_seed(device: torch.device) -> Tensor:
+    """(seed, offset) as a CPU int64 tensor, drawn from torch's default generator for the
+    device, so torch.manual_seed makes dropout reproducible."""
+    generator_device = device if device.type != "meta" else torch.device("cpu")
+    words = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=generator_device)
+    return words.cpu()
 
 
 def with_contiguous_last_dim(t: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ def check_attention_inputs(
 ) -> None:
     """Checks q (B, Hq, Nq, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv), Dv (the output's head
     dim) independent of D (MLA: D = 192, Dv = 128); raises naming the bad argument.
-    fp8_kv: k and v are an FP8 cache (kv_quant.py, which checks their dtypes)."""
+    fp8_kv: k and v are an FP8 cache (kvcache/fp8_quant.py, which checks their dtypes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import gpu_check, launch, selftest
+from ipex_flash.ops import launch
+from ipex_flash.tools import gpu_check, selftest
 from ipex_flash._runtime import C, default_cache_dir
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

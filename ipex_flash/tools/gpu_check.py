@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ipex_flash import gpu_grid, gpu_native
 from ipex_flash._runtime import C
-from ipex_flash.gpu_rules import check_rules
+from ipex_flash.tools import gpu_grid, gpu_native
+from ipex_flash.tools.gpu_rules import check_rules
 
 DEFAULT_TARGETS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
 
@@ -101,7 +101,7 @@ def build_spirv(modules: dict, work: Path) -> None:
     env = dict(os.environ, SYCL_DUMP_IMAGES="1", SYCL_CACHE_PERSISTENT="0",
                IPEX_FLASH_QUIET="1")
     subprocess.run([sys.executable, "-c",
-                    "import sys; from ipex_flash.gpu_check import _spirv_worker; "
+                    "import sys; from ipex_flash.tools.gpu_check import _spirv_worker; "
                     "_spirv_worker(sys.argv[1])", str(work)], env=env, check=True)
 
 

@@ -6,7 +6,7 @@ decode (split and merge) and the dropout mask, over float32/float16/bfloat16, he
 and the compile-time score features, and the decode and forward kernels over FP8 caches.
 Variants are chosen by the host module from the target's device-limits record, the same code
 that chooses for a real device (C.plan). The KV-cache append has no kernel of its own (it is a
-tensor copy in ipex_flash/kvcache.py), so it has nothing to compile.
+tensor copy in ipex_flash/kvcache/cache_ops.py), so it has nothing to compile.
 """
 from __future__ import annotations
 

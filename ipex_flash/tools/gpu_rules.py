@@ -31,7 +31,7 @@ fails.
 """
 from __future__ import annotations
 
-from ipex_flash.gpu_grid import COMMON_HEAD_DIMS
+from ipex_flash.tools.gpu_grid import COMMON_HEAD_DIMS
 
 # Kernels of a program that do no matrix products, and ask for no register file, themselves.
 _HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import ipex_flash
-from ipex_flash import launch, ops
+from ipex_flash.ops import launch
 from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference, flash_attn_reference
 
@@ -228,7 +228,7 @@ def version(package: str) -> Optional[str]:
 
 
 def environment(dev: torch.device) -> dict:
-    info = C.device_info(ops.queue_handle(dev))
+    info = C.device_info(launch.queue_handle(dev))
     matrix = dict(IPEX_FLASH_MATRIX=os.environ.get("IPEX_FLASH_MATRIX", "auto"),
                   device_reports_one=info["matrix_engine"])
     return dict(device=str(dev), device_info=info, versions={p: version(p) for p in PACKAGES},

@@ -1,0 +1,120 @@
+"""flash-attn's flash_attn_with_kvcache on the ipex_flash kernels: attention of a few new
+query tokens against a KV cache, contiguous or paged, appending the new keys and values in
+place. Layout (batch, seq_len, heads, head_dim). The ops behind it are in kvcache/cache_ops.py.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from ipex_flash.kvcache import fp8_quant
+from ipex_flash.kvcache.cache_ops import check_appendable
+from ipex_flash.kvcache.checks import (
+    cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
+from ipex_flash.kvcache.leftpad import check_leftpad, check_leftpad_combination
+from ipex_flash.kvcache.rotary import check_rotary, rotate_new_tokens
+from ipex_flash.ops.validation import check_alibi, check_scale, check_softcap, check_window
+
+Tensor = torch.Tensor
+_FN = "ipex_flash.flash_attn_with_kvcache"
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens: Union[int, Tensor, None] = None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, sinks=None, k_descale=None,
+                            v_descale=None):
+    """Attention of new query tokens against a KV cache, with flash-attn's semantics and
+    positional order (flash_attn_interface v2.8).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim): the new tokens' queries.
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
+            a paged cache (num_blocks, page_size, nheads_k, headdim); v_cache's head dim
+            (headdim_v, that of the output) may differ from headdim. page_size a multiple of
+            16 up to 512. Modified in place when k and v are given.
+        k, v: optional (batch, seqlen_new, nheads_k, headdim or headdim_v): appended to the cache at
+            positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the
+            first rotary_dim features of the new k (token i at position cache_seqlens + i)
+            and of q (likewise when causal or local, else all at cache_seqlens); needs k, v.
+        cache_seqlens: int or (batch,) int32: keys already in each sequence's cache (default:
+            the whole cache).
+        cache_batch_idx: optional (batch,) int32: the cache row of each sequence (default
+            0 .. batch - 1); not with block_table.
+        cache_leftpad: optional (batch,) int32: the cache row where each sequence's keys
+            start (default 0): keys are rows cache_leftpad[b] .. cache_seqlens[b] (+ new);
+            masks and ALiBi count from there. Not with block_table.
+        block_table: optional (batch, max_blocks_per_seq) int32: the pages of each sequence.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; masks
+            are aligned to the bottom-right, i.e. new token i sits at position
+            cache_seqlens[b] + i.
+        rotary_interleaved: rotate features (2i, 2i + 1) together (GPT-J) rather than i and
+            i + rotary_dim / 2 (GPT-NeoX).
+        num_splits: splits of each sequence's keys in the decode kernel; 0 chooses.
+        return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
+        sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
+        k_descale, v_descale: with a float8_e4m3fn or float8_e5m2 cache (q float16 or
+            bfloat16), the factors its elements are multiplied by (flash-attn 3's names): one
+            value, or (batch, nheads_k); default 1. New k, v in q's dtype are divided by them
+            and rounded to the cache's dtype, saturating; the kernels dequantise in registers.
+
+    Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
+    kernel; more run the general kernel over the cache.
+    """
+    fp8 = check_cache(q, k_cache, v_cache, block_table)
+    k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0],
+                                             k_cache.shape[2], q.device)
+    left, right = check_window(_FN, window_size)
+    check_softcap(_FN, softcap)
+    check_scale(_FN, softmax_scale)  # before the append: a refused call leaves the cache as it was
+    check_alibi(_FN, alibi_slopes, q.shape[0], q.shape[2], q.device)
+    check_leftpad_combination(_FN, cache_leftpad, block_table)
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"{_FN}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if block_table is not None:
+        check_page_size(k_cache)
+    check_batch_idx(cache_batch_idx, q.shape[0], k_cache, block_table)
+    rotary_dim = check_rotary(_FN, rotary_cos, rotary_sin, q.shape[3], k is not None)
+    if cache_batch_idx is not None:
+        # Each sequence's cache row is one page of seqlen_cache keys: the paged path reads it.
+        block_table = cache_batch_idx.view(-1, 1)
+    capacity = cache_capacity(k_cache, block_table)
+    if cache_seqlens is None:
+        cache_seqlens = capacity if k is None else 0
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    check_seqlens(cache_seqlens, q.shape[0], q.device, "cache_seqlens")
+    check_leftpad(_FN, cache_leftpad, q.shape[0], q.device, cache_seqlens)
+    seqlens_k = cache_seqlens
+    if (k is None) != (v is None):
+        raise ValueError(f"{_FN}: k and v must be given together")
+    if k is not None:
+        check_appendable(k_cache, v_cache)
+    if k is not None:
+        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
+            expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, cache.shape[2],
+                        cache.shape[3])
+            if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape) != expected:
+                raise ValueError(f"{_FN}: {name} must have shape (batch, seqlen_new, nheads_k, "
+                                 f"headdim) = {expected}, got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else t}")
+            if t.dtype != k_cache.dtype and not (fp8 and t.dtype == q.dtype):
+                raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's "
+                                f"({k_cache.dtype})" + (f" or q's ({q.dtype})" if fp8 else ""))
+        check_fits(cache_seqlens, k.shape[1], capacity)
+        if rotary_dim:
+            q, k = rotate_new_tokens(_FN, q, k, rotary_cos, rotary_sin, cache_seqlens,
+                                      rotary_interleaved, causal, window_size)
+        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                            k_descale, v_descale)
+        seqlens_k = cache_seqlens + k.shape[1]
+    else:
+        check_fits(cache_seqlens, 0, capacity)
+    out, lse = torch.ops.ipex_flash.kvcache_attention(
+        q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
+        float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,4 @@
+"""KV caches, below flash_attn_with_kvcache and the paged serving call of flash_attn_varlen_func:
+the append and cache-attention ops (cache_ops.py), the paged varlen op (paged_varlen.py), their
+argument checks (checks.py), cache_leftpad (leftpad.py), rotary embedding of the new tokens
+(rotary.py) and FP8 caches (fp8_quant.py)."""
