@@ -17,10 +17,11 @@ import argparse
 import itertools
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
+
+from machine import machine
 
 import ipex_flash  # before torch: shortens the spin of torch's OpenMP threads (_runtime.py)
 import torch
@@ -244,9 +245,8 @@ def main():
     rows = run_decode(args) if args.decode else run(args)
     device = C.device_info()
     result = dict(
-        machine=dict(cpu=platform.processor() or platform.machine(), device=device["name"],
-                     compute_units=device["compute_units"], torch=torch.__version__,
-                     torch_threads=torch.get_num_threads()),
+        machine=machine(device=device["name"], compute_units=device["compute_units"],
+                        torch=torch.__version__, torch_threads=torch.get_num_threads()),
         command="python scripts/benchmark.py " + " ".join(sys.argv[1:]),
         flop_formula="4*B*H*N*N*D x (1 forward, 2.5 backward, 3.5 fwd+bwd), x0.5 causal",
         decode_bandwidth="bytes of K and V read / time; copy: (bytes read + written) / time "

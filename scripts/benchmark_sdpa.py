@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from machine import machine
 
 import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_runtime.py)
 import torch
@@ -179,7 +180,7 @@ def main():
     if args.contention_child:
         print(json.dumps(contention_child()))
         return
-    report = {"machine": platform.processor() or platform.machine(),
+    report = {"machine": machine(torch=torch.__version__),
               "threads": torch.get_num_threads(), "results": {}}
     for name in args.only:
         result = BENCHES[name]()

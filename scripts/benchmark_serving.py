@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import ipex_flash  # noqa: F401  (before torch: its OpenMP settings)
 import torch
+from machine import machine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +90,8 @@ def main():
     print(f"mixed / (decodes + prefill) = {ratio:.3f}x (target <= 1.1x)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
-        "machine": platform.processor() or platform.machine(), "args": {
+        "machine": machine(torch=torch.__version__, torch_threads=torch.get_num_threads()),
+        "args": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "best_seconds": best, "separate_seconds": separate, "mixed_over_separate": ratio},
         indent=1))

@@ -20,6 +20,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from machine import machine
+
 REPO = Path(__file__).resolve().parent.parent
 
 PEAK_MEMORY = textwrap.dedent("""
@@ -92,7 +94,7 @@ def main():
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>10}  (target {target})")
     output = REPO / "benchmarks" / "runtime.json"
-    output.write_text(json.dumps(dict(peak_memory=memory, cold=cold, warm_after_warmup=warm,
+    output.write_text(json.dumps(dict(machine=machine(), peak_memory=memory, cold=cold, warm_after_warmup=warm,
                                       second_process=second, third_process=third), indent=1))
     print(f"wrote {output}")
 
