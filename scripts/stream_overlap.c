@@ -1,5 +1,5 @@
 // How far this CPU overlaps streaming reads with compute, for the access orders a decode
-// kernel can take (NOTES.md, "Decode, session 13" and "session 14"). A model of one decode
+// kernel can take (docs/cpu_device.md, "Decode on the CPU device"). A model of one decode
 // work-group per core: a K and a V stream in flash-attn's (B, N, H, D) layout (a key's 8 heads
 // x 256 B = 2 KB, bf16 d = 128), steps of 4 keys, key blocks of 32 (64 in the step-by-step
 // modes, as the kernel's key streams), 12 vector FMAs per 64-byte line consumed

@@ -21,7 +21,7 @@ a mask together). The second: the float32
 forward at head dim 128 with every score change at once (softcap, ALiBi and a user mask) on
 Meteor Lake and Arrow Lake-H spills 64-160 bytes at SIMD8. A register tile of 8 keys instead
 of 16 spilled more (224-320 bytes), and so did 32-bit mask offsets; no model we know combines
-all three. The third (sessions 10-11, cause not found): the float32 decode kernel for one row
+all three. The third (cause not found): the float32 decode kernel for one row
 per K/V head at head dim 128 on GPUs without a large register file spills up to 512 bytes.
 IGC's allocation sits at its edge here and moves with changes elsewhere in the kernel (a
 field made 32-bit once moved a 448-byte spill from one variant to another; splitting the decode
