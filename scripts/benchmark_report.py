@@ -35,6 +35,11 @@ SPIN_SETTINGS = {"default_spin": "libgomp's default spin",
                  "passive": "OMP_WAIT_POLICY=PASSIVE"}
 
 
+def ratio(rows, **match) -> list[float]:
+    """ipex_flash / SDPA of the rows whose fields have the given values."""
+    return [r["ratio_to_sdpa"] for r in rows if all(r[f] == v for f, v in match.items())]
+
+
 def span(values) -> str:
     low, high = min(values), max(values)
     return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
@@ -93,17 +98,37 @@ def sdpa_section(data: dict) -> list[str]:
     return out
 
 
+def summary(d: dict) -> list[str]:
+    """README's performance table: the headline ratio of each pass."""
+    fwd4k, bwd, dec = (d[n]["rows"] for n in ("forward_4096.json", "backward.json", "decode.json"))
+    copy_fp32 = [r["ratio_to_copy"] for r in dec if r["dtype"] == "float32"
+                 and r["layout"] == "BNHD" and r["cache_len"] >= 4096]
+    return table(["", "ipex_flash / torch SDPA"], [
+        ["forward, float32, N = 4096, D = 64/128", span(ratio(fwd4k, dtype="float32"))],
+        ["forward, bfloat16, N = 4096 (matrix kernel on AMX; torch's uses AMX too)",
+         span(ratio(fwd4k, dtype="bfloat16"))],
+        ["backward, float32, N = 1024-4096", span(ratio(bwd, kind="backward", dtype="float32"))],
+        ["decoding, GQA 32/8, D = 128, from 16k keys",
+         span([r["ratio_to_sdpa"] for r in dec if r["cache_len"] >= 16384])
+         + f"; float32 K/V read at {span(copy_fp32)} the copy bandwidth from 4k keys"],
+    ])
+
+
+def write_readme_summary(lines: list[str]) -> None:
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- benchmark-summary:begin -->\n", "<!-- benchmark-summary:end -->"
+    head, rest = text.split(begin, 1)
+    readme.write_text(head + begin + "\n".join(lines) + "\n" + end + rest.split(end, 1)[1])
+
+
 def report(d: dict) -> list[str]:
     fwd4k, fwd, bwd, dec = (d[n]["rows"] for n in ("forward_4096.json", "forward.json",
                                                    "backward.json", "decode.json"))
     serving, runtime = d["serving.json"], d["runtime.json"]
-    ratio = lambda rows, **k: [r["ratio_to_sdpa"] for r in rows  # noqa: E731
-                               if all(r[f] == v for f, v in k.items())]
-    long_decode = [r for r in dec if r["cache_len"] >= 16384]
     to_copy = lambda dtype, layout: [r["ratio_to_copy"] for r in dec  # noqa: E731
                                      if (r["dtype"], r["layout"]) == (dtype, layout)
                                      and r["cache_len"] >= 4096]
-    copy_fp32 = to_copy("float32", "BNHD")
     out = ["# Benchmark results", "",
            "Written by `python scripts/benchmark_report.py` from the JSON files beside it; "
            "`--run` first runs each benchmark with the command given under its section. All "
@@ -114,15 +139,7 @@ def report(d: dict) -> list[str]:
            "3.5x. Decode bandwidth: bytes of K and V read per second; copy bandwidth: (bytes "
            "read + bytes written) per second of a 512 MB tensor copy.", "",
            "## Summary (README's performance table)", ""]
-    out += table(["", "ipex_flash / torch SDPA"], [
-        ["forward, float32, N = 4096, D = 64/128", span(ratio(fwd4k, dtype="float32"))],
-        ["forward, bfloat16, N = 4096 (matrix kernel on AMX; torch's uses AMX too)",
-         span(ratio(fwd4k, dtype="bfloat16"))],
-        ["backward, float32, N = 1024-4096", span(ratio(bwd, kind="backward", dtype="float32"))],
-        ["decoding, GQA 32/8, D = 128, from 16k keys",
-         span([r["ratio_to_sdpa"] for r in long_decode])
-         + f"; float32 K/V read at {span(copy_fp32)} the copy bandwidth from 4k keys"],
-    ])
+    out += summary(d)
     out += section("Forward, B = 1, H = 8, N = 4096", "forward_4096.json", d["forward_4096.json"])
     out += table(["dtype", "D", "causal", "ipex_flash GFLOP/s", "SDPA GFLOP/s", "ipex/SDPA"],
                  [[r["dtype"], r["head_dim"], "yes" if r["causal"] else "no",
@@ -205,7 +222,8 @@ def main() -> None:
         subprocess.run([sys.executable, str(REPO / "scripts" / "plot_results.py")], check=True)
     data = {name: json.loads((BENCH / name).read_text()) for name in RUNS}
     (BENCH / "RESULTS.md").write_text("\n".join(report(data)) + "\n")
-    print(f"wrote {BENCH / 'RESULTS.md'}")
+    write_readme_summary(summary(data))
+    print(f"wrote {BENCH / 'RESULTS.md'} and README.md's performance table")
 
 
 if __name__ == "__main__":
