@@ -20,6 +20,16 @@ OUTPUT_TOLERANCE = {
 LSE_TOLERANCE = (1e-5, 1e-5)
 
 
+def tiered(values, default, multi=False):
+    """`values` for pytest.mark.parametrize with those not in `default` marked "full": the
+    default tier keeps the named cases (at least one of every feature, dtype and mask), the
+    long tier (`-m full`) runs the whole grid. multi: each value is a tuple of several
+    arguments."""
+    full = pytest.mark.full
+    return [v if v in default else
+            pytest.param(*(v if multi else (v,)), marks=full) for v in values]
+
+
 @pytest.fixture(autouse=True)
 def _seed_per_test(request):
     """Every test draws fresh inputs from a seed of its own (stable across runs, so a failure

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import ipex_flash
 from ipex_flash.reference import attention_reference
 
-from conftest import DTYPES, random_qkv
+from conftest import DTYPES, random_qkv, tiered
 
 FLOOR = 1e-5  # float32 rounding of O(1) gradients
 
@@ -44,8 +44,10 @@ HEAD_DIMS = [16, 59, 64, 96, 128, 256]
 LENGTHS = [(1, 1), (17, 1), (1, 33), (127, 127), (113, 203), (200, 77)]
 
 
-@pytest.mark.parametrize("len_q,len_k", LENGTHS)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+# Default tier: the smallest, an odd, the common and the largest head dim; the long tier all.
+@pytest.mark.parametrize("len_q,len_k", tiered(LENGTHS, [(1, 1), (17, 1), (127, 127), (200, 77)],
+                                               multi=True))
+@pytest.mark.parametrize("head_dim", tiered(HEAD_DIMS, [16, 59, 128, 256]))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gradients_match_reference(dtype, causal, head_dim, len_q, len_k):

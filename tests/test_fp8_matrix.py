@@ -9,6 +9,7 @@ import torch
 import ipex_flash
 from ipex_flash._runtime import C
 
+from conftest import tiered
 from test_fp8_kvcache import FP8, QUERY_DTYPES, check, check_cache_attention, quantised_cache
 from test_matrix_path import (  # noqa: F401 (matrix_mode: a fixture)
     matrix_mode, needs_engine, skip_without_engine_tiles)
@@ -69,7 +70,9 @@ def test_matches_reference_of_dequantised_cache(matrix_mode, mode, fp8, dtype, p
 
 @pytest.mark.parametrize("mode", ["emulate"])
 @pytest.mark.parametrize("fp8", FP8)
-@pytest.mark.parametrize("head_dim,offset", [(80, 0), (100, 0), (61, 1)])
+# Default tier: an odd head dim on rows off their alignment; the long tier 80 and 100 too.
+@pytest.mark.parametrize("head_dim,offset", tiered([(80, 0), (100, 0), (61, 1)], [(61, 1)],
+                                                   multi=True))
 def test_head_dims_and_unaligned_rows(matrix_mode, mode, fp8, head_dim, offset):
     """Head dims off the 32-deep steps (80), off the 64-wide buckets (100), and rows that do
     not start on a 4-byte boundary (a view one byte into its storage), which the pack reads

@@ -17,7 +17,7 @@ import test_backward
 import test_dropout
 import test_flash_attn_api
 import test_sdpa
-from conftest import random_qkv
+from conftest import random_qkv, tiered
 
 HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
 needs_engine = pytest.mark.skipif(
@@ -58,8 +58,11 @@ def dtypes(mode):
     return DTYPES_OF[mode]
 
 
-@pytest.mark.parametrize("len_q,len_k", test_backward.LENGTHS)
-@pytest.mark.parametrize("head_dim", test_backward.HEAD_DIMS)
+# Default tier: an odd head dim (the dQ kernel with its tiles in registers) and 128 (the
+# SLM-staged one); single rows, square and Nq > Nk. The long tier runs the whole grid.
+@pytest.mark.parametrize("len_q,len_k", tiered(test_backward.LENGTHS,
+                                               [(1, 1), (127, 127), (200, 77)], multi=True))
+@pytest.mark.parametrize("head_dim", tiered(test_backward.HEAD_DIMS, [59, 128]))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_reference(matrix_backward, mode, causal, head_dim, len_q, len_k):
@@ -78,14 +81,20 @@ def test_grouped_query_heads(matrix_backward, mode, heads_q, heads_kv):
                                       True, dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+# Default tier: the 8-wide form (the 16-wide one's transposed case, a head dim of its own to
+# compile, runs in the long tier; test_gradients_match_reference covers its scale).
+@pytest.mark.parametrize("mode", [pytest.param("emulate", id="emulated", marks=pytest.mark.full),
+                                  *MODES[1:]])
 def test_transposed_layout_and_scale(matrix_backward, mode):
     for dtype in dtypes(mode):
         matrix_backward(mode, dtype, 80)
         test_backward.test_gradients_transposed_layout_and_scale(dtype)
 
 
-@pytest.mark.parametrize("causal,window,softcap,alibi", test_flash_attn_api.OPTIONS)
+# Default tier: causal with a window, softcap and ALiBi at once (each option alone: long tier).
+@pytest.mark.parametrize("causal,window,softcap,alibi",
+                         tiered(test_flash_attn_api.OPTIONS, [(True, (20, -1), 2.5, True)],
+                                multi=True))
 @pytest.mark.parametrize("mode", MODES)
 def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, alibi):
     features = (1 if softcap else 0) | (2 if alibi else 0)

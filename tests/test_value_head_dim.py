@@ -13,7 +13,7 @@ from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference, flash_attn_reference, sdpa_reference
 
 from conftest import (DTYPES, LSE_TOLERANCE, OUTPUT_TOLERANCE, assert_matches_reference,
-                      check_against_reference, make_cache, to_paged)
+                      check_against_reference, make_cache, tiered, to_paged)
 
 # (D, Dv): MLA prefill, both orders of a 2x difference, and sizes padded up to the compiled
 # head dim (40 and 72 both run in the 80 kernel).
@@ -186,8 +186,10 @@ def test_sdpa_drop_in_and_override():
 EMULATED = ["emulate", "emulate8"]
 
 
+# Default tier: bfloat16 (float16 through the same kernels: long tier; the other matrix tests
+# run both).
 @pytest.mark.parametrize("d,d_v", [(192, 128), (64, 128), (40, 72)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", tiered([torch.float16, torch.bfloat16], [torch.bfloat16]))
 @pytest.mark.parametrize("mode", EMULATED)
 def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
     """The matrix forward (and its K/V pack), the matrix backward (and its packs) and the
