@@ -147,7 +147,8 @@ def report(d: dict) -> list[str]:
                    f"{r['ratio_to_sdpa']:.2f}"] for r in fwd4k])
     out += ["", "bfloat16 runs on the matrix-engine kernel (AMX tiles, `flash_fwd_matrix.hpp`); "
             "torch's bfloat16 SDPA uses the same tiles through oneDNN."]
-    out += section("Forward over the sequence length, B = 1, H = 8", "forward.json", d["forward.json"])
+    out += section("Forward over the sequence length, B = 1, H = 8", "forward.json",
+                   d["forward.json"])
     groups = sorted({(r["dtype"], r["head_dim"], r["causal"]) for r in fwd})
     out += table(["dtype", "D", "causal", "N", "ipex/SDPA"],
                  [[t, dim, "yes" if c else "no",
@@ -192,12 +193,14 @@ def report(d: dict) -> list[str]:
     out += table(["what", "measured"], [
         ["peak memory above inputs and outputs, forward float32 B=1 H=8 N=32768 D=64",
          f"{runtime['peak_memory']['extra_mb']:.1f} MB"],
-        ["first call of a new variant, empty kernel cache", f"{runtime['cold']['first_call_s']:.2f} s"],
+        ["first call of a new variant, empty kernel cache",
+         f"{runtime['cold']['first_call_s']:.2f} s"],
         ["same variant in a new process after `python -m ipex_flash warmup`",
          f"{runtime['warm_after_warmup']['first_call_s']:.2f} s"],
         ["same variant, 2nd process after a plain first call",
          f"{runtime['second_process']['first_call_s']:.2f} s"],
-        ["same variant, 3rd and later processes", f"{runtime['third_process']['first_call_s']:.2f} s"],
+        ["same variant, 3rd and later processes",
+         f"{runtime['third_process']['first_call_s']:.2f} s"],
         ["torch's own `import torch._dynamo` on a process's first custom-op call",
          f"{runtime['cold']['torch_dispatch_import_s']:.2f} s"],
     ])

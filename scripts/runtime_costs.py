@@ -94,8 +94,9 @@ def main():
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:>10}  (target {target})")
     output = REPO / "benchmarks" / "runtime.json"
-    output.write_text(json.dumps(dict(machine=machine(), peak_memory=memory, cold=cold, warm_after_warmup=warm,
-                                      second_process=second, third_process=third), indent=1))
+    output.write_text(json.dumps(dict(machine=machine(), peak_memory=memory, cold=cold,
+                                      warm_after_warmup=warm, second_process=second,
+                                      third_process=third), indent=1))
     print(f"wrote {output}")
 
 

@@ -1,6 +1,6 @@
 """gpu-check: every kernel each Intel GPU profile would run is compiled to that GPU's native
 code by Intel's offline compiler (ocloc, installed by scripts/setup_env.sh through
-scripts/install_ocloc.sh) and must pass the rules of ipex_flash/gpu_rules.py. This is the CI
+scripts/install_ocloc.sh) and must pass the rules of ipex_flash/tools/gpu_rules.py. This is the CI
 gate for the GPU path; the parsing and the rules themselves are tested on made-up input."""
 import json
 import os

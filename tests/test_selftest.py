@@ -1,4 +1,4 @@
-"""python -m ipex_flash selftest (ipex_flash/selftest.py): passes on the CPU device, reports
+"""python -m ipex_flash selftest (ipex_flash/tools/selftest.py): passes on the CPU device, reports
 every family and dtype, and fails when a check's answer is wrong or a check raises."""
 import json
 

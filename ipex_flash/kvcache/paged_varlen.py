@@ -19,7 +19,8 @@ from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options
 from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
 from ipex_flash.ops import launch
-from ipex_flash.ops.validation import check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks
+from ipex_flash.ops.validation import (
+    check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
