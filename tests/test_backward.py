@@ -44,10 +44,11 @@ HEAD_DIMS = [16, 59, 64, 96, 128, 256]
 LENGTHS = [(1, 1), (17, 1), (1, 33), (127, 127), (113, 203), (200, 77)]
 
 
-# Default tier: the smallest, an odd, the common and the largest head dim; the long tier all.
+# Default tier: an odd and the common head dim (the smallest and largest, and the rest: long
+# tier; test_value_head_dim runs 192); the long tier all.
 @pytest.mark.parametrize("len_q,len_k", tiered(LENGTHS, [(1, 1), (17, 1), (127, 127), (200, 77)],
                                                multi=True))
-@pytest.mark.parametrize("head_dim", tiered(HEAD_DIMS, [16, 59, 128, 256]))
+@pytest.mark.parametrize("head_dim", tiered(HEAD_DIMS, [59, 128]))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gradients_match_reference(dtype, causal, head_dim, len_q, len_k):

@@ -58,9 +58,10 @@ def test_every_bit_pattern_converts_exactly(matrix_mode, mode, fp8):
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
 
 
+# Default tier: bfloat16 queries (float16: long tier; test_fp8_kvcache runs both).
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fp8", FP8)
-@pytest.mark.parametrize("dtype", QUERY_DTYPES)
+@pytest.mark.parametrize("dtype", tiered(QUERY_DTYPES, [torch.bfloat16]))
 @pytest.mark.parametrize("per_head,paged", [(False, False), (True, False), (True, True)])
 def test_matches_reference_of_dequantised_cache(matrix_mode, mode, fp8, dtype, per_head, paged):
     skip_without_engine_tiles(mode, dtype)

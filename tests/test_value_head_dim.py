@@ -186,9 +186,10 @@ def test_sdpa_drop_in_and_override():
 EMULATED = ["emulate", "emulate8"]
 
 
-# Default tier: bfloat16 (float16 through the same kernels: long tier; the other matrix tests
-# run both).
-@pytest.mark.parametrize("d,d_v", [(192, 128), (64, 128), (40, 72)])
+# Default tier: MLA's 192/128 in bfloat16 (float16 and the other pairs through the same
+# kernels: long tier; the other matrix tests run both dtypes).
+@pytest.mark.parametrize("d,d_v", tiered([(192, 128), (64, 128), (40, 72)], [(192, 128)],
+                                         multi=True))
 @pytest.mark.parametrize("dtype", tiered([torch.float16, torch.bfloat16], [torch.bfloat16]))
 @pytest.mark.parametrize("mode", EMULATED)
 def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
