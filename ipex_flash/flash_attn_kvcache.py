@@ -9,7 +9,6 @@ from typing import Union
 import torch
 
 from ipex_flash.kvcache import fp8_quant
-from ipex_flash.kvcache.cache_ops import check_appendable
 from ipex_flash.kvcache.checks import (
     cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash.kvcache.leftpad import check_leftpad, check_leftpad_combination
@@ -35,7 +34,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table
             a paged cache (num_blocks, page_size, nheads_k, headdim); v_cache's head dim
             (headdim_v, that of the output) may differ from headdim. page_size a multiple of
-            16 up to 512. Modified in place when k and v are given.
+            16 up to 512. Modified in place when k and v are given: then they must have
+            memory of their own (not expanded) and must not require grad.
         k, v: optional (batch, seqlen_new, nheads_k, headdim or headdim_v): appended to the cache at
             positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
         rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotary embedding of the
@@ -54,7 +54,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_seqlens[b] + i.
         rotary_interleaved: rotate features (2i, 2i + 1) together (GPT-J) rather than i and
             i + rotary_dim / 2 (GPT-NeoX).
-        num_splits: splits of each sequence's keys in the decode kernel; 0 chooses.
+        num_splits: splits of each sequence's keys in the decode kernel; 0 chooses. A hint,
+            as in flash-attn: clamped to one split per 16 keys (the decode kernel's smallest
+            key block; more splits would be empty), and unused by the general kernel.
         return_softmax_lse: also return the (batch, nheads, seqlen_q) float32 log-sum-exp.
         sinks: optional (nheads,) attention-sink logits, as in flash_attn_func.
         k_descale, v_descale: with a float8_e4m3fn or float8_e5m2 cache (q float16 or
@@ -92,8 +94,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     seqlens_k = cache_seqlens
     if (k is None) != (v is None):
         raise ValueError(f"{_FN}: k and v must be given together")
-    if k is not None:
-        check_appendable(k_cache, v_cache)
     if k is not None:
         for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
             expected = (q.shape[0], k.shape[1] if k.dim() == 4 else -1, cache.shape[2],

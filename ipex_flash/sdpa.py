@@ -28,7 +28,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     attn_mask: bool (True = take part) or additive float (float32 or the query's dtype),
     broadcastable to (..., Hq, L, S); read in place (broadcast dimensions are never expanded
     in memory); blocks it hides entirely are skipped. is_causal is top-left aligned and, as in
-    torch, combined with attn_mask when both are given. Rows that see no key give 0.
+    torch, combined with attn_mask when both are given. Rows that see no key give 0 (also
+    when there are no keys at all, S = 0, as torch).
 
     Beyond SDPA: softcap (> 0: scores s become softcap * tanh(s / softcap) before the mask is
     added, Gemma 2) and sinks ((Hq,) logits that join every row's softmax denominator and
@@ -138,8 +139,7 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         return False
     if key.device != query.device or value.device != query.device:
         return False
-    if not (1 <= query.shape[-1] <= MAX_HEAD_DIM and 1 <= value.shape[-1] <= MAX_HEAD_DIM) or \
-            key.shape[-2] == 0:
+    if not (1 <= query.shape[-1] <= MAX_HEAD_DIM and 1 <= value.shape[-1] <= MAX_HEAD_DIM):
         return False
     if scale is not None and not math.isfinite(scale):
         return False

@@ -5,6 +5,7 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
+from ipex_flash.ops import launch
 
 
 def good(**shapes):
@@ -23,7 +24,6 @@ BAD_SHAPES = [
     (dict(v=(2, 2, 13, 32)), r"v must have k's heads and seq_len"),
     (dict(k=(2, 3, 12, 32), v=(2, 3, 12, 32)), r"head count \(4\) must be a multiple of k's and v's \(3\)"),
     (dict(q=(2, 4, 10, 300), k=(2, 2, 12, 300), v=(2, 2, 12, 300)), r"head_dim .* must be in \[1, 256\], got 300"),
-    (dict(k=(2, 2, 0, 32), v=(2, 2, 0, 32)), r"at least one key"),
 ]
 
 
@@ -109,10 +109,40 @@ def test_meaningless_scale_is_refused_everywhere(scale):
                                           12, softmax_scale=scale, block_table=page_table)
 
 
-def test_sdpa_head_dim_zero_is_refused():
-    q = torch.randn(1, 2, 5, 0)
-    with pytest.raises(ValueError, match="query's head dim .* must be at least 1"):
-        ipex_flash.scaled_dot_product_attention(q, q, q)
+def _head_dim_zero_calls():
+    """Every entry point, called with head dim 0 (q, k, v (B, N, H, 0) in flash-attn's layout)."""
+    q, k = torch.randn(1, 5, 2, 0), torch.randn(1, 6, 2, 0)
+    cu_q, cu_k = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32)
+    pages = torch.randn(2, 16, 2, 0)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    bhnd = [t.transpose(1, 2) for t in (q, k, k)]
+    return {
+        "sdpa": lambda: ipex_flash.scaled_dot_product_attention(*bhnd),
+        "op": lambda: torch.ops.ipex_flash.attention(*bhnd),
+        "attention": lambda: ipex_flash.attention(*bhnd),
+        "flash_attn_func": lambda: ipex_flash.flash_attn_func(q, k, k),
+        "varlen": lambda: ipex_flash.flash_attn_varlen_func(q[0], k[0], k[0], cu_q, cu_k, 5, 6),
+        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(q, k, k),
+        "qkvpacked": lambda: ipex_flash.flash_attn_qkvpacked_func(torch.randn(1, 5, 3, 2, 0)),
+        "kvpacked": lambda: ipex_flash.flash_attn_kvpacked_func(q, torch.randn(1, 6, 2, 2, 0)),
+        "paged": lambda: ipex_flash.flash_attn_varlen_func(q[0], pages, pages, cu_q, cu_k, 5, 6,
+                                                           block_table=table),
+    }
+
+
+@pytest.mark.parametrize("entry", sorted(_head_dim_zero_calls()))
+def test_head_dim_zero_is_refused_everywhere(entry):
+    """1 / sqrt(head_dim) is undefined: every entry point names the head dim, never divides."""
+    with pytest.raises(ValueError, match=r"head dim .* must be at least 1|head_dim \(q.shape\[3\]\) "
+                                         r"must be in \[1, 256\], got 0"):
+        _head_dim_zero_calls()[entry]()
+
+
+def test_empty_kv_cache_is_refused():
+    """A KV cache holds keys; attention itself takes none (test_empty_inputs.py)."""
+    q, cache = torch.randn(1, 1, 2, 32), torch.randn(1, 0, 2, 32)
+    with pytest.raises(ValueError, match=r"flash_attn_with_kvcache: k and v must have at least one key"):
+        ipex_flash.flash_attn_with_kvcache(q, cache, cache)
 
 
 def test_sdpa_zero_query_rows_with_leading_dims():
@@ -134,21 +164,43 @@ def test_window_wider_than_32_bits_is_no_window():
         ipex_flash.flash_attn_with_kvcache(q[:, :1], k_cache, v_cache))
 
 
+def test_window_wider_than_any_sequence_is_no_window_in_the_varlen_calls():
+    """Up to and past the 32-bit boundary, packed and paged alike."""
+    q, k, v = torch.randn(20, 2, 32), torch.randn(30, 2, 32), torch.randn(30, 2, 32)
+    cu_q, cu_k = (torch.tensor([0, 7, n], dtype=torch.int32) for n in (20, 30))
+    pages = torch.randn(4, 16, 2, 32), torch.randn(4, 16, 2, 32)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    for call in (lambda w: ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 13, 23,
+                                                             window_size=w),
+                 lambda w: ipex_flash.flash_attn_varlen_func(q, *pages, cu_q, cu_k, 13, 23,
+                                                             window_size=w, block_table=table)):
+        unbounded = call((-1, -1))
+        for window in [(2**31 - 1, 2**31 - 1), (2**31, 2**31), (2**40, -1)]:
+            assert torch.equal(call(window), unbounded)
+
+
 def test_max_seqlen_beyond_32_bits_is_refused():
     q = torch.randn(5, 2, 32)
     cu = torch.tensor([0, 5], dtype=torch.int32)
-    for name, lengths in (("max_seqlen_q", (2**31, 5)), ("max_seqlen_k", (5, 2**40))):
+    pages = torch.randn(1, 16, 2, 32)
+    table = torch.tensor([[0]], dtype=torch.int32)
+    for name, lengths in (("max_seqlen_q", (2**31, 5)), ("max_seqlen_k", (5, 2**40)),
+                          ("max_seqlen_k", (5, -1))):
         with pytest.raises(ValueError, match=name + r" must be an int in \[0, 2\^31 - 1\]"):
             ipex_flash.flash_attn_varlen_func(q, q, q, cu, cu, *lengths)
+        with pytest.raises(ValueError, match=name + r" must be an int in \[0, 2\^31 - 1\]"):
+            ipex_flash.flash_attn_varlen_func(q, pages, pages, cu, cu, *lengths, block_table=table)
 
 
-def test_more_splits_than_keys_is_as_many_as_keys():
-    """num_splits is a hint: beyond the number of keys it would only add empty splits (and
-    once asked for memory in proportion)."""
+def test_more_splits_than_key_blocks_is_one_per_block():
+    """num_splits is a hint: past one split per 16 keys (the decode kernel's smallest key
+    block) it would only add empty splits, and once asked for memory in proportion."""
     q, k_cache, v_cache = torch.randn(2, 1, 4, 32), torch.randn(2, 50, 2, 32), torch.randn(2, 50, 2, 32)
+    assert launch.most_splits(50) == 4
     huge = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=2**40)
-    as_many = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=50)
-    assert torch.equal(huge, as_many)
+    for splits in (4, 50):
+        assert torch.equal(huge, ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                                    num_splits=splits))
 
 
 @pytest.mark.parametrize("which", ["expanded", "requires_grad"])
@@ -167,3 +219,18 @@ def test_append_into_a_shared_or_differentiable_cache_is_refused(which):
         ipex_flash.flash_attn_with_kvcache(torch.randn(2, 1, 2, 32), k_cache, v_cache, k=new,
                                            v=new, cache_seqlens=1)
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache.detach(), before[1])
+
+
+@pytest.mark.parametrize("which", ["expanded", "requires_grad"])
+def test_append_op_refuses_a_shared_or_differentiable_cache(which):
+    """torch.ops.ipex_flash.kvcache_append checks for itself, whoever calls it."""
+    k_cache, v_cache = torch.zeros(2, 8, 2, 32), torch.zeros(1, 8, 2, 32).expand(2, 8, 2, 32)
+    message = r"v_cache is expanded \(stride 0 in dimension 0\)"
+    if which == "requires_grad":
+        v_cache = torch.zeros(2, 8, 2, 32)
+        k_cache.requires_grad_()
+        message = "k_cache requires grad"
+    new, seqlens = torch.randn(2, 1, 2, 32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.ipex_flash.kvcache_append(k_cache, v_cache, new, new, seqlens, None)
+    assert not k_cache.detach().any() and not v_cache.any()

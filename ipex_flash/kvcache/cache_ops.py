@@ -32,6 +32,7 @@ def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
     """Writes k, v (B, Nnew, Hkv, D) into the caches at positions cache_seqlens[b] + i, and
     nowhere else. 16-bit k, v into an FP8 cache are quantised: divided by their descales
     ((B, Hkv) float32, see fp8_quant.descales), saturating."""
+    check_appendable(k_cache, v_cache)
     batch, new = k.shape[:2]
     if fp8_quant.is_fp8(k_cache) and k.dtype != k_cache.dtype:
         k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, True, batch,
@@ -53,6 +54,7 @@ def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
 @kvcache_append.register_fake
 def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale=None,
                          v_descale=None):
+    check_appendable(k_cache, v_cache)
     return None
 
 

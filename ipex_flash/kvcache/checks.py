@@ -53,6 +53,8 @@ def check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Option
     if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
         raise ValueError(f"{_FN}: v_cache must have k_cache's shape but for the head dim, "
                          f"{tuple(k_cache.shape[:3])}, got {tuple(v_cache.shape)}")
+    if k_cache.shape[1] == 0:  # a cache holds keys (attention's own checks allow none)
+        raise ValueError(f"{_FN}: k and v must have at least one key (seq_len k.shape[2] >= 1)")
     fp8 = fp8_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, *(t.transpose(1, 2) for t in (q, k_view, v_view)), None,
                            fp8_kv=fp8)

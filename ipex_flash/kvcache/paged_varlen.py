@@ -20,7 +20,7 @@ from ipex_flash.kvcache.cache_ops import cache_options
 from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import (
-    check_alibi, check_attention_inputs, check_cu_seqlens, check_sinks)
+    check_alibi, check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_sinks)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -53,8 +53,7 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
             raise ValueError(f"{_FN}: {name} must have shape {shape} (-1: any) on {q.device}, "
                              f"got {tuple(t.shape)} on {t.device}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{_FN}: {name} must be an int >= 0, got {value!r}")
+        check_max_seqlen(_FN, name, value)
     if values and q.device.type != "meta" and batch:
         capacity = block_table.shape[1] * k_cache.shape[1]
         if int(seqused_k.min()) < 0 or int(seqused_k.max()) > min(capacity, max_seqlen_k):

@@ -25,8 +25,8 @@ import torch
 from ipex_flash._runtime import C
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.launch import (
-    draw_dropout_seed, dropout_params, flash_bwd, float_sinks, output_like, run_forward, view,
-    with_contiguous_last_dim)
+    draw_dropout_seed, dropout_params, fill_unattended, flash_bwd, float_sinks,
+    nothing_to_attend, output_like, run_forward, view, with_contiguous_last_dim)
 from ipex_flash.ops.validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
@@ -83,6 +83,9 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
     out, lse = _forward_outputs(q, v)
     sinks = float_sinks(sinks)
+    if nothing_to_attend(q, k):
+        fill_unattended(out, lse, sinks)
+        return out, lse
     run_forward(q, k, v, out, lse,
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
                              softcap),
@@ -131,6 +134,8 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()  # passed by address: must stay referenced through the launch
     dq, dk, dv = _gradients_like(q, k, v)
+    if nothing_to_attend(q, k):  # no row saw a key: nothing depends on q, k or v
+        return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     flash_bwd(view(q), view(k), view(v), view(out), view(grad_out),
               view(lse), view(dq), view(dk), view(dv), view(delta),

@@ -42,7 +42,9 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                              resolve_scale(softmax_scale, q.shape[-1], fn), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
                              sinks32)
-    if packed:
+    if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
+        launch.fill_unattended(out, lse, sinks32)
+    elif packed:
         launch.flash_fwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out)), launch.view(lse),
                       options, q.device)
     else:  # few query rows per K/V head take the decode kernel
@@ -80,6 +82,8 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
+        return dq, dk, dv  # no row saw a key: nothing depends on q, k or v
     launch.flash_bwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
                   launch.view(lse),
                   *(launch.view(bhnd(t, packed)) for t in (dq, dk, dv)), launch.view(delta), options,

@@ -10,7 +10,7 @@ from ipex_flash._runtime import C
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_flash_inputs, check_sinks, check_softcap,
-    INT32_MAX, check_window, window_bound)
+    check_max_seqlen, check_window, window_bound)
 
 Tensor = torch.Tensor
 
@@ -61,8 +61,7 @@ def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         if batch_k != batch:
             raise ValueError(f"{fn}: cu_seqlens_k describes {batch_k} sequences, cu_seqlens_q {batch}")
         for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-            if not isinstance(value, int) or not 0 <= value <= INT32_MAX:
-                raise ValueError(f"{fn}: {name} must be an int in [0, 2^31 - 1], got {value!r}")
+            check_max_seqlen(fn, name, value)
         if cu_seqlens_q.device.type != "meta":
             for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
                 longest = int((cu[1:] - cu[:-1]).max())

@@ -118,24 +118,49 @@ def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     return None if sinks is None else sinks.to(torch.float32).contiguous()
 
 
+DECODE_MIN_BLOCK_KEYS = 16  # the decode kernel's smallest key block (flash_decode_launch.cpp)
+
+
+def most_splits(keys: int) -> int:
+    """The most splits the decode kernel can use over `keys` keys: each split is a whole number
+    of key blocks, so splits past one per smallest block would be empty (and their float32
+    scratch, rows x splits x Dv, would outgrow the cache itself)."""
+    return max(1, -(-keys // DECODE_MIN_BLOCK_KEYS))
+
+
+def nothing_to_attend(q: Tensor, k: Tensor) -> bool:
+    """q (B, Hq, Nq, D) and k (B, Hkv, Nk, D): no query row, or no key for any row. Such calls
+    launch no kernel: see fill_unattended and the backward ops."""
+    return q.numel() == 0 or k.shape[2] == 0
+
+
+def fill_unattended(out: Tensor, lse: Tensor, sinks: Optional[Tensor] = None) -> None:
+    """out and lse of rows that see no key: 0, and an LSE of -inf (with sinks, (Hq,) float32,
+    the sink's logit, the only term of the row's softmax denominator). lse has the heads at
+    dimension -2 in every layout: (B, Hq, Nq), or (Hq, total_q) packed."""
+    out.zero_()
+    if sinks is None:
+        lse.fill_(float("-inf"))
+    else:
+        lse.copy_(sinks[:, None].expand_as(lse))
+
+
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 options: "C.AttentionOptions", dropout_p: float,
                 max_len_k: Optional[int] = None, num_splits: int = 0) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
-    splits the keys across work-groups (num_splits of them, or as many as it chooses for 0);
-    everything else the general forward kernel. q (B, Hq, Nq, D), out (B, Hq, Nq, Dv); k
-    (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv),
-    or a KV cache seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k
-    is (default Nk)."""
+    splits the keys across work-groups (num_splits of them, at most most_splits(keys), or as
+    many as it chooses for 0); everything else the general forward kernel. q (B, Hq, Nq, D),
+    out (B, Hq, Nq, Dv); k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), or a KV cache seen so
+    (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     device = q.device
     queue = queue_handle(device)
     if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v, queue):
         batch, heads_q, len_q, head_dim = q.shape
         heads_kv, head_dim_v = k.shape[1], v.shape[3]
-        # A split holds one key at least: more splits than keys would only be empty.
         keys = k.shape[2] if max_len_k is None else max_len_k
-        splits = min(num_splits, max(keys, 1)) or C.decode_num_splits(
+        splits = min(num_splits, most_splits(keys)) or C.decode_num_splits(
             batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v), keys,
             queue)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),

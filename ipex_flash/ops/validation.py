@@ -18,7 +18,9 @@ def check_attention_inputs(
     fp8_kv: bool = False,
 ) -> None:
     """Checks q (B, Hq, Nq, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv), Dv (the output's head
-    dim) independent of D (MLA: D = 192, Dv = 128); raises naming the bad argument.
+    dim) independent of D (MLA: D = 192, Dv = 128); raises naming the bad argument. Nk = 0 is
+    valid (every row sees no key: zeros, as torch's SDPA and flash-attn); a KV cache, which
+    must hold keys, is checked for them in kvcache/checks.py.
     fp8_kv: k and v are an FP8 cache (kvcache/fp8_quant.py, which checks their dtypes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -44,7 +46,7 @@ def check_attention_inputs(
     if q.device.type not in SUPPORTED_DEVICE_TYPES:
         raise ValueError(f"{fn}: q is on {q.device}; expected a cpu or xpu tensor")
     (batch, heads_q, _, head_dim) = q.shape
-    (_, heads_kv, len_k, _) = k.shape
+    heads_kv = k.shape[1]
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != batch:
             raise ValueError(f"{fn}: {name}.shape[0] (batch) is {t.shape[0]}, q's is {batch}")
@@ -64,12 +66,16 @@ def check_attention_inputs(
     if not 1 <= v.shape[3] <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: v's head_dim (v.shape[3]) must be in [1, {MAX_HEAD_DIM}], got "
                          f"{v.shape[3]}")
-    if len_k == 0:
-        raise ValueError(f"{fn}: k and v must have at least one key (seq_len k.shape[2] >= 1)")
     check_scale(fn, scale, "scale")
 
 
 INT32_MAX = 2**31 - 1  # the kernels' sizes, positions and windows are 32-bit
+
+
+def check_max_seqlen(fn: str, name: str, value) -> None:
+    """max_seqlen_q / max_seqlen_k of the varlen calls: the kernels take them as 32-bit."""
+    if not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+        raise ValueError(f"{fn}: {name} must be an int in [0, 2^31 - 1], got {value!r}")
 
 
 def softmax_scale(scale: Optional[float], head_dim: int, fn: str = "ipex_flash",
