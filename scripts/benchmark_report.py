@@ -27,6 +27,7 @@ RUNS = {
     "serving.json": "benchmark_serving.py",
     "sdpa.json": "benchmark_sdpa.py",
     "runtime.json": "runtime_costs.py",
+    "host_cost.json": "benchmark_host_cost.py",
 }
 
 
@@ -95,6 +96,28 @@ def sdpa_section(data: dict) -> list[str]:
     out += ["", "A tiny Hugging Face Llama (float32), the ipex_attention backend against sdpa: "
             + ", ".join(f"{case.replace('_', ' ')} {ratio:.2f}x" for case, ratio in speed.items())
             + "."]
+    return out
+
+
+def host_cost_section(data: dict) -> list[str]:
+    """Each entry point's whole call against torch SDPA's, and its host time (kernels
+    stubbed), at a tiny call and decode sizes."""
+    results = data["results"]
+    out = section("Host cost of each entry point, decode step (float32)", "host_cost.json", data)
+    sizes = list(results)
+    names = list(results[sizes[0]]["entry_points"])
+
+    def cell(row):
+        host = f", host {row['host_us']:.0f} µs" if "host_us" in row else f" ({row['us']:.0f} µs)"
+        return f"{row['vs_torch_sdpa']:.2f}x{host}"
+    out += table(["entry point / time against torch SDPA's whole call", *(
+        f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
+        for r in results.values())],
+        [[name, *(cell(results[size]["entry_points"][name]) for size in sizes)]
+         for name in names])
+    out += ["", "Host: the whole call with the kernel launches replaced by no-ops (the script's "
+            "docstring says how); the JSON also has the kernels launched alone from prepared "
+            "arguments."]
     return out
 
 
@@ -189,6 +212,7 @@ def report(d: dict) -> list[str]:
             f"{a['repeats']} interleaved calls: {1e3 * serving['best_seconds']['mixed']:.1f} ms "
             f"against {1e3 * serving['separate_seconds']:.1f} ms)."]
     out += sdpa_section(d["sdpa.json"])
+    out += host_cost_section(d["host_cost.json"])
     out += section("Runtime costs, each in a fresh process", "runtime.json", runtime)
     out += table(["what", "measured"], [
         ["peak memory above inputs and outputs, forward float32 B=1 H=8 N=32768 D=64",

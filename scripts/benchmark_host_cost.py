@@ -1,0 +1,241 @@
+"""Host cost of each entry point on a decode step, against torch SDPA in the same run.
+
+Each entry point does the same attention (fp32, one new query token per sequence) on its own
+layout of the same keys and values:
+
+    torch_sdpa          torch.nn.functional.scaled_dot_product_attention, (B, H, N, D) cache
+    sdpa                ipex_flash.scaled_dot_product_attention, same tensors
+    op                  torch.ops.ipex_flash.attention, same tensors
+    flash_attn_func     (B, N, H, D) cache
+    kvcache             flash_attn_with_kvcache, contiguous (B, N, H, D) cache
+    kvcache_paged       flash_attn_with_kvcache, pages of 64 keys in shuffled order
+    paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
+
+at a tiny call (B=1, 1 query, 4 keys, 1 head, d=16) and at decode sizes (B = 1 and 8, 256 and
+4096 keys, 32 query / 8 K/V heads, d=128). Figures are the median of --repeats calls after
+--warmup calls, the callables of a size interleaved in --rounds rounds (best median kept), so
+that the shared machine's slow seconds hit them alike; ratios are against torch_sdpa's whole
+call in the same run.
+
+Host time: on the SYCL CPU device every launch waits for its kernels before returning
+(finish_launch in sycl_src/host/launch.hpp; only XPU work stays asynchronous), so a call
+cannot be timed up to its submission and its wait apart. Two measurements instead:
+
+    kernels us   the same decode kernels launched alone, from views, options and scratch
+                 prepared once (C.flash_decode, one per layout: SDPA's, flash-attn's, paged);
+                 "whole - kernels" is then the call's host time, noisy at large sizes, where
+                 it is a small difference of two large figures
+    host us      the whole call with the launches replaced by no-ops (C.flash_decode and
+                 C.flash_fwd return at once; C.small_call_cpu, SDPA's one C++ crossing for
+                 small calls, returns "done", so its C++ view and option set-up, a few us,
+                 is not counted): checks, tensors, options, dispatch, Python/C++ crossings
+
+torch_sdpa has neither split.
+
+    python scripts/benchmark_host_cost.py [--repeats 21] [--only tiny b1_n256 ...]
+Prints a table and writes benchmarks/host_cost.json (--output to change).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from machine import machine
+
+import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_runtime.py)
+import torch
+import torch.nn.functional as F
+from ipex_flash._runtime import C
+from ipex_flash.kvcache.cache_ops import cache_options
+from ipex_flash.ops import launch
+from ipex_flash.ops.attention import sdpa_options
+from ipex_flash.ops.flash_attn_args import flash_options
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE = 64
+
+# name -> (batch, keys, heads_q, heads_kv, head_dim)
+SIZES = {"tiny": (1, 4, 1, 1, 16),
+         "b1_n256": (1, 256, 32, 8, 128), "b1_n4096": (1, 4096, 32, 8, 128),
+         "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
+ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
+                "paged_varlen")
+KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
+                 "kvcache_paged": "paged", "paged_varlen": "paged"}
+
+
+def median_seconds(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def interleaved(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], median_seconds(fn, repeats, warmup))
+    return best
+
+
+def tensors(batch, keys, heads_q, heads_kv, head_dim):
+    """The same queries, keys and values in each layout: (B, H, N, D), (B, N, H, D) and pages
+    of PAGE keys (at least one page) in shuffled order with their block table."""
+    q = torch.randn(batch, heads_q, 1, head_dim)
+    k, v = (torch.randn(batch, heads_kv, keys, head_dim) for _ in range(2))
+    t = dict(q=q, k=k, v=v, q_bnhd=q.transpose(1, 2).contiguous())
+    t["k_bnhd"], t["v_bnhd"] = (x.transpose(1, 2).contiguous() for x in (k, v))
+    per_seq = -(-keys // PAGE)
+    order = torch.randperm(batch * per_seq)
+    t["block_table"] = order.view(batch, per_seq).to(torch.int32)
+    for name in ("k", "v"):
+        padded = F.pad(t[f"{name}_bnhd"], (0, 0, 0, 0, 0, per_seq * PAGE - keys))
+        pages = torch.empty(batch * per_seq, PAGE, heads_kv, head_dim)
+        pages[order] = padded.reshape(batch * per_seq, PAGE, heads_kv, head_dim)
+        t[f"{name}_pages"] = pages
+    t["seqlens"] = torch.full((batch,), keys, dtype=torch.int32)
+    t["cu_q"] = torch.arange(batch + 1, dtype=torch.int32)
+    t["cu_k"] = torch.arange(batch + 1, dtype=torch.int32) * keys
+    return t
+
+
+def entry_points(t: dict, keys: int) -> dict:
+    heads_q, heads_kv = t["q"].shape[1], t["k"].shape[1]
+    gqa = heads_q != heads_kv
+    batch = t["q"].shape[0]
+    return {
+        "torch_sdpa": lambda: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], enable_gqa=gqa),
+        "sdpa": lambda: ipex_flash.scaled_dot_product_attention(t["q"], t["k"], t["v"],
+                                                                enable_gqa=gqa),
+        "op": lambda: torch.ops.ipex_flash.attention(t["q"], t["k"], t["v"]),
+        "flash_attn_func": lambda: ipex_flash.flash_attn_func(t["q_bnhd"], t["k_bnhd"], t["v_bnhd"]),
+        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(t["q_bnhd"], t["k_bnhd"], t["v_bnhd"]),
+        "kvcache_paged": lambda: ipex_flash.flash_attn_with_kvcache(
+            t["q_bnhd"], t["k_pages"], t["v_pages"], cache_seqlens=t["seqlens"],
+            block_table=t["block_table"]),
+        "paged_varlen": lambda: ipex_flash.flash_attn_varlen_func(
+            t["q_bnhd"].view(batch, heads_q, -1), t["k_pages"], t["v_pages"], t["cu_q"], t["cu_k"],
+            1, keys, block_table=t["block_table"], seqused_k=t["seqlens"]),
+    }
+
+
+def kernels_alone(t: dict, keys: int) -> dict:
+    """C.flash_decode on prepared views, options and scratch, per layout: what the entry
+    points' kernels cost without anything around them."""
+    batch, heads_q, _, head_dim = t["q"].shape
+    heads_kv = t["k"].shape[1]
+    scale = head_dim ** -0.5
+    layouts = {
+        "bhnd": (t["q"], t["k"], t["v"], sdpa_options(t["q"], False, None, 0.0, None)),
+        "bnhd": (*(t[n].transpose(1, 2) for n in ("q_bnhd", "k_bnhd", "v_bnhd")),
+                 flash_options(None, None, 0, 0, scale, False, -1, -1, 0.0, None, 0.0, None)),
+        "paged": (t["q_bnhd"].transpose(1, 2), t["k_pages"].transpose(1, 2),
+                  t["v_pages"].transpose(1, 2),
+                  cache_options(scale, False, -1, -1, 0.0, None, None, t["seqlens"], keys,
+                                t["block_table"], PAGE)),
+    }
+    splits = C.decode_num_splits(batch, heads_kv, heads_q // heads_kv, head_dim, keys, 0)
+    calls = {}
+    for name, (q, k, v, options) in layouts.items():
+        out, lse = torch.empty_like(q), torch.empty(batch, heads_q, 1)
+        partial_out = torch.empty(batch, heads_q, 1, splits, head_dim)
+        partial_lse = torch.empty(batch, heads_q, 1, splits)
+        views = [launch.view(x) for x in (q, k, v, out, lse, partial_out, partial_lse)]
+        kept = (out, lse, partial_out, partial_lse)  # the views point into them
+        calls[name] = lambda views=views, options=options, kept=kept: C.flash_decode(
+            *views, options, 0)
+    return calls
+
+
+# The launches' stand-ins while host time is measured (see the module's docstring).
+STUBS = {"flash_decode": lambda *args: None, "flash_fwd": lambda *args: None,
+         "small_call_cpu": lambda *args: True}
+
+
+@contextlib.contextmanager
+def kernels_stubbed():
+    real = {name: getattr(C, name) for name in STUBS}
+    for name, stub in STUBS.items():
+        setattr(C, name, stub)
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(C, name, fn)
+
+
+def check_agreement(fns: dict, t: dict) -> None:
+    """Every entry point computes the same attention (a benchmark of wrong results is none).
+    One query row: every layout's output reshapes to (B, Hq * D) alike."""
+    expected = fns["torch_sdpa"]().reshape(t["q"].shape[0], -1)
+    for name, fn in fns.items():
+        torch.testing.assert_close(fn().reshape(expected.shape), expected, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def measure(size: str, args) -> dict:
+    batch, keys, heads_q, heads_kv, head_dim = SIZES[size]
+    torch.manual_seed(0)
+    t = tensors(batch, keys, heads_q, heads_kv, head_dim)
+    fns = entry_points(t, keys)
+    check_agreement(fns, t)
+    kernels = kernels_alone(t, keys)
+    with torch.no_grad():
+        seconds = interleaved({**fns, **{f"kernels_{n}": f for n, f in kernels.items()}},
+                              args.rounds, args.repeats, args.warmup)
+        with kernels_stubbed():
+            host = interleaved({n: f for n, f in fns.items() if n in KERNEL_LAYOUT},
+                               args.rounds, args.repeats, args.warmup)
+    base = seconds["torch_sdpa"]
+    rows = {}
+    for name in ENTRY_POINTS:
+        row = {"us": 1e6 * seconds[name], "vs_torch_sdpa": seconds[name] / base}
+        if name in KERNEL_LAYOUT:
+            alone = seconds[f"kernels_{KERNEL_LAYOUT[name]}"]
+            row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone),
+                       host_us=1e6 * host[name])
+        rows[name] = row
+    return {"batch": batch, "keys": keys, "heads_q": heads_q, "heads_kv": heads_kv,
+            "head_dim": head_dim, "dtype": "float32", "entry_points": rows}
+
+
+def print_table(results: dict) -> None:
+    columns = (("kernels_us", "kernels us"), ("whole_minus_kernels_us", "whole-kernels"),
+               ("host_us", "host us"))
+    print(f"{'size':<10} {'entry point':<16} {'whole us':>10} {'vs torch':>9} "
+          + " ".join(f"{title:>13}" for _, title in columns))
+    for size, r in results.items():
+        for name, row in r["entry_points"].items():
+            cells = [f"{row[key]:13.1f}" if key in row else f"{'-':>13}" for key, _ in columns]
+            print(f"{size:<10} {name:<16} {row['us']:10.1f} {row['vs_torch_sdpa']:8.2f}x "
+                  + " ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "host_cost.json")
+    args = parser.parse_args()
+    results = {size: measure(size, args) for size in args.only}
+    print_table(results)
+    report = {"machine": machine(torch=torch.__version__), "threads": torch.get_num_threads(),
+              "args": {"repeats": args.repeats, "warmup": args.warmup, "rounds": args.rounds},
+              "results": results}
+    args.output.parent.mkdir(exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(f"written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()
