@@ -99,3 +99,14 @@ def test_flash_attn_func_without_keys_or_queries():
         dq, dk = torch.autograd.grad(out, (q, k), torch.randn(out.shape))
         assert dq.shape == q.shape and dk.shape == k.shape
         assert not dq.any() and not dk.any()
+
+
+@pytest.mark.parametrize("len_q,len_k", [(4, 0), (0, 5)])
+def test_opcheck_on_empty_inputs(len_q, len_k):
+    """The fake implementation, autograd registration and schema agree on empty inputs too."""
+    q = torch.randn(1, 2, len_q, 16, requires_grad=True)
+    k, v = (torch.randn(1, 2, len_k, 16, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(torch.ops.ipex_flash.attention_forward.default, (q, k, v))
+    bnhd = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.ipex_flash.flash_attn_forward.default,
+                          (*bnhd, None, None, 0, 0, None, False, -1, -1, 0.0, None, 0.0, None))
