@@ -229,6 +229,30 @@ def test_opcheck_and_compile():
     torch.testing.assert_close(compiled(q, k, v), ipex_flash.flash_attn_func(q, k, v, causal=True))
 
 
+def test_varlen_opcheck_and_compile():
+    """The packed op's fake implementation reads nothing from cu_seqlens (its contents are
+    unknown under torch.compile): opcheck passes and a fullgraph compile matches eager,
+    gradients too."""
+    cu_q = torch.tensor([0, 7, 19], dtype=torch.int32)
+    cu_k = torch.tensor([0, 11, 24], dtype=torch.int32)
+    q = torch.randn(19, 4, 32, requires_grad=True)
+    k, v = (torch.randn(24, 2, 32, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(torch.ops.ipex_flash.flash_attn_forward.default,
+                          (q, k, v, cu_q, cu_k, 12, 13, None, True, -1, -1, 0.0, None, 0.0, None))
+    torch._dynamo.reset()
+
+    def call(a, b, c):
+        return ipex_flash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, 12, 13, causal=True)
+
+    compiled = torch.compile(call, fullgraph=True)(q, k, v)
+    eager = call(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    grad = torch.randn(eager.shape)
+    for g_compiled, g_eager in zip(torch.autograd.grad(compiled, (q, k, v), grad),
+                                   torch.autograd.grad(eager, (q, k, v), grad)):
+        torch.testing.assert_close(g_compiled, g_eager, rtol=0, atol=0)
+
+
 def test_strided_side_inputs_read_correctly():
     """ALiBi slopes and cu_seqlens given as strided views give the same results as dense ones
     (the kernels read them by address)."""

@@ -58,7 +58,7 @@ def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
                              alibi_slopes, dropout_p, dropout_seed, sinks=None):
     check_call("ipex_flash.flash_attn_func", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
            max_seqlen_k, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
-           sinks)
+           sinks, values=False)
     return forward_outputs(q, v, cu_seqlens_q is not None)
 
 
