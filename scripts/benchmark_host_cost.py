@@ -111,13 +111,13 @@ def entry_points(t: dict, keys: int) -> dict:
     heads_q, heads_kv = t["q"].shape[1], t["k"].shape[1]
     gqa = heads_q != heads_kv
     batch = t["q"].shape[0]
+    bhnd, bnhd = (t["q"], t["k"], t["v"]), (t["q_bnhd"], t["k_bnhd"], t["v_bnhd"])
     return {
-        "torch_sdpa": lambda: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], enable_gqa=gqa),
-        "sdpa": lambda: ipex_flash.scaled_dot_product_attention(t["q"], t["k"], t["v"],
-                                                                enable_gqa=gqa),
-        "op": lambda: torch.ops.ipex_flash.attention(t["q"], t["k"], t["v"]),
-        "flash_attn_func": lambda: ipex_flash.flash_attn_func(t["q_bnhd"], t["k_bnhd"], t["v_bnhd"]),
-        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(t["q_bnhd"], t["k_bnhd"], t["v_bnhd"]),
+        "torch_sdpa": lambda: F.scaled_dot_product_attention(*bhnd, enable_gqa=gqa),
+        "sdpa": lambda: ipex_flash.scaled_dot_product_attention(*bhnd, enable_gqa=gqa),
+        "op": lambda: torch.ops.ipex_flash.attention(*bhnd),
+        "flash_attn_func": lambda: ipex_flash.flash_attn_func(*bnhd),
+        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(*bnhd),
         "kvcache_paged": lambda: ipex_flash.flash_attn_with_kvcache(
             t["q_bnhd"], t["k_pages"], t["v_pages"], cache_seqlens=t["seqlens"],
             block_table=t["block_table"]),
