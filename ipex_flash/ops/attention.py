@@ -6,11 +6,12 @@ torch.nn.functional.scaled_dot_product_attention.
         tensors and torch.compile all come from the ops below.
     ipex_flash::attention_forward(q, k, v, causal, scale, dropout_p, dropout_seed,
                                   deterministic, attn_mask, sinks) -> (out, lse)
-        The forward kernel (the decode kernel for few query rows per K/V head);
+        The forward kernel (the decode kernel for few query rows per K/V head, unless a
+        gradient is wanted); lse is in the kernels' exp2 domain (launch.natural_lse);
         differentiable in q, k, v through attention_backward, and in sinks and a float
         attn_mask through ops/score_grads.py.
     ipex_flash::attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)
-        The backward kernels.
+        The backward kernels, lse as attention_forward returned it.
     ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
         The keep-mask the kernels apply for a seed, for tests (small shapes).
 
@@ -86,8 +87,14 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     run_forward(q, k, v, out, lse,
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
                              softcap),
-                dropout_p)
+                dropout_p, backward_follows=wants_backward(q, k, v))
     return out, lse
+
+
+def wants_backward(*tensors: Tensor) -> bool:
+    """Whether autograd called this forward for inputs that need gradients: eager autograd
+    hands the op its inputs as they are, requires_grad included."""
+    return any(t.requires_grad for t in tensors)
 
 
 attention_forward = torch.library.custom_op(
