@@ -164,7 +164,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> dv_slm;  // (d, kv) accumulator
   static syclexp::work_group_static<float[BLOCK_M][HEAD_DIM]> q_slm;   // (q, d) * q_prescale
   static syclexp::work_group_static<float[BLOCK_M][HEAD_DIM]> do_slm;  // (q, d)
-  static syclexp::work_group_static<float[BLOCK_M]> lse_slm;           // (q) LSE * log2e
+  static syclexp::work_group_static<float[BLOCK_M]> lse_slm;           // (q) LSE, exp2 domain
   static syclexp::work_group_static<float[BLOCK_M]> delta_slm;         // (q)
   float(&k_t)[HEAD_DIM][BLOCK_N] = k_slm;
   float(&v_t)[HEAD_DIM][BLOCK_N] = v_slm;
