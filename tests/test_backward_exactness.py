@@ -152,3 +152,26 @@ def test_one_key_with_sinks_matches_reference(monkeypatch, dtype, mode):
     for name, got, ref in zip(("dq", "dk", "dv", "dsinks"), leaves, ref_leaves):
         err = (got.grad.double() - ref.grad).abs().max() / ref.grad.abs().max().clamp_min(1e-30)
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_sequences_of_one_key(dtype):
+    # flash_attn_varlen_func (the packed forward): each sequence has one key and 1..40 query
+    # rows. dO holds bfloat16 values, whose sums here are exact in float32, so dV is their
+    # sum rounded once (in float32: not rounded at all).
+    lens_q, heads, dim = [1, 17, 40, 3], 4, 48
+    scale = 1.0 / math.sqrt(dim)
+    parts = [one_key_inputs(1, n, heads, heads, dim, dtype, scale) for n in lens_q]
+    q, k, v = (torch.cat([p[i][0] for p in parts]) for i in range(3))  # (total, H, D)
+    grad_out = exact_grad_out(q.shape, torch.bfloat16).to(dtype)
+    cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu_k = torch.arange(len(lens_q) + 1, dtype=torch.int32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = ipex_flash.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), 1,
+                                            softmax_scale=scale)
+    out.backward(grad_out)
+    assert torch.equal(out, v.repeat_interleave(torch.tensor(lens_q), dim=0))
+    expected = torch.stack([grad_out[a:b].double().sum(0)
+                            for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())]).to(dtype)
+    wrong = leaves[2].grad != expected
+    assert not wrong.any(), f"{int(wrong.sum())} of {wrong.numel()} dV elements not the sum"
