@@ -27,7 +27,7 @@ from ipex_flash._runtime import C
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.launch import (
     draw_dropout_seed, dropout_params, flash_bwd, float_sinks, output_like, run_forward, view,
-    with_contiguous_last_dim)
+    wants_backward, with_contiguous_last_dim)
 from ipex_flash.ops.validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
@@ -89,12 +89,6 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
                              softcap),
                 dropout_p, backward_follows=wants_backward(q, k, v))
     return out, lse
-
-
-def wants_backward(*tensors: Tensor) -> bool:
-    """Whether autograd called this forward for inputs that need gradients: eager autograd
-    hands the op its inputs as they are, requires_grad included."""
-    return any(t.requires_grad for t in tensors)
 
 
 attention_forward = torch.library.custom_op(

@@ -48,7 +48,7 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                       options, q.device)
     else:  # few query rows per K/V head take the decode kernel
         launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p,
-                           backward_follows=any(t.requires_grad for t in (q, k, v)))
+                           backward_follows=launch.wants_backward(q, k, v))
     return out, lse
 
 

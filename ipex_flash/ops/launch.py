@@ -124,6 +124,13 @@ def natural_lse(lse: Tensor) -> Tensor:
     return lse * LN2
 
 
+def wants_backward(*tensors: Tensor) -> bool:
+    """Whether autograd runs this forward for inputs that need gradients (eager autograd hands
+    an op its inputs as they are, requires_grad included; a traced graph's forward does not
+    know, and may take the decode kernel: its gradients are then accurate, not exact)."""
+    return any(t.requires_grad for t in tensors)
+
+
 def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     # Read by address: float32 and dense, and kept referenced until the launch has returned.
     return None if sinks is None else sinks.to(torch.float32).contiguous()
