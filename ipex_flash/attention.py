@@ -64,4 +64,4 @@ def attention(
     check_dropout_p("ipex_flash.attention", dropout_p)
     seed = launch.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = fast_path.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)
-    return (out, lse) if return_lse else out
+    return (out, launch.natural_lse(lse)) if return_lse else out

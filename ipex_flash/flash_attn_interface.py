@@ -72,6 +72,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         alibi_slopes, float(dropout_p), seed, sinks)
     if not return_attn_probs:
         return out
+    lse = launch.natural_lse(lse)
     probs = None if seed is None else attn_probs(
         fn, q, k, lse, softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         dropout_p, seed)
@@ -120,6 +121,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         seed, sinks)
     if not return_attn_probs:
         return out
+    lse = launch.natural_lse(lse)
     probs = None if seed is None else attn_probs(
         fn, q, k, lse, softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         dropout_p, seed, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))

@@ -6,11 +6,12 @@ torch.nn.functional.scaled_dot_product_attention.
         tensors and torch.compile all come from the ops below.
     ipex_flash::attention_forward(q, k, v, causal, scale, dropout_p, dropout_seed,
                                   deterministic, attn_mask, sinks) -> (out, lse)
-        The forward kernel (the decode kernel for few query rows per K/V head);
+        The forward kernel (the decode kernel for few query rows per K/V head, unless a
+        gradient is wanted); lse is in the kernels' exp2 domain (launch.natural_lse);
         differentiable in q, k, v through attention_backward, and in sinks and a float
         attn_mask through ops/score_grads.py.
     ipex_flash::attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)
-        The backward kernels.
+        The backward kernels, lse as attention_forward returned it.
     ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
         The keep-mask the kernels apply for a seed, for tests (small shapes).
 
@@ -26,7 +27,7 @@ from ipex_flash._runtime import C
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.launch import (
     draw_dropout_seed, dropout_params, fill_unattended, flash_bwd, float_sinks,
-    nothing_to_attend, output_like, run_forward, view, with_contiguous_last_dim)
+    nothing_to_attend, output_like, run_forward, view, wants_backward, with_contiguous_last_dim)
 from ipex_flash.ops.validation import (
     check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
     check_softcap, softmax_scale)
@@ -89,7 +90,7 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     run_forward(q, k, v, out, lse,
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
                              softcap),
-                dropout_p)
+                dropout_p, backward_follows=wants_backward(q, k, v))
     return out, lse
 
 

@@ -5,6 +5,7 @@ head_dim) packed by cu_seqlens.
     ipex_flash::flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
         dropout_p, dropout_seed) -> (out, softmax_lse)          differentiable in q, k, v
+        (softmax_lse in the kernels' exp2 domain: launch.natural_lse gives flash-attn's)
     ipex_flash::flash_attn_backward(grad_out, q, k, v, out, softmax_lse, ...) -> (dq, dk, dv)
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
         launch.flash_fwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out)), launch.view(lse),
                       options, q.device)
     else:  # few query rows per K/V head take the decode kernel
-        launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p)
+        launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p,
+                           backward_follows=launch.wants_backward(q, k, v))
     return out, lse
 
 

@@ -1,6 +1,6 @@
 """From torch tensors to the host module's launches: SYCL queues, tensor views, the scratch
 the kernels ask for, dropout seeds, and the choice between the decode and the general forward
-kernel. Used by every op module (ops/attention.py, ops/flash_attn.py, kvcache/cache_ops.py,
+kernel, and the LSE's units. Used by every op module (ops/attention.py, ops/flash_attn.py, kvcache/cache_ops.py,
 kvcache/paged_varlen.py)."""
 from __future__ import annotations
 
@@ -113,6 +113,24 @@ def output_like(q: Tensor, head_dim_v: int) -> Tensor:
     return out.permute(*(order.index(i) for i in range(q.dim() - 1)), q.dim() - 1)
 
 
+# The kernels keep each row's log-sum-exp in their exp2 domain (log2 of the sum of
+# exp2(scale * log2(e) * q.k)), so that the backward recomputes probabilities from the scores
+# the forward used without a round trip through the natural log. Users see the natural log.
+LN2 = 0.6931471805599453
+
+
+def natural_lse(lse: Tensor) -> Tensor:
+    """The natural-log LSE users see, from the kernels' exp2-domain one (a new tensor)."""
+    return lse * LN2
+
+
+def wants_backward(*tensors: Tensor) -> bool:
+    """Whether autograd runs this forward for inputs that need gradients (eager autograd hands
+    an op its inputs as they are, requires_grad included; a traced graph's forward does not
+    know, and may take the decode kernel: its gradients are then accurate, not exact)."""
+    return any(t.requires_grad for t in tensors)
+
+
 def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     # Read by address: float32 and dense, and kept referenced until the launch has returned.
     return None if sinks is None else sinks.to(torch.float32).contiguous()
@@ -136,27 +154,33 @@ def nothing_to_attend(q: Tensor, k: Tensor) -> bool:
 
 def fill_unattended(out: Tensor, lse: Tensor, sinks: Optional[Tensor] = None) -> None:
     """out and lse of rows that see no key: 0, and an LSE of -inf (with sinks, (Hq,) float32,
-    the sink's logit, the only term of the row's softmax denominator). lse has the heads at
-    dimension -2 in every layout: (B, Hq, Nq), or (Hq, total_q) packed."""
+    the sink's logit, the only term of the row's softmax denominator), in the kernels' exp2
+    domain as they would write it (natural_lse). lse has the heads at dimension -2 in every
+    layout: (B, Hq, Nq), or (Hq, total_q) packed."""
     out.zero_()
     if sinks is None:
         lse.fill_(float("-inf"))
     else:
-        lse.copy_(sinks[:, None].expand_as(lse))
+        lse.copy_((sinks / LN2)[:, None].expand_as(lse))
 
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 options: "C.AttentionOptions", dropout_p: float,
-                max_len_k: Optional[int] = None, num_splits: int = 0) -> None:
+                max_len_k: Optional[int] = None, num_splits: int = 0,
+                backward_follows: bool = False) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
     splits the keys across work-groups (num_splits of them, at most most_splits(keys), or as
     many as it chooses for 0); everything else the general forward kernel. q (B, Hq, Nq, D),
     out (B, Hq, Nq, Dv); k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), or a KV cache seen so
-    (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk)."""
+    (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk).
+    backward_follows: the backward kernels will recompute this forward's scores, which they do
+    in the general kernel's order of operations (the decode kernel sums q.k in another order),
+    so the general kernel runs."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     device = q.device
     queue = queue_handle(device)
-    if dropout_p == 0.0 and C.flash_decode_supported(q_v, k_v, v_v, queue):
+    if (dropout_p == 0.0 and not backward_follows
+            and C.flash_decode_supported(q_v, k_v, v_v, queue)):
         batch, heads_q, len_q, head_dim = q.shape
         heads_kv, head_dim_v = k.shape[1], v.shape[3]
         keys = k.shape[2] if max_len_k is None else max_len_k

@@ -6,7 +6,8 @@ the forward kept (out, LSE) without another attention pass:
     mask:   an additive mask enters the scores as s += mask, so d loss / d mask = dS,
             dS_ij = P_ij * (dP_ij - sum_k P_ik dP_ik),  P_ij = exp(s_ij - lse_i),  dP = dO . V^T
 
-The mask's gradient is a full (B, Hq, Nq, Nk) tensor (autograd then sums it over the mask's
+lse is the LSE as the kernels keep it, in their exp2 domain (launch.natural_lse); the
+formulas above take it in the natural log. The mask's gradient is a full (B, Hq, Nq, Nk) tensor (autograd then sums it over the mask's
 broadcast dimensions); it is built here in blocks of query rows, in float32, so its only
 large allocation is the result itself. Only learned biases (masks that require grad) pay it.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from ipex_flash.ops.launch import natural_lse
 
 Tensor = torch.Tensor
 _ROWS_PER_BLOCK = 256
@@ -27,7 +30,7 @@ def output_delta(grad_out: Tensor, out: Tensor) -> Tensor:
 
 def sinks_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
     """d loss / d sinks, (Hq,) in the sinks' dtype."""
-    prob = torch.exp(sinks.float().view(1, -1, 1) - lse)
+    prob = torch.exp(sinks.float().view(1, -1, 1) - natural_lse(lse))
     return -(prob * delta).sum(dim=(0, 2)).to(sinks.dtype)
 
 
@@ -50,7 +53,7 @@ def attn_mask_grad(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, lse: Tenso
             row_ids = torch.arange(rows.start, rows.stop, device=q.device).view(-1, 1)
             hidden = torch.arange(len_k, device=q.device).view(1, -1) > row_ids
             scores = scores.masked_fill(hidden, float("-inf"))
-        lse_rows = lse[:, :, rows].unsqueeze(-1)
+        lse_rows = natural_lse(lse[:, :, rows]).unsqueeze(-1)
         # Rows that saw no key have lse -inf: their probabilities are 0, not NaN.
         prob = torch.where(torch.isinf(lse_rows), torch.zeros_like(scores),
                            torch.exp(scores - lse_rows))

@@ -16,13 +16,14 @@
 
 namespace ipex_flash {
 
-// The forward's LSE in the exp2 domain; +inf for rows that must contribute nothing (padding
-// rows past the sequence, rows that saw no key), so that exp2(score - it) == 0.
+// The forward's LSE, kept in the exp2 domain (OnlineSoftmaxRow::log2_sum_exp); +inf for rows
+// that must contribute nothing (padding rows past the sequence, rows that saw no key), so that
+// exp2(score - it) == 0.
 inline float lse_log2_or_inf(const float* lse, int64_t index, bool valid) {
   if (!valid) return std::numeric_limits<float>::infinity();
   const float value = lse[index];
   return value == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity()
-                                                         : value * LOG2E;
+                                                         : value;
 }
 
 // One query row's softmax statistics, as the backward needs them.

@@ -1,6 +1,7 @@
 // The second kernel of a decode call (flash_decode.hpp): each split of the keys wrote a
 // normalised partial output and its log-sum-exp; this combines them, with the head's sink (if
-// any) as one more term of the denominator.
+// any) as one more term of the denominator. LSEs are in the exp2 domain, as the kernels keep
+// them (OnlineSoftmaxRow::log2_sum_exp).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -29,23 +30,23 @@ void flash_decode_merge_kernel(DecodeParams p) {
   const int splits = c.num_blocks;
   const float* lse_s = p.partial_lse + row * splits;
   // A sink joins the denominator as one more split with no value.
-  const float sink = c.score_mod.sinks != nullptr ? c.score_mod.sinks[h] : NEG_INF;
+  const float sink = c.score_mod.sinks != nullptr ? c.score_mod.sinks[h] * LOG2E : NEG_INF;
   float max_lse = sink;
   for (int s = 0; s < splits; ++s) max_lse = sycl::fmax(max_lse, lse_s[s]);
   const float safe_max = max_lse == NEG_INF ? 0.f : max_lse;  // all splits empty: weights 0
-  float total = sycl::exp(sink - safe_max);
-  for (int s = 0; s < splits; ++s) total += sycl::exp(lse_s[s] - safe_max);
+  float total = sycl::exp2(sink - safe_max);
+  for (int s = 0; s < splits; ++s) total += sycl::exp2(lse_s[s] - safe_max);
   const float inv_total = total > 0.f ? 1.f / total : 0.f;
   T* out = static_cast<T*>(p.out) + b * p.out_stride.batch + h * p.out_stride.head +
            token * p.out_stride.row;
   for (int d = 0; d < c.dims.head_dim_v; ++d) {
     float sum = 0.f;
     for (int s = 0; s < splits; ++s)
-      sum += sycl::exp(lse_s[s] - safe_max) *
+      sum += sycl::exp2(lse_s[s] - safe_max) *
              p.partial_out[(row * splits + s) * c.dims.head_dim_v + d];
     out[d] = from_float<T>(sum * inv_total);
   }
-  p.lse[lse_index(c, seq, b, h, token)] = total > 0.f ? safe_max + sycl::log(total) : NEG_INF;
+  p.lse[lse_index(c, seq, b, h, token)] = total > 0.f ? safe_max + sycl::log2(total) : NEG_INF;
 }
 
 }  // namespace ipex_flash

@@ -5,7 +5,10 @@
 //                                head, so dK and dV are written once, without atomics
 //   flash_bwd_dq_kernel          one work-group per (batch, query head, Q block); work-item i
 //                                owns query row i
-// Both main kernels recompute P = exp2(score - LSE * log2 e) from the forward's log-sum-exp;
+// Both main kernels recompute P = exp2(score - LSE) from the forward's log-sum-exp (kept in
+// the exp2 domain), with each score made in the forward's order of operations: Q multiplied
+// by q_prescale, then summed with K over d in order (flash_fwd.hpp), then the modifiers; so a
+// row's P is the forward's to the rounding of the LSE (exactly 1 for a row of one key).
 // dS = P * (dP - delta) with dP = dO.V^T (through the dropout mask), times the softcap's
 // derivative. Every gradient is a plain sum in a fixed order: results are bitwise
 // reproducible.
@@ -155,13 +158,13 @@ SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dkdv_kernel(BwdParams p) {
   static_assert(BLOCK_M % BWD_CHUNK == 0, "tile shape");
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;   // (d, kv) * q_prescale
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> k_slm;   // (d, kv)
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> v_slm;   // (d, kv)
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> dk_slm;  // (d, kv) accumulator
   static syclexp::work_group_static<float[HEAD_DIM][BLOCK_N]> dv_slm;  // (d, kv) accumulator
-  static syclexp::work_group_static<float[BLOCK_M][HEAD_DIM]> q_slm;   // (q, d)
+  static syclexp::work_group_static<float[BLOCK_M][HEAD_DIM]> q_slm;   // (q, d) * q_prescale
   static syclexp::work_group_static<float[BLOCK_M][HEAD_DIM]> do_slm;  // (q, d)
-  static syclexp::work_group_static<float[BLOCK_M]> lse_slm;           // (q) LSE * log2e
+  static syclexp::work_group_static<float[BLOCK_M]> lse_slm;           // (q) LSE, exp2 domain
   static syclexp::work_group_static<float[BLOCK_M]> delta_slm;         // (q)
   float(&k_t)[HEAD_DIM][BLOCK_N] = k_slm;
   float(&v_t)[HEAD_DIM][BLOCK_N] = v_slm;
@@ -191,9 +194,11 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
                (seq.k_row0 + kv_begin) * p.k_stride.row;
   const T* v = static_cast<const T*>(p.v) + b * p.v_stride.batch + h_kv * p.v_stride.head +
                (seq.k_row0 + kv_begin) * p.v_stride.row;
+  // Q, not K, carries q_prescale, as in the forward: the scores' products are then the
+  // forward's, bit for bit. dK is a sum over that scaled Q; scale / q_prescale undoes it.
   load_tile_transposed<BLOCK_N, HEAD_DIM>(k_t, k, p.k_stride.row,
                                           static_cast<int>(kv_end - kv_begin), c.dims.head_dim,
-                                          c.q_prescale, lid, BLOCK_N);
+                                          1.f, lid, BLOCK_N);
   load_tile_transposed<BLOCK_N, HEAD_DIM>(v_t, v, p.v_stride.row,
                                           static_cast<int>(kv_end - kv_begin), c.dims.head_dim_v,
                                           1.f, lid, BLOCK_N);
@@ -218,7 +223,7 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
         continue;
       sycl::group_barrier(group);
       load_tile<BLOCK_M, HEAD_DIM>(q_tile, q + q_begin * p.q_stride.row, p.q_stride.row, q_rows,
-                                   c.dims.head_dim, lid, BLOCK_N);
+                                   c.dims.head_dim, lid, BLOCK_N, c.q_prescale);
       load_tile<BLOCK_M, HEAD_DIM>(do_tile, dout + q_begin * p.dout_stride.row,
                                    p.dout_stride.row, q_rows, c.dims.head_dim_v, lid, BLOCK_N);
       for (int i = lid; i < BLOCK_M; i += BLOCK_N) {
@@ -269,7 +274,8 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
             (seq.k_row0 + key) * p.dk_stride.row;
     T* dv = static_cast<T*>(p.dv) + b * p.dv_stride.batch + h_kv * p.dv_stride.head +
             (seq.k_row0 + key) * p.dv_stride.row;
-    for (int d = 0; d < c.dims.head_dim; ++d) dk[d] = from_float<T>(dk_t[d][lid] * c.scale);
+    const float dk_scale = c.q_prescale != 0.f ? c.scale / c.q_prescale : 0.f;  // scale 0: dK 0
+    for (int d = 0; d < c.dims.head_dim; ++d) dk[d] = from_float<T>(dk_t[d][lid] * dk_scale);
     for (int d = 0; d < c.dims.head_dim_v; ++d) dv[d] = from_float<T>(dv_t[d][lid]);
   }
 }

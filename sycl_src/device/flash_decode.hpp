@@ -10,7 +10,7 @@
 //   Q.K^T's per-lane partial products across lanes, one (row, key) score per lane, where the
 //   softmax runs; P.V broadcasts the probabilities from SLM;
 //   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
-//   combines them: out = sum_s exp(lse_s - lse) * out_s, lse = log sum_s exp(lse_s).
+//   combines them: out = sum_s exp2(lse_s - lse) * out_s, lse = log2 sum_s exp2(lse_s).
 // Reads ahead: GPUs read a step's V rows during its scores; the CPU device walks a block step
 // by step over every head (DECODE_STEP_MAJOR) with a burst of reads per step or, for caches of
 // interleaved heads, as key streams its prefetchers follow (decode_streams.hpp). 16-bit inputs
@@ -282,7 +282,7 @@ void flash_decode_kernel(DecodeParams p) {
     const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
     row_factor[0][lid] = softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT);
     if (valid_row && my_key == 0)
-      p.partial_lse[rows.index(hk, my_row) * c.num_blocks + split] = softmax.log_sum_exp();
+      p.partial_lse[rows.index(hk, my_row) * c.num_blocks + split] = softmax.log2_sum_exp();
     sycl::group_barrier(group);
     for (int r = 0; r < GROUP_ROWS && r < rows.count; ++r) {
       float* partial = p.partial_out + (rows.index(hk, r) * c.num_blocks + split) * head_dim_v;

@@ -57,7 +57,7 @@ __attribute__((always_inline)) inline void write_output_from_tiles(
 #pragma unroll
   for (int d = 0; d < TILES * M; ++d)
     if (d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
-  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
+  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,

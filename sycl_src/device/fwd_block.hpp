@@ -46,7 +46,7 @@ inline void write_output_row(const FwdParams& p, const QueryBlock& block, int li
   T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
            block.head * p.out_stride.head + (seq.q_row0 + row) * p.out_stride.row;
   for (int d = 0; d < c.dims.head_dim_v; ++d) out[d] = from_float<T>(acc_t[d][lid] * inv_sum);
-  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log_sum_exp();
+  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
 }
 
 }  // namespace ipex_flash

@@ -53,10 +53,14 @@ struct OnlineSoftmaxRow {
   // would give NaN, so exponentiate against 0 instead (every term is then 0).
   static inline float exp_base(float max) { return max == NEG_INF ? 0.f : max; }
 
-  // Natural-log log-sum-exp of the unscaled row, -inf for a row that saw no key.
-  inline float log_sum_exp() const {
+  // The row's log-sum-exp in the exp2 domain (log2 of the sum of exp2(score)), -inf for a row
+  // that saw no key. The kernels keep it in these units: the backward then recomputes each
+  // probability as exp2(score - it) from the very score the forward used, with no round trip
+  // through the natural log (a row of one key gets exactly 1). Callers convert to the natural
+  // log (times ln 2) where a user sees it.
+  inline float log2_sum_exp() const {
     if (!(row_sum > 0.f)) return NEG_INF;
-    return (row_max + sycl::log2(row_sum)) * 0.69314718055994530942f;  // log2 -> ln
+    return row_max + sycl::log2(row_sum);
   }
 };
 

@@ -63,21 +63,23 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
 // and head-dim columns contribute nothing to the products that read the tile. Consecutive
 // work-items take consecutive columns of a row, so a group of lanes moves one contiguous
 // vector (a flat index would make the compiler gather and scatter: r and c would not be
-// linear in the lane).
+// linear in the lane). A float tile may be scaled on the way: dst = scale * src.
 template <int ROWS, int COLS, typename Dst, typename T>
 inline void load_tile(Dst (&dst)[ROWS][COLS], const T* src, int64_t row_stride, int rows,
-                      int cols, int lid, int group_size) {
+                      int cols, int lid, int group_size, float scale = 1.f) {
+  const auto element = [&](int r, int c) {
+    if constexpr (std::is_same_v<Dst, float>) return scale * to_float(src[r * row_stride + c]);
+    else return tile_element<Dst>(src[r * row_stride + c]);
+  };
   if (COLS >= group_size) {
     for (int r = 0; r < ROWS; ++r)
       for (int c = lid; c < COLS; c += group_size)
-        dst[r][c] = (r < rows && c < cols) ? tile_element<Dst>(src[r * row_stride + c])
-                                           : tile_zero<Dst>();
+        dst[r][c] = (r < rows && c < cols) ? element(r, c) : tile_zero<Dst>();
     return;
   }
   for (int i = lid; i < ROWS * COLS; i += group_size) {  // rows shorter than the group
     const int r = i / COLS, c = i % COLS;
-    dst[r][c] = (r < rows && c < cols) ? tile_element<Dst>(src[r * row_stride + c])
-                                       : tile_zero<Dst>();
+    dst[r][c] = (r < rows && c < cols) ? element(r, c) : tile_zero<Dst>();
   }
 }
 
