@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 # Run from tests/ so the source tree's ipex_flash/ (which has no compiled module) does not
 # shadow the installed package.
-cd tests && ../.venv/bin/python -m pytest -c ../pyproject.toml --rootdir .. . "$@"
+# One worker per core (pytest-xdist), each test file on one worker: a file's cases share
+# kernel variants, which then build once.
+cd tests && ../.venv/bin/python -m pytest -c ../pyproject.toml --rootdir .. -n auto \
+  --dist loadfile . "$@"

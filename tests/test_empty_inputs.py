@@ -85,7 +85,9 @@ def test_varlen_with_no_keys_and_sinks():
     out, lse, _ = ipex_flash.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 0, sinks=sinks,
                                                     return_attn_probs=True)
     assert torch.equal(out, torch.zeros(3, 2, 16))
-    assert torch.equal(lse, sinks.detach()[:, None].expand(2, 3))
+    # The kernels keep the LSE in the exp2 domain: the logit comes back through one conversion
+    # each way, within a float32 rounding of each.
+    torch.testing.assert_close(lse, sinks.detach()[:, None].expand(2, 3), rtol=2 ** -22, atol=0)
     d_sinks, = torch.autograd.grad(out, (sinks,), torch.randn(out.shape))
     assert not d_sinks.any()
 
