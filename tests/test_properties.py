@@ -12,7 +12,7 @@ import ipex_flash
 from ipex_flash.reference import flash_attn_reference
 from conftest import make_cache, tiered, to_paged
 from property_cases import (
-    TIERS, flash_attn_cases, kvcache_cases, sdpa_cases, varlen_cases)
+    TIERS, flash_attn_cases, kvcache_cases, paged_varlen_cases, sdpa_cases, varlen_cases)
 from property_rule import assert_within_rule, attention, check_against_rule, flash_bias
 from test_paged_varlen import paged_batch
 
@@ -189,7 +189,7 @@ def test_varlen(tier):
 
 @pytest.mark.parametrize("tier", TIER_PARAMS)
 def test_paged_varlen(tier):
-    run_property(check_paged_varlen, lambda t: varlen_cases(t, paged=True), tier)
+    run_property(check_paged_varlen, paged_varlen_cases, tier)
 
 
 @pytest.mark.parametrize("tier", TIER_PARAMS)
