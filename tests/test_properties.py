@@ -54,10 +54,10 @@ def check_flash_attn_func(case):
 def check_sdpa(case):
     torch.manual_seed(case["seed"])
     dtype, batch, n_q, n_k = case["dtype"], case["batch"], case["len_q"], case["len_k"]
-    # Drawn in flash-attn's layout (the helpers'), passed to SDPA as (B, H, N, D) views.
-    q = torch.randn(batch, n_q, case["heads_q"], case["head_dim"], dtype=dtype)
-    k, v = (torch.randn(batch, n_k, case["heads_kv"], case["head_dim"], dtype=dtype)
-            for _ in range(2))
+    # (B, H, N, D) memory as models pass it; the helpers see it as (B, N, H, D) views.
+    q = torch.randn(batch, case["heads_q"], n_q, case["head_dim"], dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(batch, case["heads_kv"], n_k, case["head_dim"],
+                        dtype=dtype).transpose(1, 2) for _ in range(2))
     shape = {"full": (batch, case["heads_q"], n_q, n_k), "per_batch": (batch, 1, n_q, n_k),
              "shared": (n_q, n_k)}[case["mask_shape"]]
     hidden = torch.rand(shape) < case["hidden_fraction"]
