@@ -56,8 +56,10 @@ DEFAULT = Tier(
     short_queries=False,
     dtypes=dict(flash_attn=DTYPES, sdpa=NO_FP16, varlen=DTYPES,
                 paged_varlen=NO_FP16, kvcache=DTYPES),
-    feature_dtypes=dict(flash_attn=NO_FP16, sdpa=(), varlen=NO_FP16,
-                        paged_varlen=NO_FP16, kvcache=(torch.float32,)),
+    # The general kernels' softcap and ALiBi variants serve flash_attn and varlen alike; the
+    # decode kernel's, over caches, are left to the full tier.
+    feature_dtypes=dict(flash_attn=NO_FP16, sdpa=(), varlen=NO_FP16, paged_varlen=(),
+                        kvcache=()),
     examples=6,
 )
 FULL = Tier(
