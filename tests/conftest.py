@@ -1,7 +1,14 @@
+import os
+import tempfile
 import zlib
 
 import pytest
-from hypothesis import settings
+
+# Hypothesis caches what it reads from the tests' sources in a .hypothesis directory, in the
+# working directory unless told otherwise: outside the tree.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "ipex_flash-hypothesis"))
+from hypothesis import settings  # noqa: E402
 
 import ipex_flash  # noqa: F401  (registers the ops; imported before torch, see _runtime.py)
 import torch
