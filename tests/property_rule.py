@@ -82,7 +82,11 @@ def gradients(fn, inputs, grad_out):
     if isinstance(grad_out, torch.Generator):
         grad_out = torch.randn(out.shape, generator=grad_out, dtype=torch.float64)
     out.backward(grad_out.to(out.dtype))
-    return out.detach(), [t.grad if _floating(t) else None for t in leaves], grad_out
+    # An input the output does not depend on (sinks of a batch whose queries see no key) has
+    # a zero gradient.
+    grads = [None if not _floating(t) else torch.zeros_like(t) if t.grad is None else t.grad
+             for t in leaves]
+    return out.detach(), grads, grad_out
 
 
 def check_against_rule(kernel_fn, reference_fn, inputs, names, dtype, backward, generator):
