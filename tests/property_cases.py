@@ -37,7 +37,7 @@ def query_lengths(tier):
     """Query lengths where the decode kernel may serve (its variants depend on the rows)."""
     if tier.short_queries:
         return lengths(tier, low=0)
-    return st.one_of(st.sampled_from([0, 1]), st.integers(33, tier.max_len))
+    return st.one_of(st.sampled_from([0, 1, 1, 1]), st.integers(33, tier.max_len))
 
 
 @st.composite
