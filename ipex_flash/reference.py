@@ -95,12 +95,16 @@ def sdpa_reference(
     scale: Optional[float] = None,
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """torch SDPA's output in float64 for q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), from the
     definition: scores q.k * scale, then softcap * tanh(s / softcap), then the mask (bool:
     False hides; float: added) and the top-left causal mask; sinks (Hq,) join each row's
-    denominator with no value; a row that sees nothing gives 0. Differentiable in every input."""
-    q, k, v = (t.to("cpu", torch.float64) for t in (q, k, v))
+    denominator with no value; a row that sees nothing gives 0. Differentiable in every input.
+
+    compute_dtype: every step in that dtype instead (float16, bfloat16: a plain implementation
+    at the kernels' precision, whose error is the yardstick of tests' pass rule)."""
+    q, k, v = (t.to("cpu", compute_dtype) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -115,10 +119,10 @@ def sdpa_reference(
         if attn_mask.dtype == torch.bool:
             visible = visible & attn_mask.cpu()
         else:
-            scores = scores + attn_mask.to("cpu", torch.float64)
+            scores = scores + attn_mask.to("cpu", compute_dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
     if sinks is not None:
-        sink = sinks.to("cpu", torch.float64).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        sink = sinks.to("cpu", compute_dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, sink], dim=-1)
         v = torch.cat([v, torch.zeros_like(v[..., :1, :])], dim=-2)
     row_max = scores.amax(dim=-1, keepdim=True).detach()

@@ -1,10 +1,24 @@
+import os
+import tempfile
 import zlib
 
 import pytest
 
+# Hypothesis caches what it reads from the tests' sources in a .hypothesis directory, in the
+# working directory unless told otherwise: outside the tree.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "ipex_flash-hypothesis"))
+from hypothesis import settings  # noqa: E402
+
 import ipex_flash  # noqa: F401  (registers the ops; imported before torch, see _runtime.py)
 import torch
 from ipex_flash.reference import flash_attn_reference
+
+# Property tests (test_properties.py): the same examples on every run (derandomize), no
+# example database written into the tree, no per-example deadline (a first call compiles its
+# kernel for seconds). A failure prints its falsifying case, whose seed remakes its tensors.
+settings.register_profile("ipex_flash", derandomize=True, database=None, deadline=None)
+settings.load_profile("ipex_flash")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
