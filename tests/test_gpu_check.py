@@ -78,10 +78,13 @@ def test_main_loop_cost_is_read_from_disassembly(tmp_path):
      "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelINS_13bfloat16_bitsELi128ELi64ELi64ELi3EEEvNS_9FwdParamsE"),
     ("ipex_flash::flash_fwd_kernel<sycl::half, 64, 64, 64, 0>",
      "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIN4sycl3_V16detail9half_impl4halfELi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_bwd_pack_keys_kernel<ipex_flash::bfloat16_bits, 64, 64, 64, true>",
+     "_ZN24__sycl_kernel_ipex_flash26flash_bwd_pack_keys_kernelINS_13bfloat16_bitsELi64ELi64ELi64ELb1EEEvNS_9BwdParamsE"),
 ])
 def test_kernel_names_match_their_mangled_form(registered, mangled):
     assert gpu_grid.registered_key(registered) == gpu_grid.mangled_key(mangled)
-    other = registered.replace(", 64, 0>", ", 64, 1>").replace(", 3>", ", 2>")
+    other = (registered.replace(", 64, 0>", ", 64, 1>").replace(", 3>", ", 2>")
+             .replace("true>", "false>"))
     assert gpu_grid.registered_key(other) != gpu_grid.mangled_key(mangled)
 
 

@@ -43,10 +43,10 @@ def matrix_backward(monkeypatch):
         monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
         name = str(dtype).removeprefix("torch.")
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
-        # emulate: the dQ kernel with its tiles in registers up to head dim 64, as PVC, BMG and
-        # Lunar Lake run it.
+        # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 64, as
+        # PVC, BMG and Lunar Lake run them.
         registers = mode == "emulate" and plan["variant"].head_dim <= 64
-        assert plan["header"] == ("flash_bwd_dq_registers.hpp" if registers
+        assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if registers
                                   else "flash_bwd_matrix.hpp"), plan
         assert plan["variant"].matrix_registers == registers
         assert plan["variant"].matrix_m > 0

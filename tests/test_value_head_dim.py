@@ -198,10 +198,10 @@ def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
     monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
     name = str(dtype).removeprefix("torch.")
     # emulate: the tiles in registers where PVC, BMG and Lunar Lake keep them (head dims up to
-    # 128 for the forward, 64 for dQ), the SLM-staged kernels elsewhere.
+    # 128 for the forward, 64 for the backward), the SLM-staged kernels elsewhere.
     for family, registers_header, staged_header, widest in (
             ("forward", "flash_fwd_matrix_registers.hpp", "flash_fwd_matrix.hpp", 128),
-            ("backward", "flash_bwd_dq_registers.hpp", "flash_bwd_matrix.hpp", 64)):
+            ("backward", "flash_bwd_dkdv_registers.hpp", "flash_bwd_matrix.hpp", 64)):
         plan = C.plan(family, "", name, max(d, d_v), 0, 1, mode)
         registers = mode == "emulate" and plan["variant"].head_dim <= widest
         assert plan["variant"].matrix_m > 0 and plan["variant"].matrix_registers == registers

@@ -126,7 +126,7 @@ def ocloc_device(target: str) -> str:
 
 # Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>";
 # the binary lists the mangled "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64E...".
-# Both reduce to (name, element type, integer arguments).
+# Both reduce to (name, element type, integer arguments; a bool argument counts as 0 or 1).
 def _type_class(text: str) -> str:
     if "bfloat16" in text:
         return "bfloat16"
@@ -139,7 +139,9 @@ def registered_key(name: str) -> tuple:
     base, _, args = name.partition("<")
     parts = [a.strip() for a in args.rstrip(">").split(",")] if args else []
     dtype = _type_class(parts[0]) if parts else ""
-    return base.split("::")[-1], dtype, tuple(int(a) for a in parts[1:])
+    flags = {"false": 0, "true": 1}
+    return base.split("::")[-1], dtype, tuple(flags[a] if a in flags else int(a)
+                                              for a in parts[1:])
 
 
 _MANGLED = re.compile(r"__sycl_kernel_ipex_flash(\d+)")
@@ -155,4 +157,4 @@ def mangled_key(mangled: str) -> tuple:
         return base, "", ()
     end = rest.find("EEEv")  # the template's closing E, then the parameter list
     args = rest[1:end + 1] if end >= 0 else rest[1:]
-    return base, _type_class(args), tuple(int(x) for x in re.findall(r"Li(\d+)E", args))
+    return base, _type_class(args), tuple(int(x) for x in re.findall(r"L[ib](\d+)E", args))

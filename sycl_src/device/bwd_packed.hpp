@@ -1,11 +1,15 @@
-// The operands of the matrix backward (flash_bwd_matrix.hpp) in the order its products read
-// them, written once per call by two small kernels, as the matrix forward packs K and V:
-//   per (batch, K/V head, block of BLOCK_N keys):  K (kv, d), K^T (d, kv), V (kv, d)
-//   per (batch, query head, block of BLOCK_M rows): Q^T and dO^T packed in pairs of head-dim
-//     columns (B operands of S^T = K.Q^T and dP^T = V.dO^T), Q and dO packed in pairs of rows
-//     (B operands of dK += dS^T.Q and dV += P^T.dO)
-// all zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need no
-// bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
+// The operands of the matrix backward in the order its products read them, written once per
+// call by two small kernels, as the matrix forward packs K and V. Per (batch, K/V head, block of
+// BLOCK_N keys): K (kv, d), K^T (d, kv), V (kv, d). Per (batch, query head, block of BLOCK_M
+// rows): Q^T and dO^T packed in pairs of head-dim columns (B operands of S^T = K.Q^T and
+// dP^T = V.dO^T in the dQ kernels), and
+//   for the SLM-staged dK/dV kernel (flash_bwd_matrix.hpp): Q and dO packed in pairs of rows
+//     (B operands of dK += dS^T.Q and dV += P^T.dO);
+//   for the register one (flash_bwd_dkdv_registers.hpp, REGISTERS): Q, dO, Q^T and dO^T plain
+//     (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key block
+//     K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
+// All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
+// no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's
 // work-group that reads it.
 #pragma once
@@ -21,22 +25,30 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS = false>
 struct PackedBwd {
-  static constexpr int64_t KEY_BLOCK_ELEMENTS = 3 * BLOCK_N * HEAD_DIM;
-  static constexpr int ROW_TILE_WORDS = BLOCK_M * HEAD_DIM / 2;  // one packed Q or dO tile
-  static constexpr int64_t ROW_BLOCK_WORDS = 4 * ROW_TILE_WORDS;
+  static constexpr int KEY_TILES = REGISTERS ? 5 : 3, ROW_TILES = REGISTERS ? 6 : 4;
+  static constexpr int64_t KEY_BLOCK_ELEMENTS = KEY_TILES * BLOCK_N * HEAD_DIM;
+  static constexpr int KEY_TILE_WORDS = BLOCK_N * HEAD_DIM / 2;
+  static constexpr int ROW_TILE_WORDS = BLOCK_M * HEAD_DIM / 2;  // one Q or dO tile
+  static constexpr int64_t ROW_BLOCK_WORDS = ROW_TILES * ROW_TILE_WORDS;
 
   struct Keys {
-    T* k;    // (BLOCK_N, HEAD_DIM)
-    T* k_t;  // (HEAD_DIM, BLOCK_N)
-    T* v;    // (BLOCK_N, HEAD_DIM)
+    T* k;               // (BLOCK_N, HEAD_DIM)
+    T* k_t;             // (HEAD_DIM, BLOCK_N)
+    T* v;               // (BLOCK_N, HEAD_DIM)
+    uint32_t* k_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
+    uint32_t* v_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
   };
   struct Rows {
     uint32_t* q_t;       // words [HEAD_DIM / 2][BLOCK_M]
     uint32_t* do_t;      // words [HEAD_DIM / 2][BLOCK_M]
-    uint32_t* q_pairs;   // words [BLOCK_M / 2][HEAD_DIM]
-    uint32_t* do_pairs;  // words [BLOCK_M / 2][HEAD_DIM]
+    uint32_t* q_pairs;   // words [BLOCK_M / 2][HEAD_DIM], SLM-staged only
+    uint32_t* do_pairs;  // words [BLOCK_M / 2][HEAD_DIM], SLM-staged only
+    T* q;                // (BLOCK_M, HEAD_DIM), REGISTERS only
+    T* dout;             // (BLOCK_M, HEAD_DIM), REGISTERS only
+    T* q_cols;           // (HEAD_DIM, BLOCK_M): Q^T, REGISTERS only
+    T* do_cols;          // (HEAD_DIM, BLOCK_M): dO^T, REGISTERS only
   };
 
   static inline int64_t key_region_elements(const BwdParams& p) {
@@ -48,7 +60,9 @@ struct PackedBwd {
     const int64_t index =
         (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + block;
     T* k = static_cast<T*>(p.packed) + index * KEY_BLOCK_ELEMENTS;
-    return Keys{k, k + BLOCK_N * HEAD_DIM, k + 2 * BLOCK_N * HEAD_DIM};
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(k + 3 * BLOCK_N * HEAD_DIM);
+    return Keys{k, k + BLOCK_N * HEAD_DIM, k + 2 * BLOCK_N * HEAD_DIM,
+                REGISTERS ? pairs : nullptr, REGISTERS ? pairs + KEY_TILE_WORDS : nullptr};
   }
 
   static inline Rows rows(const BwdParams& p, int batch, int head, int64_t block) {
@@ -56,13 +70,20 @@ struct PackedBwd {
         (static_cast<int64_t>(batch) * p.common.dims.heads_q + head) * p.q_blocks + block;
     uint32_t* base = reinterpret_cast<uint32_t*>(static_cast<T*>(p.packed) + key_region_elements(p)) +
                      index * ROW_BLOCK_WORDS;
-    return Rows{base, base + ROW_TILE_WORDS, base + 2 * ROW_TILE_WORDS,
-                base + 3 * ROW_TILE_WORDS};
+    uint32_t* tile[ROW_TILES];
+#pragma unroll
+    for (int i = 0; i < ROW_TILES; ++i) tile[i] = base + i * ROW_TILE_WORDS;
+    if constexpr (REGISTERS)
+      return Rows{tile[0], tile[1], nullptr, nullptr, reinterpret_cast<T*>(tile[2]),
+                  reinterpret_cast<T*>(tile[3]), reinterpret_cast<T*>(tile[4]),
+                  reinterpret_cast<T*>(tile[5])};
+    else
+      return Rows{tile[0], tile[1], tile[2], tile[3], nullptr, nullptr, nullptr, nullptr};
   }
 };
 
 // One key block of PackedBwd::Keys per work-group of BLOCK_N work-items.
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_keys_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
@@ -73,7 +94,7 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
   const SeqInfo seq = seq_info(c, coord.batch);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS>;
   const typename Packed::Keys out = Packed::keys(p, coord.batch, coord.head, coord.block);
   const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, coord.batch, coord.head);
   const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, coord.batch, coord.head);
@@ -84,10 +105,19 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
                                           kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
   load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.v), v, kv_begin, rows,
                                c.dims.head_dim_v, lid, BLOCK_N);
+  if constexpr (REGISTERS) {  // the backward has no paged K/V: rows are contiguous
+    using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_N];
+    load_tile_packed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.k_t_pairs),
+                                        k.row(kv_begin), k.row_stride, rows, c.dims.head_dim,
+                                        lid, BLOCK_N);
+    load_tile_packed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.v_t_pairs),
+                                        v.row(kv_begin), v.row_stride, rows, c.dims.head_dim_v,
+                                        lid, BLOCK_N);
+  }
 }
 
 // One query block of PackedBwd::Rows per work-group of BLOCK_M work-items.
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_rows_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
@@ -103,7 +133,7 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
                coord.head * p.q_stride.head + row0 * p.q_stride.row;
   const T* dout = static_cast<const T*>(p.dout) + coord.batch * p.dout_stride.batch +
                   coord.head * p.dout_stride.head + row0 * p.dout_stride.row;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS>;
   const typename Packed::Rows out = Packed::rows(p, coord.batch, coord.head, coord.block);
   using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_M];
   using RowPairs = uint32_t[BLOCK_M / 2][HEAD_DIM];
@@ -112,10 +142,25 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
                                       p.q_stride.row, rows, d, lid, BLOCK_M);
   load_tile_packed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.do_t), dout,
                                       p.dout_stride.row, rows, d_v, lid, BLOCK_M);
-  load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.q_pairs), q,
-                                         p.q_stride.row, rows, d, lid, BLOCK_M);
-  load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.do_pairs), dout,
-                                         p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+  if constexpr (REGISTERS) {
+    using RowsTile = T[BLOCK_M][HEAD_DIM];
+    using ColumnsTile = T[HEAD_DIM][BLOCK_M];
+    const KvRows<T> q_rows{q, p.q_stride.row, nullptr, 0, 0};
+    const KvRows<T> do_rows{dout, p.dout_stride.row, nullptr, 0, 0};
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.q), q, p.q_stride.row, rows, d,
+                                 lid, BLOCK_M);
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.dout), dout,
+                                 p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(out.q_cols), q_rows,
+                                            0, rows, d, lid, BLOCK_M);
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(out.do_cols),
+                                            do_rows, 0, rows, d_v, lid, BLOCK_M);
+  } else {
+    load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.q_pairs), q,
+                                           p.q_stride.row, rows, d, lid, BLOCK_M);
+    load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.do_pairs), dout,
+                                           p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+  }
 }
 
 }  // namespace ipex_flash

@@ -44,15 +44,19 @@ int64_t row_blocks(const AttentionDims& dims, const KernelVariant& variant) {
   return ceil_div(std::max(dims.len_q, 1), variant.block_m);
 }
 
-// Bytes of the packed copies: K, K^T, V per key block; Q^T, dO^T, Q and dO row pairs per query
-// block, in the 16-bit input dtype. 0 for the vector kernels, which read the tensors in place.
+// Bytes of the packed copies (PackedBwd's tiles), in the 16-bit input dtype: K, K^T, V per key
+// block, and K^T, V^T in pairs for the register kernels; Q^T, dO^T per query block, and Q and dO
+// row pairs (SLM-staged kernels) or Q, dO, Q^T, dO^T (register kernels). 0 for the vector
+// kernels, which read the tensors in place.
 int64_t packed_bwd_bytes(const AttentionDims& dims, const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
   const int64_t element = 2, d = variant.head_dim;
+  const int key_tiles = variant.matrix_registers ? 5 : 3;
+  const int row_tiles = variant.matrix_registers ? 6 : 4;
   const int64_t keys = static_cast<int64_t>(dims.batch) * dims.heads_kv() *
-                       key_blocks(dims, variant) * 3 * variant.block_n * d;
+                       key_blocks(dims, variant) * key_tiles * variant.block_n * d;
   const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q *
-                       row_blocks(dims, variant) * 4 * variant.block_m * d;
+                       row_blocks(dims, variant) * row_tiles * variant.block_m * d;
   return element * (keys + rows);
 }
 
@@ -109,13 +113,17 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     const std::string shape = "<" + type + ", " + std::to_string(variant.head_dim) + ", " +
                               std::to_string(variant.block_m) + ", " +
                               std::to_string(variant.block_n) + ">";
-    // Where tiles stay in registers the dQ kernel is flash_bwd_dq_registers.hpp's, which
-    // includes the rest of the program.
+    // Where tiles stay in registers both main kernels are the register ones
+    // (flash_bwd_dkdv_registers.hpp includes the rest of the program), over the packs' register
+    // layout.
     const bool registers = variant.matrix_registers;
-    return {registers ? "flash_bwd_dq_registers.hpp" : "flash_bwd_matrix.hpp",
-            {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + shape,
-             "ipex_flash::flash_bwd_pack_rows_kernel" + shape,
-             variant.instantiate("ipex_flash::flash_bwd_dkdv_matrix_kernel"),
+    const std::string pack_shape = shape.substr(0, shape.size() - 1) +
+                                   (registers ? ", true>" : ", false>");
+    return {registers ? "flash_bwd_dkdv_registers.hpp" : "flash_bwd_matrix.hpp",
+            {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
+             "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape,
+             variant.instantiate(registers ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
+                                           : "ipex_flash::flash_bwd_dkdv_matrix_kernel"),
              variant.instantiate(registers ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
                                            : "ipex_flash::flash_bwd_dq_matrix_kernel")},
             program_options(variant)};
@@ -168,9 +176,9 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
 
   const BwdKernels kernels = bwd_kernels(queue, variant);
   const bool matrix = variant.matrix_m > 0;
-  // The matrix kernels give a work-item each query row of a block (flash_bwd_matrix.hpp); the
-  // vector dK/dV kernel each key.
-  const int dkdv_group = matrix ? variant.block_m : variant.block_n;
+  // The SLM-staged matrix dK/dV kernel gives a work-item each query row of a block
+  // (flash_bwd_matrix.hpp); the vector and register ones each key.
+  const int dkdv_group = matrix && !variant.matrix_registers ? variant.block_m : variant.block_n;
   sycl::event done;
   if (dims.len_q > 0) {
     const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q * dims.len_q;
