@@ -97,6 +97,26 @@ struct AttnMaskPlane {
     return slot != 0.f;
   }
 
+  // hides_block for the register kernels, whose sub-groups share nothing else and skip alone:
+  // each lane scans its own line of the block, `length` elements from (row, key) on, stepping
+  // (row_step, key_step) (its query row across the keys, or its key down the rows), if `valid`,
+  // and the sub-group votes. No local memory.
+  template <int FEATURES>
+  inline bool hides_lines(sycl::sub_group sg, bool valid, int64_t row, int64_t key,
+                          int row_step, int key_step, int64_t length) const {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
+      return false;
+    } else {
+      bool any = false;
+      if (valid) {
+        const int64_t offset = row * row_stride + key * col_stride;
+        const int64_t step = row_step * row_stride + key_step * col_stride;
+        for (int64_t j = 0; j < length && !any; ++j) any = addend<FEATURES>(offset + j * step) > NEG_INF;
+      }
+      return !sycl::any_of_group(sg, any);
+    }
+  }
+
  private:
   // How many j in [0, N) satisfy j * step < left.
   static inline int inside(int64_t left, int step, int n) {

@@ -1,9 +1,7 @@
 // What every backward kernel computes per score, between its two pairs of products: from the
 // raw dot products q.k and dO.v, the probability the forward used (recomputed from its
 // log-sum-exp) and dS, the gradient of the loss with respect to the score. Used by the matrix
-// backward: along a query row's keys where a work-item owns the row (bwd_score_grads: the dQ
-// kernels and flash_bwd_matrix.hpp's dK/dV), along a key's rows where it owns the key
-// (bwd_column_grads: flash_bwd_dkdv_registers.hpp).
+// backward (flash_bwd_matrix.hpp), where a work-item owns one query row and walks its keys.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -46,21 +44,6 @@ struct BwdRowStats {
 // factor) and dp[j] = dS in the natural domain of scale * q.k (dK's and dQ's factor; the
 // caller applies the softmax scale once at the end). fully_visible: the causal/window mask
 // hides nothing in this block, so it is not applied element by element.
-// The last step of both: P and dS from the scores (exp2 domain) and dO.v, given each element's
-// row statistics and dropout factor.
-template <int FEATURES, int N>
-inline void probabilities_and_grads(float (&qk)[N], float (&dp)[N], const float (&lse_log2)[N],
-                                    const float (&delta)[N], const float (&factor)[N],
-                                    const float (&softcap_grad)[N]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const float prob = sycl::exp2(qk[j] - lse_log2[j]);
-    qk[j] = prob * factor[j];
-    dp[j] = prob * (dp[j] * factor[j] - delta[j]);
-    if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
-  }
-}
-
 template <int FEATURES, int N>
 inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
                             const BlockMask& mask, bool fully_visible, int64_t batch_head,
@@ -76,33 +59,13 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
   for (int j = 0; j < N; ++j) factor[j] = 1.f;
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false))
     dropout_factors_for_keys(c.dropout, batch_head, row, key0, factor);
-  float lse_log2[N], delta[N];
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    lse_log2[j] = stats.lse_log2;
-    delta[j] = stats.delta;
+    const float prob = sycl::exp2(qk[j] - stats.lse_log2);
+    qk[j] = prob * factor[j];
+    dp[j] = prob * (dp[j] * factor[j] - stats.delta);
+    if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
   }
-  probabilities_and_grads<FEATURES>(qk, dp, lse_log2, delta, factor, softcap_grad);
-}
-
-// The same for key `key` against query rows row0 .. row0 + N, whose statistics are
-// lse_log2[j] and delta[j].
-template <int FEATURES, int N>
-inline void bwd_column_grads(const AttentionCommon& c, const ScoreMod& score_mod,
-                             const BlockMask& mask, bool fully_visible, int64_t batch_head,
-                             int64_t row0, int64_t key, const float (&lse_log2)[N],
-                             const float (&delta)[N], float (&qk)[N], float (&dp)[N]) {
-  float softcap_grad[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale;
-  if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(qk, softcap_grad, row0, key, 1, 0);
-  if (!fully_visible) mask.apply_to_rows(qk, row0, key);
-  float factor[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) factor[j] = 1.f;
-  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false))
-    dropout_factors_for_rows(c.dropout, batch_head, row0, key, factor);
-  probabilities_and_grads<FEATURES>(qk, dp, lse_log2, delta, factor, softcap_grad);
 }
 
 }  // namespace ipex_flash

@@ -8,7 +8,7 @@
 //                                               B operands built in registers
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
 // K, K^T and V are read by coordinates within their block of the packed copy, Q^T and dO^T as
-// B tiles from theirs (bwd_packed.hpp). No SLM but the mask's vote; deterministic, no atomics.
+// B tiles from theirs (bwd_packed.hpp). No SLM; deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -32,12 +32,9 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   constexpr int SLAB = BLOCK_N % 32 == 0 ? 32 : BLOCK_N;
   constexpr int S_TILES = SLAB / M, DQ_TILES = HEAD_DIM / M, DS_STEPS = SLAB / K;
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
-  static syclexp::work_group_static<float> visible_slm;  // any_visible's vote
-  float& visible = visible_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
-  const auto group = item.get_group();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);
@@ -59,9 +56,9 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const int64_t kv_end = mask.end_key(q_end);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
-                                                  std::min<int64_t>(kv_begin + BLOCK_N, kv_end),
-                                                  lid, BLOCK_M))
+    if (score_mod.attn_mask.hides_lines<FEATURES>(
+            sg, row < q_end, row, kv_begin, 0, 1,
+            std::min<int64_t>(kv_begin + BLOCK_N, kv_end) - kv_begin))
       continue;
     const typename Packed::Keys keys =
         Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);

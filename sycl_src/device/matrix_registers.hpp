@@ -79,6 +79,16 @@ __attribute__((always_inline)) inline void matrix_b_from_column(sycl::sub_group 
   for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(column[i]);
 }
 
+// The same from K float values, each rounded once to the operand's type.
+template <int K, typename T, typename B>
+__attribute__((always_inline)) inline void matrix_b_from_floats(sycl::sub_group sg, B& b,
+                                                                const float (&column)[K]) {
+  using E = typename MatrixElement<T>::type;
+  auto data = sycl::ext::oneapi::detail::get_wi_data(sg, b);
+#pragma unroll
+  for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(from_float<T>(column[i]));
+}
+
 template <typename A, typename T>
 __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& a,
                                                          const MatrixSurface<T>& surface,
@@ -147,6 +157,21 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
   }
 }
 
+// ... or one reduction step, B a single operand in registers: a lone joint_matrix, not an
+// array of one.
+template <typename T, int M, int K, int N, int STRIPS>
+__attribute__((always_inline)) inline void matrix_mad_surface_step(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
+    MatrixBRegisters<T, K, N>& b) {
+  static_assert(STRIPS >= 2, "at least two tiles per array");
+  MatrixA<T, M, K> a_tile;
+#pragma unroll
+  for (int s = 0; s < STRIPS; ++s) {
+    matrix_load_a(sg, a_tile, a, row0 + s * M, 0);
+    jm::joint_matrix_mad(sg, acc[s], a_tile, b, acc[s]);
+  }
+}
+
 #else  // IPEX_FLASH_MATRIX_EMULATE
 
 template <typename T, int K, int N>
@@ -177,6 +202,12 @@ template <int K, typename T, int N>
 inline void matrix_b_from_column(sycl::sub_group, MatrixBRegisters<T, K, N>& b, const T* column) {
 #pragma unroll
   for (int i = 0; i < K; ++i) b.column[i] = column[i];
+}
+
+template <int K, typename T, typename B>
+inline void matrix_b_from_floats(sycl::sub_group, B& b, const float (&column)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) b.column[i] = from_float<T>(column[i]);
 }
 
 template <int ELEMENTS, int PARTS, typename T>
@@ -210,6 +241,14 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];
   }
+}
+
+template <typename T, int M, int K, int N, int STRIPS>
+inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+                                    const MatrixSurface<T>& a, int row0,
+                                    MatrixBRegisters<T, K, N>& b) {
+  MatrixBRegisters<T, K, N> one[1] = {b};
+  matrix_mad_surface<T, M, K, N, K, STRIPS>(sg, acc, a, row0, one);
 }
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE

@@ -1,0 +1,65 @@
+// bwd_score_grads (bwd_score_grads.hpp) in the form of the register dK/dV kernel
+// (flash_bwd_dkdv_registers.hpp), where a lane owns key `key` against query rows
+// row0 .. row0 + N whose statistics it holds element by element. In two steps around the dV
+// product: the scores' and dO.v's tiles are then never live together beside the resident dK^T
+// and dV^T (at d = 64 with softcap, ALiBi and a mask, together they spilled on BMG).
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "dropout.hpp"
+#include "kernel_props.hpp"
+#include "mask.hpp"
+#include "params.hpp"
+#include "score_mod.hpp"
+
+namespace ipex_flash {
+
+// Step 1. On entry prob[j] = q.k (unscaled); on exit prob[j] = P before dropout,
+// softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
+// after dropout (what multiplied V in the forward: dV's factor).
+template <int FEATURES, int N>
+inline void bwd_column_probabilities(const AttentionCommon& c, const ScoreMod& score_mod,
+                                     const BlockMask& mask, bool fully_visible,
+                                     int64_t batch_head, int64_t row0, int64_t key,
+                                     const float (&lse_log2)[N], float (&prob)[N],
+                                     float (&softcap_grad)[N], float (&dropped)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) prob[j] *= c.q_prescale;
+  if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(prob, softcap_grad, row0, key, 1, 0);
+  if (!fully_visible) mask.apply_to_rows(prob, row0, key);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    prob[j] = sycl::exp2(prob[j] - lse_log2[j]);
+    dropped[j] = prob[j];
+  }
+  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+    float factor[N];  // 1/(1-p) kept, 0 dropped
+    dropout_factors_for_rows(c.dropout, batch_head, row0, key, factor);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dropped[j] *= factor[j];
+  }
+}
+
+// Step 2. On entry dp[j] = dO.v; on exit dS in the natural domain of scale * q.k (dK's factor;
+// the caller applies the softmax scale once at the end). The dropout factors are drawn again
+// rather than kept across the products.
+template <int FEATURES, int N>
+inline void bwd_column_dscores(const AttentionCommon& c, int64_t batch_head, int64_t row0,
+                               int64_t key, const float (&prob)[N],
+                               const float (&softcap_grad)[N], const float (&delta)[N],
+                               float (&dp)[N]) {
+  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+    float factor[N];
+    dropout_factors_for_rows(c.dropout, batch_head, row0, key, factor);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dp[j] *= factor[j];
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    dp[j] = prob[j] * (dp[j] - delta[j]);
+    if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
+  }
+}
+
+}  // namespace ipex_flash
