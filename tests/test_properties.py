@@ -173,28 +173,13 @@ def _generator(case):
 
 
 @pytest.mark.parametrize("tier", TIER_PARAMS)
-def test_flash_attn_func(tier):
-    run_property(check_flash_attn_func, flash_attn_cases, tier)
-
-
-@pytest.mark.parametrize("tier", TIER_PARAMS)
-def test_sdpa_masks(tier):
-    run_property(check_sdpa, sdpa_cases, tier)
-
-
-@pytest.mark.parametrize("tier", TIER_PARAMS)
-def test_varlen(tier):
-    run_property(check_varlen, varlen_cases, tier)
-
-
-@pytest.mark.parametrize("tier", TIER_PARAMS)
-def test_paged_varlen(tier):
-    run_property(check_paged_varlen, paged_varlen_cases, tier)
-
-
-@pytest.mark.parametrize("tier", TIER_PARAMS)
-def test_kvcache_paged(tier):
-    run_property(check_kvcache, kvcache_cases, tier)
+@pytest.mark.parametrize("check,cases", [
+    (check_flash_attn_func, flash_attn_cases), (check_sdpa, sdpa_cases),
+    (check_varlen, varlen_cases), (check_paged_varlen, paged_varlen_cases),
+    (check_kvcache, kvcache_cases)],
+    ids=["flash_attn_func", "sdpa_masks", "varlen", "paged_varlen", "kvcache_paged"])
+def test_entry_point(check, cases, tier):
+    run_property(check, cases, tier)
 
 
 @settings(max_examples=30)
