@@ -31,6 +31,25 @@ def attention_reference(
     return out, lse
 
 
+def flash_visibility(n_q: int, n_k: int, causal: bool,
+                     window_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attn's masks, (n_q, n_k): each query's distance to each key (query i sits at key
+    position i + n_k - n_q, bottom-right; > 0: the key is left of it) and whether it sees the
+    key (within window (left, right), -1 unbounded; causal means right = 0)."""
+    rows = torch.arange(n_q, dtype=torch.int64)[:, None]
+    keys = torch.arange(n_k, dtype=torch.int64)[None, :]
+    distance = rows + n_k - n_q - keys
+    left, right = window_size
+    if causal:
+        right = 0
+    visible = torch.ones(n_q, n_k, dtype=torch.bool)
+    if left >= 0:
+        visible &= distance <= left
+    if right >= 0:
+        visible &= -distance <= right
+    return distance, visible
+
+
 def flash_attn_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -61,21 +80,11 @@ def flash_attn_reference(
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
-    rows = torch.arange(n_q, dtype=torch.int64)[:, None]
-    keys = torch.arange(n_k, dtype=torch.int64)[None, :]
-    distance = rows + n_k - n_q - keys  # > 0: key left of the diagonal
+    distance, visible = flash_visibility(n_q, n_k, causal, window_size)
     if alibi_slopes is not None:
         slopes = alibi_slopes.to("cpu", torch.float64)
         slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
         scores = scores - slopes * distance.abs().double()
-    left, right = window_size
-    if causal:
-        right = 0
-    visible = torch.ones(n_q, n_k, dtype=torch.bool)
-    if left >= 0:
-        visible &= distance <= left
-    if right >= 0:
-        visible &= -distance <= right
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None].clamp_min(-1e300)).nan_to_num(0.0)

@@ -43,6 +43,7 @@ import json
 import time
 from pathlib import Path
 
+from benchmark_sdpa import median_seconds
 from machine import machine
 
 import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_runtime.py)
@@ -65,17 +66,6 @@ ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcac
                 "paged_varlen")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
                  "kvcache_paged": "paged", "paged_varlen": "paged"}
-
-
-def median_seconds(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def interleaved(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ipex_flash.reference import sdpa_reference
+from ipex_flash.reference import flash_visibility, sdpa_reference
 
 # The floor for float32, relative to the largest true value: float32 kernels accumulate like
 # the reference, so their error is rounding, and the plain float32 error can be near zero.
@@ -18,15 +18,7 @@ def flash_bias(len_q, len_k, causal, window, slopes=None):
     to (B, H, len_q, len_k): query i sits at key position i + len_k - len_q (bottom-right),
     sees keys within window (left, right) of it (causal: right = 0), and ALiBi subtracts
     slope * |distance|. slopes: None, (H,) or (B, H)."""
-    distance = (torch.arange(len_q)[:, None] + len_k - len_q - torch.arange(len_k)[None, :])
-    left, right = window
-    if causal:
-        right = 0
-    visible = torch.ones(len_q, len_k, dtype=torch.bool)
-    if left >= 0:
-        visible &= distance <= left
-    if right >= 0:
-        visible &= -distance <= right
+    distance, visible = flash_visibility(len_q, len_k, causal, window)
     bias = torch.zeros(len_q, len_k, dtype=torch.float64).masked_fill(~visible, -math.inf)
     if slopes is None:
         return bias
