@@ -85,10 +85,8 @@ struct AttnMaskPlane {
   inline bool any_visible(sycl::group<1> group, float& slot, int64_t row0, int rows,
                           int64_t key0, int keys, int lid, int lanes) const {
     bool any = false;
-    for (int r = lid; r < rows && !any; r += lanes) {
-      const int64_t offset = (row0 + r) * row_stride + key0 * col_stride;
-      for (int j = 0; j < keys && !any; ++j) any = addend<FEATURES>(offset + j * col_stride) > NEG_INF;
-    }
+    for (int r = lid; r < rows && !any; r += lanes)
+      any = line_visible<FEATURES>(row0 + r, key0, 0, 1, keys);
     sycl::group_barrier(group);  // the slot's previous readers are done
     if (lid == 0) slot = 0.f;
     sycl::group_barrier(group);
@@ -107,17 +105,24 @@ struct AttnMaskPlane {
     if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
       return false;
     } else {
-      bool any = false;
-      if (valid) {
-        const int64_t offset = row * row_stride + key * col_stride;
-        const int64_t step = row_step * row_stride + key_step * col_stride;
-        for (int64_t j = 0; j < length && !any; ++j) any = addend<FEATURES>(offset + j * step) > NEG_INF;
-      }
+      const bool any = valid && line_visible<FEATURES>(row, key, row_step, key_step, length);
       return !sycl::any_of_group(sg, any);
     }
   }
 
  private:
+  // Whether any of `length` elements from (row, key) on, stepping (row_step, key_step), is
+  // visible: one item's share of any_visible and hides_lines.
+  template <int FEATURES>
+  inline bool line_visible(int64_t row, int64_t key, int row_step, int key_step,
+                           int64_t length) const {
+    const int64_t offset = row * row_stride + key * col_stride;
+    const int64_t step = row_step * row_stride + key_step * col_stride;
+    bool any = false;
+    for (int64_t j = 0; j < length && !any; ++j) any = addend<FEATURES>(offset + j * step) > NEG_INF;
+    return any;
+  }
+
   // How many j in [0, N) satisfy j * step < left.
   static inline int inside(int64_t left, int step, int n) {
     if (left <= 0) return 0;
