@@ -140,7 +140,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
                     max_len_k, num_splits)
-    return out, lse.mul_(launch.LN2)  # no backward reads it: the natural log users see
+    return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
 
 
 @kvcache_attention.register_fake

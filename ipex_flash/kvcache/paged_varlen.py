@@ -157,7 +157,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                         lse_dec, options, 0.0, max_seqlen_k)
         out[rows] = out_dec
         lse[:, rows] = lse_dec.transpose(0, 1)
-    return out, lse.mul_(launch.LN2)  # no backward reads it: the natural log users see
+    return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
 
 
 @paged_varlen_attention.register_fake

@@ -119,9 +119,10 @@ def output_like(q: Tensor, head_dim_v: int) -> Tensor:
 LN2 = 0.6931471805599453
 
 
-def natural_lse(lse: Tensor) -> Tensor:
-    """The natural-log LSE users see, from the kernels' exp2-domain one (a new tensor)."""
-    return lse * LN2
+def natural_lse(lse: Tensor, in_place: bool = False) -> Tensor:
+    """The natural-log LSE users see, from the kernels' exp2-domain one: a new tensor, or
+    `lse` itself converted where nothing else reads it (the calls without a backward)."""
+    return lse.mul_(LN2) if in_place else lse * LN2
 
 
 def wants_backward(*tensors: Tensor) -> bool:
