@@ -12,7 +12,7 @@ import torch
 
 from ipex_flash.kvcache.paged_varlen import paged_varlen_func
 from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
-from ipex_flash.ops import launch
+from ipex_flash.ops import fast_path, launch
 from ipex_flash.ops.attn_probs import attn_probs
 from ipex_flash.ops.validation import check_dropout_p, check_scale, check_window
 
@@ -63,6 +63,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         float32 or None without dropout).
     """
     fn = "ipex_flash.flash_attn_func"
+    if (dropout_p == 0.0 and type(window_size) is tuple
+            and not fast_path.needs_dispatcher(q, k, v, alibi_slopes, sinks)):
+        # Nothing for autograd or tracing: the launch plan of this signature (the op checks
+        # the first call of each).
+        def general():
+            check_scale(fn, softmax_scale)
+            left, right = check_window(fn, window_size)
+            return torch.ops.ipex_flash.flash_attn_forward(
+                q, k, v, None, None, 0, 0, softmax_scale, causal, left, right, float(softcap),
+                alibi_slopes, 0.0, None, sinks)
+
+        out, lse = fast_path.flash_forward(q, k, v, softmax_scale, causal, window_size, softcap,
+                                           alibi_slopes, sinks, general)
+        return (out, launch.natural_lse(lse), None) if return_attn_probs else out
     check_dropout_p(fn, dropout_p)
     check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)

@@ -8,11 +8,12 @@ from typing import Union
 
 import torch
 
-from ipex_flash.kvcache import fp8_quant
+from ipex_flash.kvcache import fast_calls, fp8_quant
 from ipex_flash.kvcache.checks import (
     cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash.kvcache.leftpad import check_leftpad, check_leftpad_combination
 from ipex_flash.kvcache.rotary import check_rotary, rotate_new_tokens
+from ipex_flash.ops.fast_path import needs_dispatcher
 from ipex_flash.ops.validation import check_alibi, check_scale, check_softcap, check_window
 
 Tensor = torch.Tensor
@@ -67,6 +68,34 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
+    if (k is None and v is None and rotary_cos is None and rotary_sin is None
+            and cache_batch_idx is None and k_descale is None and v_descale is None
+            and isinstance(cache_seqlens, Tensor) and type(window_size) is tuple
+            and type(num_splits) is int and not needs_dispatcher(
+                q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, alibi_slopes,
+                sinks)):
+        # A decode step against a cache appended to elsewhere: its launch plan, once a first
+        # call of the same signature has been checked by the general path.
+        out, lse = fast_calls.kvcache_decode(
+            q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, softmax_scale,
+            causal, window_size, softcap, alibi_slopes, sinks, num_splits, return_softmax_lse,
+            general=lambda: _general(q, k_cache, v_cache, None, None, None, None, cache_seqlens,
+                                     None, cache_leftpad, block_table, softmax_scale, causal,
+                                     window_size, softcap, False, alibi_slopes, num_splits,
+                                     sinks, None, None))
+        return (out, lse) if return_softmax_lse else out
+    out, lse = _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                        window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, sinks,
+                        k_descale, v_descale)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+             rotary_interleaved, alibi_slopes, num_splits, sinks, k_descale, v_descale):
+    """Checks every argument, appends, and attends through the ops (kvcache/cache_ops.py):
+    (out, lse)."""
     fp8 = check_cache(q, k_cache, v_cache, block_table)
     k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0],
                                              k_cache.shape[2], q.device)
@@ -117,4 +146,4 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, lse = torch.ops.ipex_flash.kvcache_attention(
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
         float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)
-    return (out, lse) if return_softmax_lse else out
+    return out, lse

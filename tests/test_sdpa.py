@@ -187,24 +187,6 @@ def test_learned_mask_gradient(shape):
     assert ours[3].shape == bias.shape
 
 
-@pytest.mark.parametrize("case", ["served", "strided_last_dim", "odd_16bit_head_dim"])
-def test_small_call_path(case, monkeypatch):
-    """Small no-grad CPU calls go through C.small_call_cpu in one crossing; what it does not
-    serve (a non-contiguous last dimension, 16-bit rows not word-aligned) falls back to the
-    general path, with the same results."""
-    from ipex_flash._runtime import C
-    dtype = torch.bfloat16 if case == "odd_16bit_head_dim" else torch.float32
-    q, k, v = random_qkv(2, 8, 2, 2, 100, 33 if case == "odd_16bit_head_dim" else 64, dtype)
-    if case == "strided_last_dim":
-        k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
-    served = []
-    real = C.small_call_cpu
-    monkeypatch.setattr(C, "small_call_cpu", lambda *a: served.append(real(*a)) or served[-1])
-    out = ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    check_output(out, sdpa_reference(q, k, v, is_causal=True), dtype)
-    assert served == [case == "served"]
-
-
 MEMORY_SCRIPT = r"""
 import resource, sys
 import ipex_flash, torch

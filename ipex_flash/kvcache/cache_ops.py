@@ -58,7 +58,7 @@ def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_d
     return None
 
 
-def _outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
+def kvcache_outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
     out = launch.output_like(launch.with_contiguous_last_dim(q), v_cache.shape[3])
     return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
                             device=q.device)
@@ -127,7 +127,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         None if t is None else t.contiguous()
         for t in (seqlens_k, block_table, alibi_slopes, cache_leftpad))
     sinks = launch.float_sinks(sinks)
-    out, lse = _outputs(q, v_cache)
+    out, lse = kvcache_outputs(q, v_cache)
     batch, head_dim = q.shape[0], q.shape[3]
     k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
@@ -151,4 +151,4 @@ def _kvcache_attention_fake(q, k_cache, v_cache, seqlens_k, block_table, softmax
     fp8_quant.descales(_FN, k_descale, v_descale, fp8, q.shape[0], k_cache.shape[2], q.device)
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
-    return _outputs(q, v_cache)
+    return kvcache_outputs(q, v_cache)

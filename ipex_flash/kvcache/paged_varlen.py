@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 
 from ipex_flash._runtime import C
-from ipex_flash.kvcache import fp8_quant
+from ipex_flash.kvcache import fast_calls, fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options
 from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
 from ipex_flash.ops import launch
+from ipex_flash.ops.fast_path import needs_dispatcher
 from ipex_flash.ops.validation import (
     check_alibi, check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_sinks)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
@@ -185,8 +186,22 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
         check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    # A decode step (every sequence the same few new tokens) repeats its launch plan once a
+    # first call of the same signature has been checked and run by the op.
+    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, (left, right), softcap, alibi_slopes, sinks)
+    fast = (k_descale is None and v_descale is None and type(max_seqlen_q) is int
+            and type(max_seqlen_k) is int
+            and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
+                                     alibi_slopes, sinks))
+    result = fast_calls.serving_decode(*plan_args) if fast else None
+    if result is not None:
+        out, lse = result
+        return (out, launch.natural_lse(lse, in_place=True), None) if return_attn_probs else out
     out, lse = torch.ops.ipex_flash.paged_varlen_attention(
         q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
         int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         sinks, k_descale, v_descale)
+    if fast:
+        fast_calls.remember_serving(*plan_args)
     return (out, lse, None) if return_attn_probs else out

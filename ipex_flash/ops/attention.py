@@ -65,7 +65,7 @@ def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: flo
 _PLAIN_OPTIONS: dict = {}
 
 
-def _forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """out in q's layout with v's head dim (a (B, N, H, D) tensor transposed to (B, H, N, D)
     gets the same dimension order back), lse (B, Hq, Nq) float32."""
     out = output_like(q, v.shape[-1])
@@ -82,7 +82,7 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     # can hand it on. attn_mask is a (B, Hq, Nq, Nk) view, read in place through its strides.
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
     q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
-    out, lse = _forward_outputs(q, v)
+    out, lse = forward_outputs(q, v)
     sinks = float_sinks(sinks)
     if nothing_to_attend(q, k):
         fill_unattended(out, lse, sinks)
@@ -111,7 +111,7 @@ def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, so
 def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dropout_seed=None,
                             deterministic=False, attn_mask=None, sinks=None, softcap=0.0):
     _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
-    return _forward_outputs(with_contiguous_last_dim(q), v)
+    return forward_outputs(with_contiguous_last_dim(q), v)
 
 
 def _gradients_like(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,20 +1,20 @@
-"""The eager fast path of the forward: calls that need nothing the dispatcher gives (autograd,
-tracing, modes, transforms) skip it, and small CPU calls are prepared in C++ in one crossing.
-The op's way through torch.library (autograd wrapper, dispatcher, Python redispatch) cost more
-host time than a small call's kernels (measured on the CPU device)."""
+"""The eager fast path of the forwards: calls that need nothing the dispatcher gives (autograd,
+tracing, modes, transforms) skip it, and a call whose signature was seen before runs its launch
+plan (launch_plans.py) in one crossing, on CPU tensors and XPU streams alike. The op's way
+through torch.library (autograd wrapper, dispatcher, Python redispatch) and the checks of every
+argument cost more host time than a small call's kernels (measured on the CPU device:
+scripts/benchmark_host_cost.py)."""
 from __future__ import annotations
 
-import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ipex_flash import _runtime
-from ipex_flash._runtime import C
-from ipex_flash.ops import attention as attention_ops, launch
-from ipex_flash.ops.validation import softmax_scale
+from ipex_flash.ops import attention as attention_ops, flash_attn_args, launch, launch_plans
+from ipex_flash.ops.launch_plans import matrix_mode, tensor_signature as signature
+from ipex_flash.ops.validation import check_window, softmax_scale as softmax_scale_value
 
 Tensor = torch.Tensor
 
@@ -28,39 +28,78 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float
     transform."""
     args = (q, k, v, causal, scale, dropout_p, dropout_seed, deterministic, attn_mask, sinks,
             softcap)
-    if _needs_dispatcher(q, k, v, attn_mask, sinks):
+    if needs_dispatcher(q, k, v, attn_mask, sinks):
         return torch.ops.ipex_flash.attention_forward(*args)
-    if attn_mask is None and sinks is None and not softcap and dropout_p == 0.0:
-        result = _small_call(q, k, v, causal, scale)
-        if result is not None:
-            return result
-    return attention_ops.attention_forward_impl(*args)
+    if attn_mask is not None or dropout_p != 0.0:
+        return attention_ops.attention_forward_impl(*args)
+    key = ("sdpa", causal, scale, softcap, matrix_mode(), signature(q), signature(k),
+           signature(v), signature(sinks))
+    plan = launch_plans.cached(key)
+    if plan:
+        out, lse = attention_ops.forward_outputs(q, v)
+        if launch_plans.run(plan, q, k, v, out, lse, sinks=sinks):
+            return out, lse
+    out, lse = attention_ops.attention_forward_impl(*args)
+    if plan is None:
+        launch_plans.remember(key, lambda: _sdpa_plan(q, k, v, causal, scale, sinks, softcap))
+    return out, lse
 
 
-def _small_call(q: Tensor, k: Tensor, v: Tensor, causal: bool,
-                scale: Optional[float]) -> Optional[tuple[Tensor, Tensor]]:
-    """out, lse from C.small_call_cpu, or None when the call is not one it serves (then the
-    general path checks the inputs and runs it)."""
-    if not (q.is_cpu and k.is_cpu and v.is_cpu and q.dim() == 4 and k.dim() == 4
-            and k.shape == v.shape and q.dtype == k.dtype == v.dtype
-            and q.dtype in _SMALL_CALL_DTYPES
-            and (scale is None or math.isfinite(scale))):
+def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float],
+                  causal: bool, window: tuple, softcap: float, alibi_slopes: Optional[Tensor],
+                  sinks: Optional[Tensor],
+                  general: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """flash_attn_func's forward without dropout, q (B, Nq, Hq, D): (out, lse in the kernels'
+    exp2 domain) by the plan of this signature, else by general(), the op, which checks."""
+    key = ("flash", softmax_scale, causal, window, softcap, matrix_mode(), signature(q),
+           signature(k), signature(v), signature(alibi_slopes), signature(sinks))
+    plan = launch_plans.cached(key)
+    if plan:
+        out, lse = flash_attn_args.forward_outputs(q, v, False)
+        if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks):
+            return out, lse
+    out, lse = general()
+    if plan is None:
+        launch_plans.remember(key, lambda: _flash_plan(q, k, v, softmax_scale, causal, window,
+                                                       softcap, alibi_slopes, sinks))
+    return out, lse
+
+
+def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, sinks):
+    q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))
+    if (not (plain_layout(q, k, v) and plain_sinks(sinks)) or launch.nothing_to_attend(q_, k_)
+            or not (alibi_slopes is None or (alibi_slopes.dtype == torch.float32
+                                             and alibi_slopes.is_contiguous()))):
         return None
-    if _runtime.OPENMP_SPIN == "late":
-        launch.warn_openmp_spin()
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32)
-    if C.small_call_cpu(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                        launch.DTYPE_NAMES[q.dtype], q.shape, q.stride(), k.shape, k.stride(),
-                        v.stride(), out.stride(), softmax_scale(scale, q.shape[-1]), causal):
-        return out, lse
-    return None
+    out, lse = flash_attn_args.forward_outputs(q, v, False)
+    options = flash_attn_args.flash_options(
+        None, None, 0, 0, softmax_scale_value(softmax_scale, q.shape[-1]), causal,
+        *check_window("ipex_flash.flash_attn_func", window),
+        float(softcap), alibi_slopes, 0.0, None, sinks)
+    return launch_plans.new_plan(q_, k_, v_, out.transpose(1, 2), lse, options)
 
 
-_SMALL_CALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+def _sdpa_plan(q, k, v, causal, scale, sinks, softcap):
+    """The plan of a checked SDPA call without mask or dropout, or None where the general path
+    adapts the inputs (copies, conversions) or launches nothing."""
+    if not (plain_layout(q, k, v) and plain_sinks(sinks)) or launch.nothing_to_attend(q, k):
+        return None
+    out, lse = attention_ops.forward_outputs(q, v)
+    options = attention_ops.sdpa_options(q, causal, scale, 0.0, None, None, sinks, softcap)
+    return launch_plans.new_plan(q, k, v, out, lse, options)
 
 
-def _needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
+def plain_layout(*tensors: Tensor) -> bool:
+    """The kernels read these as they are (no copy for a strided last dimension)."""
+    return all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors)
+
+
+def plain_sinks(sinks: Optional[Tensor]) -> bool:
+    """Sinks the kernels read as they are (launch.float_sinks converts others)."""
+    return sinks is None or (sinks.dtype == torch.float32 and sinks.is_contiguous())
+
+
+def needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return True
     grad = torch.is_grad_enabled()

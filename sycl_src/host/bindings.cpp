@@ -18,7 +18,7 @@ using namespace pybind11::literals;
 namespace ipex_flash {
 
 void bind_variant_plans(py::module_& m);  // variant_plans.cpp
-void bind_small_call(py::module_& m);     // small_call.cpp
+void bind_launch_plan(py::module_& m);    // launch_plan.cpp
 
 namespace {
 
@@ -151,7 +151,7 @@ PYBIND11_MODULE(_C, m) {
       "header"_a, "kernel_name"_a, "queue"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.def("device_info", &device_info, "queue"_a = 0);
   bind_variant_plans(m);
-  bind_small_call(m);
+  bind_launch_plan(m);
   m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
   m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
   m.def(

@@ -34,7 +34,9 @@ sycl::queue& queue_from_handle(std::uintptr_t queue_handle) {
   return *reinterpret_cast<sycl::queue*>(queue_handle);
 }
 
-bool needs_host_sync(std::uintptr_t queue_handle) { return queue_handle == 0; }
+bool needs_host_sync(std::uintptr_t queue_handle) {
+  return queue_handle == 0 || queue_from_handle(queue_handle).get_device().is_cpu();
+}
 
 std::string device_description(const sycl::device& device) {
   std::ostringstream out;

@@ -16,8 +16,9 @@ sycl::queue& cpu_queue();
 // (torch.xpu.current_stream().sycl_queue).
 sycl::queue& queue_from_handle(std::uintptr_t queue_handle);
 
-// Whether work on this queue must be waited for before returning to Python: CPU tensors are
-// read by torch as soon as the op returns, XPU work is ordered by the stream instead.
+// Whether work on this queue must be waited for before returning to Python: work on the CPU
+// device, whichever queue, reads and writes CPU tensors, which torch reads or frees as soon as
+// the op returns; XPU work is ordered by the stream (and its allocator) instead.
 bool needs_host_sync(std::uintptr_t queue_handle);
 
 std::string device_description(const sycl::device& device);

@@ -4,6 +4,8 @@
 
 #include <sycl/sycl.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -12,9 +14,21 @@
 
 namespace ipex_flash {
 
+// The steady clock (CLOCK_MONOTONIC, Python's time.perf_counter_ns) at the first kernel
+// submission since take_first_submission_ns() last read it: how the host-cost benchmark times
+// a call from Python up to its kernels' submission, apart from their execution.
+inline std::atomic<int64_t> first_submission_ns{0};
+
+inline int64_t take_first_submission_ns() { return first_submission_ns.exchange(0); }
+
 template <typename Params>
 sycl::event submit_kernel(sycl::queue& queue, const sycl::kernel& kernel, const Params& params,
                           const sycl::nd_range<1>& range, const char* what) {
+  int64_t unset = 0;
+  first_submission_ns.compare_exchange_strong(
+      unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+                 .count());
   try {
     return queue.submit([&](sycl::handler& h) {
       h.set_args(params);

@@ -1,0 +1,151 @@
+"""Launch plans (ops/launch_plans.py) for the decode steps of a KV cache: flash_attn_with_kvcache
+attending to a cache it does not append to, and the serving call (flash_attn_varlen_func with
+a block_table) when every sequence of the step has the same few new tokens, packed one after
+another: the decode step of a served batch. The first call of a signature takes the general
+path (every check, the same errors); its repeats run the plan, with the cache's values (lengths,
+pages, left pads) checked on every call."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ipex_flash._runtime import C
+from ipex_flash.kvcache.cache_ops import cache_options, kvcache_outputs
+from ipex_flash.ops import launch, launch_plans
+from ipex_flash.ops.fast_path import plain_layout, plain_sinks
+from ipex_flash.ops.launch_plans import matrix_mode, tensor_signature as signature
+from ipex_flash.ops.validation import check_window, softmax_scale as resolve_scale
+
+Tensor = torch.Tensor
+Outputs = tuple[Tensor, Tensor]
+
+
+def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor,
+                   block_table: Optional[Tensor], k_start: Optional[Tensor],
+                   softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
+                   alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], num_splits: int,
+                   want_lse: bool, general: Callable[[], Outputs]) -> Outputs:
+    """(out, lse) of q (B, Nq, Hq, D) against the cache, by the plan of this signature, else
+    by general() (which checks and runs the call); lse in natural log when want_lse, else
+    left in the kernels' domain."""
+    key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, matrix_mode(),
+           signature(q), signature(k_cache), signature(v_cache), signature(seqlens_k),
+           signature(block_table), signature(k_start), signature(alibi_slopes), signature(sinks))
+    plan = launch_plans.cached(key)
+    if plan:
+        out, lse = kvcache_outputs(q, v_cache)
+        if _run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
+                k_start):
+            return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
+    out, lse = general()
+    if plan is None:
+        launch_plans.remember(key, lambda: _plan(
+            q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
+            softcap, alibi_slopes, sinks, num_splits, *kvcache_outputs(q, v_cache)))
+    return out, lse
+
+
+def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
+                   seqused_k: Tensor, block_table: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
+                   alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Optional[Outputs]:
+    """(out (total_q, Hq, Dv), lse (Hq, total_q) in the exp2 domain) of a serving call whose
+    sequences all have max_seqlen_q new tokens, by the plan of this signature; None when there
+    is none yet (the caller takes the general path, then calls remember_serving) or the call is
+    not such a step."""
+    key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks)
+    plan = launch_plans.cached(key)
+    if not plan or not _uniform(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
+        return None
+    out, lse = _serving_outputs(q, v_cache)
+    max_len_k = -1
+    if not launch_plans.reads_host_memory(q.device):
+        max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
+                                              max_seqlen_k, min_keys=max_seqlen_q)
+    if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
+                        block_table, None, max_len_k):
+        return out, lse
+    return None
+
+
+def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes,
+                     sinks) -> None:
+    """After a general serving call succeeded: the plan of its signature, when it is a decode
+    step (every sequence max_seqlen_q new tokens, which see a key each: the split-KV decode
+    kernel's rows)."""
+    key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks)
+    if launch_plans.cached(key) is not None:
+        return
+    batch = block_table.shape[0]
+
+    def build():
+        if not (1 <= max_seqlen_q <= C.max_sliced_decode_tokens(k_cache.shape[2])
+                and q.shape[0] == batch * max_seqlen_q
+                and _uniform(cu_seqlens_q, batch, max_seqlen_q)):
+            return None
+        q4 = q.view(batch, max_seqlen_q, *q.shape[1:])
+        out, lse = _serving_outputs(q, v_cache)
+        return _plan(q4, k_cache, v_cache, seqused_k, block_table, None, softmax_scale, causal,
+                     window, softcap, alibi_slopes, sinks, 0,
+                     out.view(batch, max_seqlen_q, *out.shape[1:]),
+                     lse.view(lse.shape[0], batch, max_seqlen_q).transpose(0, 1),
+                     min_keys=max_seqlen_q, max_keys=max_seqlen_k)
+
+    launch_plans.remember(key, build)
+
+
+def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks) -> tuple:
+    return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
+            matrix_mode(), signature(q), signature(k_cache), signature(v_cache),
+            signature(cu_seqlens_q), signature(seqused_k), signature(block_table),
+            signature(alibi_slopes), signature(sinks))
+
+
+def _uniform(cu_seqlens: Tensor, batch: int, length: int) -> bool:
+    """cu_seqlens is 0, length, 2 * length, ... (one read of the device off the CPU)."""
+    if launch_plans.reads_host_memory(cu_seqlens.device):
+        return C.uniform_sequences(cu_seqlens.data_ptr(), batch, length)
+    expected = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32,
+                            device=cu_seqlens.device)
+    return bool(torch.equal(cu_seqlens, expected))
+
+
+def _serving_outputs(q: Tensor, v_cache: Tensor) -> Outputs:
+    out = launch.output_like(q, v_cache.shape[3])
+    return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+
+
+def _run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
+         k_start) -> bool:
+    max_len_k = -1
+    if not launch_plans.reads_host_memory(q.device):
+        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
+        max_len_k = launch_plans.cache_values(seqlens_k, k_start, block_table, k_cache.shape[0],
+                                              capacity)
+    return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
+                            block_table, k_start, max_len_k)
+
+
+def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
+          softcap, alibi_slopes, sinks, num_splits, out, lse, min_keys=0, max_keys=-1):
+    """The plan of a checked call of q (B, Nq, Hq, D), out (B, Nq, Hq, Dv) and lse (B, Hq, Nq)
+    against the cache, or None where the general path adapts the inputs (copies, conversions)."""
+    dense = (t for t in (seqlens_k, block_table, k_start, alibi_slopes) if t is not None)
+    if (k_cache.dtype != q.dtype  # FP8 caches take descales the general path makes
+            or not plain_layout(q, k_cache, v_cache) or not plain_sinks(sinks)
+            or not all(t.is_contiguous() for t in dense)
+            or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):
+        return None
+    left, right = check_window("ipex_flash.flash_attn_with_kvcache", window)
+    options = cache_options(resolve_scale(softmax_scale, q.shape[-1]), causal, left, right,
+                            float(softcap), alibi_slopes, sinks, seqlens_k, 1, block_table,
+                            k_cache.shape[1])
+    if k_start is not None:
+        options.k_start = launch.view(k_start)
+    return launch_plans.new_plan(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse,
+                                 options, num_splits, min_keys, max_keys)

@@ -1,0 +1,103 @@
+"""Launch plans kept per call signature (C.LaunchPlan, sycl_src/host/launch_plan.hpp).
+
+An entry point's first call of a signature (shapes, strides, dtypes, devices, address
+alignments, flags) goes through its general path, whose checks raise the errors; a plan is then
+built from the same arguments, and later calls of that signature are a lookup, the outputs'
+allocation and one crossing into C++ with the tensors' addresses, on the CPU device or the XPU
+stream's queue alike. Checks of values (a KV cache's lengths, its block table) still run on
+every call: in C++ where the device shares host memory, otherwise from one read of the device
+(cache_values)."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+import torch
+
+from ipex_flash._runtime import C
+from ipex_flash.ops import launch
+
+Tensor = torch.Tensor
+
+# Signatures a process meets are few (one per layer shape and batch size in a model); the cap
+# only guards against a workload whose shapes never repeat.
+MAX_PLANS = 512
+_PLANS: dict = {}
+
+
+def tensor_signature(t: Optional[Tensor]) -> tuple:
+    """What a plan depends on in a tensor: all but its data. The address's alignment matters
+    too: it decides whether the decode kernel's word loads serve a 16-bit tensor."""
+    if t is None:
+        return ()
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def matrix_mode() -> Optional[str]:
+    """IPEX_FLASH_MATRIX, which chooses among the kernels a plan launches."""
+    return os.environ.get("IPEX_FLASH_MATRIX")
+
+
+def cached(key: tuple) -> Optional["C.LaunchPlan"]:
+    return _PLANS.get(key)
+
+
+def remember(key: tuple, build: Callable[[], Optional["C.LaunchPlan"]]) -> None:
+    """Builds and keeps the plan of `key` after a general call of that signature succeeded;
+    build returns None for a signature the plans do not serve."""
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = build() or False  # False: looked at, not served
+
+
+def clear() -> None:
+    _PLANS.clear()
+
+
+def new_plan(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             options: "C.AttentionOptions", num_splits: int = 0, min_keys: int = 0,
+             max_keys: int = -1) -> "C.LaunchPlan":
+    """A plan for q, out (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D) views (or a cache seen so),
+    lse (B, Hq, Nq), and options as the general path builds them."""
+    return C.LaunchPlan(launch.view(q), launch.view(k), launch.view(v), launch.view(out),
+                        launch.view(lse), options, C.PlanLimits(num_splits, min_keys, max_keys),
+                        launch.queue_handle(q.device))
+
+
+def address(t: Optional[Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+        seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+        k_start: Optional[Tensor] = None, max_len_k: int = -1) -> bool:
+    """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
+    are out of range or no key is attended to (nothing launched: the general path takes the
+    call). max_len_k: see cache_values."""
+    return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                    address(alibi_slopes), address(sinks), 0, 0, address(seqlens_k),
+                    address(block_table), address(k_start), max_len_k,
+                    launch.queue_handle(q.device))
+
+
+def reads_host_memory(device: torch.device) -> bool:
+    """Whether the kernels' device shares host memory, so that C++ reads a cache's lengths
+    itself (the SYCL CPU device); on a GPU cache_values reads them."""
+    return device.type == "cpu"
+
+
+def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
+                 pages: int, capacity: int, min_keys: int = 0) -> int:
+    """max_len_k for LaunchPlan.run on a device that does not share host memory, from one read:
+    the most keys a sequence attends to, or -1 when a value is out of range (the run then
+    returns False, and the general path names the argument)."""
+    keys = seqlens_k - (0 if k_start is None else k_start)
+    bounds = [keys.max(), keys.min(), seqlens_k.max()]
+    if k_start is not None:
+        bounds.append(k_start.min())
+    if block_table is not None and block_table.numel():
+        bounds += [block_table.min(), pages - 1 - block_table.max()]
+    most, fewest, longest, *rest = torch.stack(bounds).tolist()
+    fits = fewest >= min_keys and longest <= capacity and all(x >= 0 for x in rest)
+    return most if fits else -1

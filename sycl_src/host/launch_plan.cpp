@@ -1,0 +1,187 @@
+#include "host/launch_plan.hpp"
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "host/device_queue.hpp"
+#include "host/flash_decode_launch.hpp"
+#include "host/flash_fwd_launch.hpp"
+#include "host/launch.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace ipex_flash {
+
+namespace {
+
+constexpr int64_t kDecodeBlockKeys = 16;  // the decode kernel's smallest key block
+
+struct ScratchBlock {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+void set_address(std::optional<TensorView>& view, std::uintptr_t address) {
+  if (view) view->data = address;
+}
+
+}  // namespace
+
+void* queue_scratch(std::uintptr_t queue_handle, size_t bytes) {
+  // Per thread: two Python threads may launch at once (the launches release the GIL). Never
+  // freed at thread exit: the SYCL runtime may be torn down before thread-local destructors.
+  thread_local std::unordered_map<std::uintptr_t, ScratchBlock> blocks;
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  ScratchBlock& block = blocks[reinterpret_cast<std::uintptr_t>(&queue)];
+  if (block.bytes < bytes) {
+    if (block.data) {
+      queue.wait();  // the thread's earlier launches on this queue may still read it
+      sycl::free(block.data, queue);
+    }
+    block.bytes = std::max(bytes, 2 * block.bytes);
+    block.data = sycl::malloc_device(block.bytes, queue);
+    if (!block.data) {
+      block.bytes = 0;
+      throw std::runtime_error("ipex_flash: out of device memory for " +
+                               std::to_string(bytes) + " bytes of scratch");
+    }
+  }
+  return block.data;
+}
+
+LaunchPlan::LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out, TensorView lse,
+                       AttentionOptions options, PlanLimits limits, std::uintptr_t queue_handle)
+    : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), out_(std::move(out)),
+      lse_(std::move(lse)), options_(std::move(options)), limits_(limits) {
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  host_readable_ = queue.get_device().is_cpu();
+  decode_ = !options_.dropout.enabled && !options_.cu_seqlens_q &&
+            flash_decode_supported(q_, k_, v_, queue_handle);
+  make_common(q_, k_, v_, lse_, options_);  // the launches' own checks, once
+}
+
+bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const {
+  const int64_t batch = q_.sizes[0];
+  const auto* keys = reinterpret_cast<const int32_t*>(at.seqlens_k);
+  const auto* starts = reinterpret_cast<const int32_t*>(at.k_start);
+  int64_t capacity = k_.sizes[2];
+  if (options_.block_table) {
+    const TensorView& table = *options_.block_table;
+    capacity = table.sizes[1] * options_.page_size;
+    const auto* pages = reinterpret_cast<const int32_t*>(at.block_table);
+    const int64_t entries = table.sizes[0] * table.sizes[1];
+    if (!std::all_of(pages, pages + entries,
+                     [&](int32_t page) { return page >= 0 && page < k_.sizes[0]; }))
+      return false;
+  }
+  if (limits_.max_keys >= 0) capacity = std::min(capacity, limits_.max_keys);
+  max_len_k = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t start = starts ? starts[b] : 0;
+    if (keys[b] < 0 || keys[b] > capacity || start < 0 || start > keys[b] ||
+        keys[b] - start < limits_.min_keys)
+      return false;
+    max_len_k = std::max<int64_t>(max_len_k, keys[b] - start);
+  }
+  return true;
+}
+
+bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  q_.data = at.q, k_.data = at.k, v_.data = at.v, out_.data = at.out, lse_.data = at.lse;
+  set_address(options_.alibi_slopes, at.alibi_slopes);
+  set_address(options_.sinks, at.sinks);
+  set_address(options_.k_descale, at.k_descale);
+  set_address(options_.v_descale, at.v_descale);
+  set_address(options_.seqlens_k, at.seqlens_k);
+  set_address(options_.block_table, at.block_table);
+  set_address(options_.k_start, at.k_start);
+  if (!options_.seqlens_k) {
+    max_len_k = k_.sizes[2];
+  } else if (max_len_k < 0) {
+    if (!host_readable_ || !cache_values_fit(at, max_len_k)) return false;
+  }
+  if (max_len_k == 0) return false;  // no key: the general path fills the rows
+  if (options_.seqlens_k) options_.max_seqlen_k = static_cast<int32_t>(max_len_k);
+  launch(max_len_k, queue_handle);
+  return true;
+}
+
+void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
+  if (!decode_) {
+    const int64_t bytes = fwd_scratch_bytes(q_, k_, v_, options_, queue_handle);
+    const auto scratch = reinterpret_cast<std::uintptr_t>(
+        bytes ? queue_scratch(queue_handle, bytes) : nullptr);
+    flash_fwd(q_, k_, v_, out_, lse_, TensorView{scratch, "uint8", {bytes}, {1}}, options_,
+              queue_handle);
+    return;
+  }
+  const int64_t batch = q_.sizes[0], heads_q = q_.sizes[1], len_q = q_.sizes[2];
+  const int64_t heads_kv = k_.sizes[1], head_dim_v = v_.sizes[3];
+  const int64_t most = std::max<int64_t>(1, (max_len_k + kDecodeBlockKeys - 1) / kDecodeBlockKeys);
+  const int64_t splits =
+      limits_.num_splits > 0
+          ? std::min<int64_t>(limits_.num_splits, most)
+          : decode_num_splits(static_cast<int>(batch), static_cast<int>(heads_kv),
+                              static_cast<int>(len_q * (heads_q / heads_kv)),
+                              static_cast<int>(std::max(q_.sizes[3], head_dim_v)),
+                              static_cast<int>(max_len_k), queue_handle);
+  const int64_t partial_rows = batch * heads_q * len_q * splits;
+  auto* scratch = static_cast<float*>(
+      queue_scratch(queue_handle, sizeof(float) * partial_rows * (head_dim_v + 1)));
+  const auto address = [](float* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const TensorView partial_out{
+      address(scratch), "float32", {batch, heads_q, len_q, splits, head_dim_v},
+      {heads_q * len_q * splits * head_dim_v, len_q * splits * head_dim_v, splits * head_dim_v,
+       head_dim_v, 1}};
+  const TensorView partial_lse{address(scratch + partial_rows * head_dim_v), "float32",
+                               {batch, heads_q, len_q, splits},
+                               {heads_q * len_q * splits, len_q * splits, splits, 1}};
+  flash_decode(q_, k_, v_, out_, lse_, partial_out, partial_lse, options_, queue_handle);
+}
+
+void bind_launch_plan(py::module_& m) {
+  py::class_<PlanLimits>(m, "PlanLimits")
+      .def(py::init([](int num_splits, int64_t min_keys, int64_t max_keys) {
+             return PlanLimits{num_splits, min_keys, max_keys};
+           }),
+           "num_splits"_a = 0, "min_keys"_a = 0, "max_keys"_a = -1);
+  py::class_<LaunchPlan>(m, "LaunchPlan")
+      .def(py::init<TensorView, TensorView, TensorView, TensorView, TensorView, AttentionOptions,
+                    PlanLimits, std::uintptr_t>(),
+           "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "limits"_a, "queue"_a)
+      .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
+      // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
+      // seqlens_k, block_table, k_start, max_len_k, queue): keyword parsing would cost more than
+      // the rest of the crossing.
+      .def(
+          "run",
+          [](LaunchPlan& plan, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
+             std::uintptr_t out, std::uintptr_t lse, std::uintptr_t alibi_slopes,
+             std::uintptr_t sinks, std::uintptr_t k_descale, std::uintptr_t v_descale,
+             std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
+             int64_t max_len_k, std::uintptr_t queue) {
+            return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
+                                          v_descale, seqlens_k, block_table, k_start},
+                            max_len_k, queue);
+          },
+          py::call_guard<py::gil_scoped_release>());
+  // Whether each of `batch` packed sequences has `length` rows: cu_seqlens (batch + 1 int32,
+  // host memory) is 0, length, 2 * length, ...
+  m.def("uniform_sequences", [](std::uintptr_t cu_seqlens, int64_t batch, int64_t length) {
+    const auto* cu = reinterpret_cast<const int32_t*>(cu_seqlens);
+    for (int64_t b = 0; b <= batch; ++b)
+      if (cu[b] != b * length) return false;
+    return true;
+  });
+  m.def("take_first_submission_ns", &take_first_submission_ns);
+  m.def("cpu_queue_handle", [] { return reinterpret_cast<std::uintptr_t>(&cpu_queue()); });
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,66 @@
+// A launch plan: everything one signature of forward call needs (the views' shapes and
+// strides, the options, the kernel: split-KV decode or general), checked and chosen once on a
+// first call, then run by repeated calls of the same signature with new data addresses. The
+// Python entry points keep plans per signature (ipex_flash/ops/launch_plans.py); what a call
+// costs on the host is then a lookup and this one crossing, for CPU tensors and for XPU
+// streams alike.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "host/attention_common.hpp"
+#include "host/tensor_view.hpp"
+
+namespace ipex_flash {
+
+// The data addresses of one call. 0 for a tensor the plan was built without.
+struct PlanAddresses {
+  std::uintptr_t q = 0, k = 0, v = 0, out = 0, lse = 0;
+  std::uintptr_t alibi_slopes = 0, sinks = 0, k_descale = 0, v_descale = 0;
+  std::uintptr_t seqlens_k = 0, block_table = 0, k_start = 0;
+};
+
+// What a plan's calls may ask of the kernels, and the bounds of a KV cache's values.
+struct PlanLimits {
+  int num_splits = 0;     // splits of the keys in the decode kernel, as run_forward's (0 chooses)
+  int64_t min_keys = 0;   // keys every sequence of a cache must attend to, at least
+  int64_t max_keys = -1;  // and at most (-1: the cache's capacity)
+};
+
+class LaunchPlan {
+ public:
+  // q, k, v, out (B, H, N, D) views and lse (B, Hq, Nq), as flash_decode and flash_fwd take
+  // them; options as those launches take them (a KV cache: seqlens_k, maybe pages and
+  // k_start). The views' addresses are those of the call that builds the plan: they are
+  // replaced on each run. limits: see PlanLimits.
+  LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out, TensorView lse,
+             AttentionOptions options, PlanLimits limits, std::uintptr_t queue_handle);
+
+  // Runs the call at these addresses on this queue (one of the device the plan was made
+  // for: the current stream's may change between calls). max_len_k: the most keys a sequence
+  // of a KV cache attends to, or -1 to read it (with the checks below) from seqlens_k where
+  // the device shares host memory (the CPU device). Returns false, with nothing launched,
+  // when the cache's values read so are out of range (keys beyond the capacity, pages outside
+  // the cache): the caller's general path then names the argument.
+  bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle);
+
+  bool uses_decode_kernel() const { return decode_; }
+
+ private:
+  bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
+  void launch(int64_t max_len_k, std::uintptr_t queue_handle);
+
+  TensorView q_, k_, v_, out_, lse_;
+  AttentionOptions options_;
+  PlanLimits limits_;
+  bool decode_;
+  bool host_readable_;  // the device reads host memory: the CPU device
+  std::mutex mutex_;    // run fills the views in place: one call of a plan at a time
+};
+
+// Scratch memory on a queue's device, reused by the calling thread's later launches on the
+// same queue (in order, so a launch never overwrites scratch an earlier one still reads).
+void* queue_scratch(std::uintptr_t queue_handle, size_t bytes);
+
+}  // namespace ipex_flash

@@ -1,0 +1,212 @@
+"""Launch plans (ipex_flash/ops/launch_plans.py): a repeated call of the same signature runs
+the plan built after its first call, on new data each time, against the float64 reference;
+what plans do not serve falls back to the general path; a KV cache's values are checked on
+every call; and the XPU path (a queue by handle, the cache's values read from the device) runs
+through a queue-handle seam on the CPU device."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash._runtime import C
+from ipex_flash.ops import launch, launch_plans
+from ipex_flash.reference import flash_attn_reference, sdpa_reference
+
+from conftest import DTYPES, OUTPUT_TOLERANCE, check_against_reference, make_cache, to_paged
+from test_paged_varlen import paged_batch
+
+CALLS = 3  # the first builds the plan, the others run it
+
+
+@pytest.fixture
+def plan_runs(monkeypatch):
+    """Counts the calls a plan served; plans start empty."""
+    launch_plans.clear()
+    served = []
+    real = launch_plans.run
+    monkeypatch.setattr(launch_plans, "run", lambda *a, **kw: served.append(real(*a, **kw))
+                        or served[-1])
+    yield served
+    launch_plans.clear()
+
+
+def check(out, ref, dtype):
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("len_q,len_k,head_dim", [(1, 100, 64), (37, 70, 48)])
+def test_sdpa_repeats(dtype, causal, len_q, len_k, head_dim, plan_runs):
+    for _ in range(CALLS):
+        q = torch.randn(2, 8, len_q, head_dim, dtype=dtype)
+        k, v = (torch.randn(2, 2, len_k, head_dim, dtype=dtype) for _ in range(2))
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        check(out, sdpa_reference(q, k, v, is_causal=causal), dtype)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("options", [
+    dict(causal=True), dict(window_size=(20, 3)), dict(softcap=5.0, alibi=True),
+    dict(sinks=True)])
+@pytest.mark.parametrize("len_q", [1, 45])
+def test_flash_attn_func_repeats(dtype, options, len_q, plan_runs):
+    options = dict(options)
+    alibi, sinks = options.pop("alibi", False), options.pop("sinks", False)
+    for _ in range(CALLS):
+        q = torch.randn(2, len_q, 6, 40, dtype=dtype)
+        k, v = (torch.randn(2, 77, 2, 40, dtype=dtype) for _ in range(2))
+        extra = dict(alibi_slopes=torch.rand(6) * 0.3) if alibi else {}
+        if sinks:
+            extra = dict(sinks=torch.randn(6))
+        out, lse, _ = ipex_flash.flash_attn_func(q, k, v, return_attn_probs=True, **options,
+                                                 **extra)
+        if sinks:  # the flash reference has no sinks; SDPA's, without a causal mask, agrees
+            ref = sdpa_reference(*(t.transpose(1, 2) for t in (q, k, v)), sinks=extra["sinks"])
+            check(out, ref.transpose(1, 2), dtype)
+            continue
+        ref_out, ref_lse = flash_attn_reference(q, k, v, **options, **extra)
+        check(out, ref_out, dtype)
+        torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "leftpad"])
+def test_kvcache_repeats(dtype, layout, plan_runs):
+    """New cache contents and new lengths on every call of one signature."""
+    batch, capacity = 3, 160
+    for call in range(CALLS):
+        q = torch.randn(batch, 1, 8, 64, dtype=dtype)
+        k_cache, v_cache = make_cache(batch, capacity, 2, 64, dtype)
+        lengths = torch.randint(1, capacity + 1, (batch,), dtype=torch.int32)
+        lengths[call % batch] = capacity
+        args = dict(cache_seqlens=lengths, causal=True, return_softmax_lse=True)
+        k_in, v_in, starts = k_cache, v_cache, torch.zeros(batch, dtype=torch.int32)
+        if layout == "paged":
+            k_in, v_in, args["block_table"] = to_paged(k_cache, v_cache, 32)
+        if layout == "leftpad":
+            starts = (lengths * torch.rand(batch)).to(torch.int32)
+            args["cache_leftpad"] = starts
+        out, lse = ipex_flash.flash_attn_with_kvcache(q, k_in, v_in, **args)
+        for b in range(batch):  # the reference sees each sequence's keys after its pad
+            rows = slice(int(starts[b]), int(lengths[b]))
+            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1],
+                                    k_cache[b:b + 1, rows], v_cache[b:b + 1, rows],
+                                    [rows.stop - rows.start], dtype, causal=True)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+def serving_step(dtype, new_tokens, page_size=32):
+    """A decode step of 5 sequences of 257-288 keys (9 pages each, so that the page pool and
+    block table keep their shapes): out, cu_seqlens_q, the per-sequence tensors, and the inputs
+    (referenced until the launch has run)."""
+    lengths = [(new_tokens, int(n)) for n in torch.randint(8 * page_size + 1, 9 * page_size + 1, (5,))]
+    inputs = paged_batch(lengths, 8, 2, 64, page_size, dtype)
+    q, k_pages, v_pages, table, cu_q, seqused, seqs = inputs
+    out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, new_tokens, 400,
+                                            causal=True, block_table=table, seqused_k=seqused)
+    return out, cu_q, seqs, inputs
+
+
+def check_serving(out, cu_q, seqs, inputs, dtype):
+    for b, (q_b, k_b, v_b) in enumerate(seqs):
+        ref, _ = flash_attn_reference(q_b[None], k_b[None], v_b[None], causal=True)
+        check(out[int(cu_q[b]):int(cu_q[b + 1])], ref[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_serving_decode_repeats(dtype, new_tokens, plan_runs):
+    """The serving call's decode step (every sequence the same new tokens): new pages, tables
+    and lengths on every call (the page pool keeps its size, so the signature holds)."""
+    for _ in range(CALLS):
+        check_serving(*serving_step(dtype, new_tokens), dtype)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+@pytest.mark.parametrize("case", ["strided_last_dim", "odd_16bit_head_dim"])
+def test_kernel_choice_of_plans(case, plan_runs):
+    """A strided last dimension, which the general path copies, gets no plan; 16-bit rows not
+    word-aligned, which the decode kernel's word loads do not serve, get a plan that runs the
+    general kernel."""
+    dtype = torch.bfloat16 if case == "odd_16bit_head_dim" else torch.float32
+    for _ in range(CALLS):
+        q = torch.randn(2, 8, 2, 33 if case == "odd_16bit_head_dim" else 64, dtype=dtype)
+        k, v = (torch.randn(2, 2, 100, q.shape[-1], dtype=dtype) for _ in range(2))
+        if case == "strided_last_dim":
+            k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        check(out, sdpa_reference(q, k, v, is_causal=True), dtype)
+    (plan,) = launch_plans._PLANS.values()
+    if case == "strided_last_dim":
+        assert plan is False and plan_runs == []
+    else:
+        assert not plan.uses_decode_kernel and plan_runs == [True] * (CALLS - 1)
+
+
+def test_cache_values_checked_on_every_call(plan_runs):
+    """A repeated call of a planned signature with lengths beyond the cache, or pages outside
+    it, raises the general path's errors."""
+    q = torch.randn(2, 1, 4, 32)
+    k_cache, v_cache = make_cache(2, 64, 2, 32, torch.float32)
+    k_pages, v_pages, table = to_paged(k_cache, v_cache, 16)
+    lengths = torch.tensor([10, 64], dtype=torch.int32)
+    for _ in range(2):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+        ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths,
+                                           block_table=table)
+    assert plan_runs == [True, True]
+    with pytest.raises(ValueError, match="exceeds the cache capacity"):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                           cache_seqlens=torch.tensor([10, 65], dtype=torch.int32))
+    bad_table = table.clone()
+    bad_table[1, 2] = k_pages.shape[0]
+    with pytest.raises(ValueError, match="block_table entries must be page indices"):
+        ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths,
+                                           block_table=bad_table)
+    assert plan_runs[2:] == [False, False]
+
+
+def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
+    """The path XPU tensors take, on the CPU device: launches on a queue given by handle (as
+    torch's XPU stream gives it), with scratch from that queue's pool, and the cache's values
+    read from the device rather than by C++. (The host still waits for work on the CPU device,
+    whose tensors torch frees as soon as a call returns.) The plans are built by a first call
+    on the CPU device's default queue."""
+    dtype = torch.bfloat16
+    q = torch.randn(2, 8, 1, 64, dtype=dtype)
+    kv = [torch.randn(2, 2, 90, 64, dtype=dtype) for _ in range(2)]
+    ipex_flash.scaled_dot_product_attention(q, *kv, enable_gqa=True)
+    k_cache, v_cache = make_cache(2, 96, 2, 64, dtype)
+    k_pages, v_pages, table = to_paged(k_cache, v_cache, 32)
+    lengths = torch.tensor([50, 96], dtype=torch.int32)
+    q_cache = torch.randn(2, 1, 8, 64, dtype=dtype)
+    ipex_flash.flash_attn_with_kvcache(q_cache, k_pages, v_pages, cache_seqlens=lengths,
+                                       block_table=table)
+    serving_step(dtype, 1)
+
+    handle = C.cpu_queue_handle()
+    monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
+    monkeypatch.setattr(launch_plans, "reads_host_memory", lambda device: False)
+    outputs = []
+    for _ in range(2):
+        q = torch.randn(2, 8, 1, 64, dtype=dtype)
+        kv = [torch.randn(2, 2, 90, 64, dtype=dtype) for _ in range(2)]
+        outputs.append((ipex_flash.scaled_dot_product_attention(q, *kv, enable_gqa=True),
+                        sdpa_reference(q, *kv)))
+        q_cache = torch.randn(2, 1, 8, 64, dtype=dtype)
+        out = ipex_flash.flash_attn_with_kvcache(q_cache, k_pages, v_pages,
+                                                 cache_seqlens=lengths, block_table=table)
+        ref = torch.cat([flash_attn_reference(q_cache[b:b + 1], k_cache[b:b + 1, :n],
+                                              v_cache[b:b + 1, :n])[0]
+                         for b, n in enumerate(lengths.tolist())])
+        outputs.append((out, ref))
+        outputs.append(serving_step(dtype, 1))
+    assert plan_runs == [True] * 6
+    for item in outputs:
+        if len(item) == 2:  # (out, reference)
+            check(*item, dtype)
+        else:
+            check_serving(*item, dtype)
