@@ -75,7 +75,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                 alibi_slopes, 0.0, None, sinks)
 
         out, lse = fast_path.flash_forward(q, k, v, softmax_scale, causal, window_size, softcap,
-                                           alibi_slopes, sinks, general)
+                                           alibi_slopes, sinks, return_attn_probs, general)
         return (out, launch.natural_lse(lse), None) if return_attn_probs else out
     check_dropout_p(fn, dropout_p)
     check_scale(fn, softmax_scale)

@@ -37,6 +37,20 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
 
     Differentiable in query, key, value, sinks and a float attn_mask that requires grad.
     """
+    if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool
+            and not fast_path.needs_dispatcher(query, key, value, sinks) and query.dim() == 4):
+        # Nothing for autograd or tracing: the launch plan of this signature, made after the
+        # first call of it has been checked and run.
+        return fast_path.sdpa(query, key, value, is_causal, scale, enable_gqa,
+                              float(softcap or 0.0), sinks, lambda: _general(
+                                  query, key, value, None, 0.0, is_causal, scale, enable_gqa,
+                                  softcap, sinks))
+    return _general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                    softcap, sinks)
+
+
+def _general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap,
+             sinks) -> Tensor:
     _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     lead = query.shape[:-3] if query.dim() >= 3 else ()
     q, k, v = (_as_bhnd(t) for t in (query, key, value))
@@ -45,8 +59,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         mask = attn_mask.expand(*lead, q.shape[1], q.shape[2], k.shape[2])
         mask = mask.reshape(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     seed = launch.draw_dropout_seed(q.device) if dropout_p > 0.0 else None
+    # 4-D calls keep their plans in fast_path.sdpa.
     out = fast_path.forward(q, k, v, is_causal, scale, dropout_p, seed, False, mask, sinks,
-                      float(softcap or 0.0))[0]
+                            float(softcap or 0.0), plans=query.dim() != 4)[0]
     return out if query.dim() == 4 else out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 

@@ -7,7 +7,7 @@ layout of the same keys and values:
     sdpa                ipex_flash.scaled_dot_product_attention, same tensors
     op                  torch.ops.ipex_flash.attention, same tensors
     flash_attn_func     (B, N, H, D) cache
-    kvcache             flash_attn_with_kvcache, contiguous (B, N, H, D) cache
+    kvcache             flash_attn_with_kvcache, contiguous (B, N, H, D) cache (cache_seqlens given)
     kvcache_paged       flash_attn_with_kvcache, pages of 64 keys in shuffled order
     paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
 
@@ -17,18 +17,19 @@ at a tiny call (B=1, 1 query, 4 keys, 1 head, d=16) and at decode sizes (B = 1 a
 that the shared machine's slow seconds hit them alike; ratios are against torch_sdpa's whole
 call in the same run.
 
-Host time: on the SYCL CPU device every launch waits for its kernels before returning
-(finish_launch in sycl_src/host/launch.hpp; only XPU work stays asynchronous), so a call
-cannot be timed up to its submission and its wait apart. Two measurements instead:
+Host time: the time from the Python call to its first kernel's submission, read from the
+host module's clock of submissions (C.take_first_submission_ns: the steady clock at the
+first kernel submitted since the last read, the clock of time.perf_counter_ns), so the
+kernels' execution is left out although launches on the SYCL CPU device wait for their
+kernels (only XPU work stays asynchronous):
 
+    host us      median of (first submission - call) over the repeats: checks, tensors,
+                 options, plan lookup, dispatch, Python/C++ crossings
     kernels us   the same decode kernels launched alone, from views, options and scratch
                  prepared once (C.flash_decode, one per layout: SDPA's, flash-attn's, paged);
-                 "whole - kernels" is then the call's host time, noisy at large sizes, where
-                 it is a small difference of two large figures
-    host us      the whole call with the launches replaced by no-ops (C.flash_decode and
-                 C.flash_fwd return at once; C.small_call_cpu, SDPA's one C++ crossing for
-                 small calls, returns "done", so its C++ view and option set-up, a few us,
-                 is not counted): checks, tensors, options, dispatch, Python/C++ crossings
+                 "whole - kernels" is the rest of the call (host time before and after the
+                 kernels), noisy at large sizes, where it is a small difference of two large
+                 figures
 
 torch_sdpa has neither split.
 
@@ -38,7 +39,6 @@ Prints a table and writes benchmarks/host_cost.json (--output to change).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -107,7 +107,7 @@ def entry_points(t: dict, keys: int) -> dict:
         "sdpa": lambda: ipex_flash.scaled_dot_product_attention(*bhnd, enable_gqa=gqa),
         "op": lambda: torch.ops.ipex_flash.attention(*bhnd),
         "flash_attn_func": lambda: ipex_flash.flash_attn_func(*bnhd),
-        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(*bnhd),
+        "kvcache": lambda: ipex_flash.flash_attn_with_kvcache(*bnhd, cache_seqlens=t["seqlens"]),
         "kvcache_paged": lambda: ipex_flash.flash_attn_with_kvcache(
             t["q_bnhd"], t["k_pages"], t["v_pages"], cache_seqlens=t["seqlens"],
             block_table=t["block_table"]),
@@ -145,21 +145,25 @@ def kernels_alone(t: dict, keys: int) -> dict:
     return calls
 
 
-# The launches' stand-ins while host time is measured (see the module's docstring).
-STUBS = {"flash_decode": lambda *args: None, "flash_fwd": lambda *args: None,
-         "small_call_cpu": lambda *args: True}
+def submission_delay(fn, repeats: int, warmup: int) -> float:
+    """Median seconds from calling fn to its first kernel's submission."""
+    for _ in range(warmup):
+        fn()
+    delays = []
+    for _ in range(repeats):
+        C.take_first_submission_ns()
+        start = time.perf_counter_ns()
+        fn()
+        delays.append(C.take_first_submission_ns() - start)
+    return 1e-9 * sorted(delays)[len(delays) // 2]
 
 
-@contextlib.contextmanager
-def kernels_stubbed():
-    real = {name: getattr(C, name) for name in STUBS}
-    for name, stub in STUBS.items():
-        setattr(C, name, stub)
-    try:
-        yield
-    finally:
-        for name, fn in real.items():
-            setattr(C, name, fn)
+def best_delays(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:
+    best = {name: float("inf") for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], submission_delay(fn, repeats, warmup))
+    return best
 
 
 def check_agreement(fns: dict, t: dict) -> None:
@@ -181,9 +185,8 @@ def measure(size: str, args) -> dict:
     with torch.no_grad():
         seconds = interleaved({**fns, **{f"kernels_{n}": f for n, f in kernels.items()}},
                               args.rounds, args.repeats, args.warmup)
-        with kernels_stubbed():
-            host = interleaved({n: f for n, f in fns.items() if n in KERNEL_LAYOUT},
-                               args.rounds, args.repeats, args.warmup)
+        host = best_delays({n: f for n, f in fns.items() if n in KERNEL_LAYOUT}, args.rounds,
+                           args.repeats, args.warmup)
     base = seconds["torch_sdpa"]
     rows = {}
     for name in ENTRY_POINTS:

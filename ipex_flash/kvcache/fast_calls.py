@@ -14,7 +14,7 @@ from ipex_flash._runtime import C
 from ipex_flash.kvcache.cache_ops import cache_options, kvcache_outputs
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.ops.fast_path import plain_layout, plain_sinks
-from ipex_flash.ops.launch_plans import matrix_mode, tensor_signature as signature
+from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -29,12 +29,13 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tenso
     """(out, lse) of q (B, Nq, Hq, D) against the cache, by the plan of this signature, else
     by general() (which checks and runs the call); lse in natural log when want_lse, else
     left in the kernels' domain."""
-    key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, matrix_mode(),
-           signature(q), signature(k_cache), signature(v_cache), signature(seqlens_k),
+    key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q), signature(k_cache), signature(v_cache), signature(seqlens_k),
            signature(block_table), signature(k_start), signature(alibi_slopes), signature(sinks))
     plan = launch_plans.cached(key)
     if plan:
-        out, lse = kvcache_outputs(q, v_cache)
+        out = launch.output_like(q, v_cache.shape[3])
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
+                          device=q.device) if want_lse else None
         if _run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
                 k_start):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
@@ -49,17 +50,20 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tenso
 def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
                    seqused_k: Tensor, block_table: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
-                   alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Optional[Outputs]:
-    """(out (total_q, Hq, Dv), lse (Hq, total_q) in the exp2 domain) of a serving call whose
-    sequences all have max_seqlen_q new tokens, by the plan of this signature; None when there
-    is none yet (the caller takes the general path, then calls remember_serving) or the call is
-    not such a step."""
+                   alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+                   want_lse: bool) -> Optional[Outputs]:
+    """(out (total_q, Hq, Dv), lse (Hq, total_q) in the exp2 domain, or None unless want_lse)
+    of a serving call whose sequences all have max_seqlen_q new tokens, by the plan of this
+    signature; None when there is none yet (the caller takes the general path, then calls
+    remember_serving) or the call is not such a step."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks)
     plan = launch_plans.cached(key)
     if not plan or not _uniform(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
         return None
-    out, lse = _serving_outputs(q, v_cache)
+    out = launch.output_like(q, v_cache.shape[3])
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) \
+        if want_lse else None
     max_len_k = -1
     if not launch_plans.reads_host_memory(q.device):
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
@@ -101,7 +105,7 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
 def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                  max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks) -> tuple:
     return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
-            matrix_mode(), signature(q), signature(k_cache), signature(v_cache),
+            signature(q), signature(k_cache), signature(v_cache),
             signature(cu_seqlens_q), signature(seqused_k), signature(block_table),
             signature(alibi_slopes), signature(sinks))
 

@@ -194,7 +194,7 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             and type(max_seqlen_k) is int
             and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
                                      alibi_slopes, sinks))
-    result = fast_calls.serving_decode(*plan_args) if fast else None
+    result = fast_calls.serving_decode(*plan_args, return_attn_probs) if fast else None
     if result is not None:
         out, lse = result
         return (out, launch.natural_lse(lse, in_place=True), None) if return_attn_probs else out

@@ -205,9 +205,11 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? s
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                scale: Optional[float] = None, dropout_p: float = 0.0,
                deterministic: bool = False) -> Tensor:
+    from ipex_flash.ops import fast_path  # (it imports this module)
     seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    return torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale, dropout_p, seed,
-                                                  deterministic)[0]
+    # attention_forward through the dispatcher where autograd, tracing or a mode needs it,
+    # else its launch plan: the op's own dispatch is all the host time a small call has left.
+    return fast_path.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)[0]
 
 
 _lib.impl("attention", _attention, "CompositeImplicitAutograd")

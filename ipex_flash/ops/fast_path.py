@@ -13,7 +13,7 @@ from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ipex_flash.ops import attention as attention_ops, flash_attn_args, launch, launch_plans
-from ipex_flash.ops.launch_plans import matrix_mode, tensor_signature as signature
+from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as softmax_scale_value
 
 Tensor = torch.Tensor
@@ -22,18 +22,18 @@ Tensor = torch.Tensor
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float],
             dropout_p: float, dropout_seed: Optional[Tensor], deterministic: bool,
             attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-            softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+            softcap: float = 0.0, plans: bool = True) -> tuple[Tensor, Tensor]:
     """torch.ops.ipex_flash.attention_forward, or its implementation called directly when
     nothing needs the dispatcher: plain tensors, no gradient wanted, no tracing, mode or
-    transform."""
+    transform. plans=False: the caller keeps its own plans of such calls (sdpa)."""
     args = (q, k, v, causal, scale, dropout_p, dropout_seed, deterministic, attn_mask, sinks,
             softcap)
     if needs_dispatcher(q, k, v, attn_mask, sinks):
         return torch.ops.ipex_flash.attention_forward(*args)
-    if attn_mask is not None or dropout_p != 0.0:
+    if attn_mask is not None or dropout_p != 0.0 or not plans:
         return attention_ops.attention_forward_impl(*args)
-    key = ("sdpa", causal, scale, softcap, matrix_mode(), signature(q), signature(k),
-           signature(v), signature(sinks))
+    key = ("attention", causal, scale, softcap, signature(q), signature(k), signature(v),
+           signature(sinks))
     plan = launch_plans.cached(key)
     if plan:
         out, lse = attention_ops.forward_outputs(q, v)
@@ -45,17 +45,39 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float
     return out, lse
 
 
+def sdpa(query: Tensor, key: Tensor, value: Tensor, is_causal: bool, scale: Optional[float],
+         enable_gqa: bool, softcap: float, sinks: Optional[Tensor],
+         general: Callable[[], Tensor]) -> Tensor:
+    """The SDPA drop-in's output for 4-D tensors without mask or dropout, by the plan of this
+    signature, else by general() (which checks and runs the call)."""
+    plan_key = ("sdpa", is_causal, scale, enable_gqa, softcap, signature(query),
+                signature(key), signature(value), signature(sinks))
+    plan = launch_plans.cached(plan_key)
+    if plan:
+        out = launch.output_like(query, value.shape[-1])
+        if launch_plans.run(plan, query, key, value, out, None, sinks=sinks):
+            return out
+    out = general()
+    if plan is None:
+        launch_plans.remember(plan_key, lambda: _sdpa_plan(query, key, value, is_causal, scale,
+                                                           sinks, softcap))
+    return out
+
+
 def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float],
                   causal: bool, window: tuple, softcap: float, alibi_slopes: Optional[Tensor],
-                  sinks: Optional[Tensor],
-                  general: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+                  sinks: Optional[Tensor], want_lse: bool,
+                  general: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
     """flash_attn_func's forward without dropout, q (B, Nq, Hq, D): (out, lse in the kernels'
-    exp2 domain) by the plan of this signature, else by general(), the op, which checks."""
-    key = ("flash", softmax_scale, causal, window, softcap, matrix_mode(), signature(q),
-           signature(k), signature(v), signature(alibi_slopes), signature(sinks))
+    exp2 domain, or None unless want_lse) by the plan of this signature, else by general(), the
+    op, which checks."""
+    key = ("flash", softmax_scale, causal, window, softcap, signature(q), signature(k),
+           signature(v), signature(alibi_slopes), signature(sinks))
     plan = launch_plans.cached(key)
     if plan:
-        out, lse = flash_attn_args.forward_outputs(q, v, False)
+        out = launch.output_like(q, v.shape[-1])
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
+                          device=q.device) if want_lse else None
         if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks):
             return out, lse
     out, lse = general()

@@ -1,15 +1,15 @@
 """Launch plans kept per call signature (C.LaunchPlan, sycl_src/host/launch_plan.hpp).
 
 An entry point's first call of a signature (shapes, strides, dtypes, devices, address
-alignments, flags) goes through its general path, whose checks raise the errors; a plan is then
-built from the same arguments, and later calls of that signature are a lookup, the outputs'
-allocation and one crossing into C++ with the tensors' addresses, on the CPU device or the XPU
-stream's queue alike. Checks of values (a KV cache's lengths, its block table) still run on
-every call: in C++ where the device shares host memory, otherwise from one read of the device
-(cache_values)."""
+alignments, flags) goes through its general path, whose checks raise the errors; a plan is
+then built from the same arguments, and later calls of that signature are a lookup, the
+outputs' allocation and one crossing into C++ with the tensors' addresses, on the CPU device or
+the XPU stream's queue alike. Checks of values (a KV cache's lengths, its block table) still
+run on every call: in C++ where the device shares host memory, otherwise from one read of the
+device (cache_values). A plan fixes the kernel (decode or general), not its variant, which each
+launch chooses (IPEX_FLASH_MATRIX included)."""
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import torch
@@ -31,11 +31,6 @@ def tensor_signature(t: Optional[Tensor]) -> tuple:
     if t is None:
         return ()
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-
-
-def matrix_mode() -> Optional[str]:
-    """IPEX_FLASH_MATRIX, which chooses among the kernels a plan launches."""
-    return os.environ.get("IPEX_FLASH_MATRIX")
 
 
 def cached(key: tuple) -> Optional["C.LaunchPlan"]:
@@ -68,14 +63,15 @@ def address(t: Optional[Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
         alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
         seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
         k_start: Optional[Tensor] = None, max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
-    call). max_len_k: see cache_values."""
-    return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+    call). lse None: the caller has no use for it (it stays in the plan's scratch). max_len_k:
+    see cache_values."""
+    return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), 0, 0, address(seqlens_k),
                     address(block_table), address(k_start), max_len_k,
                     launch.queue_handle(q.device))

@@ -21,6 +21,7 @@ namespace ipex_flash {
 namespace {
 
 constexpr int64_t kDecodeBlockKeys = 16;  // the decode kernel's smallest key block
+constexpr int64_t kScratchAlign = 256;     // bytes: each part of the scratch block starts so
 
 struct ScratchBlock {
   void* data = nullptr;
@@ -113,11 +114,27 @@ bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t 
   return true;
 }
 
+int64_t LaunchPlan::lse_scratch_bytes() const {
+  if (lse_.data != 0) return 0;
+  int64_t last = 0;  // the view's furthest element
+  for (size_t d = 0; d < lse_.sizes.size(); ++d) last += (lse_.sizes[d] - 1) * lse_.strides[d];
+  return (static_cast<int64_t>(sizeof(float)) * (last + 1) + kScratchAlign - 1) / kScratchAlign *
+         kScratchAlign;
+}
+
 void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
+  // The scratch block holds the LSE when the caller has no use for it (address 0), then the
+  // kernel's own scratch.
+  const int64_t lse_bytes = lse_scratch_bytes();
+  const auto scratch_for = [&](int64_t bytes) {
+    auto* block = static_cast<char*>(queue_scratch(queue_handle, lse_bytes + bytes));
+    if (lse_bytes) lse_.data = reinterpret_cast<std::uintptr_t>(block);
+    return block + lse_bytes;
+  };
   if (!decode_) {
     const int64_t bytes = fwd_scratch_bytes(q_, k_, v_, options_, queue_handle);
     const auto scratch = reinterpret_cast<std::uintptr_t>(
-        bytes ? queue_scratch(queue_handle, bytes) : nullptr);
+        bytes || lse_bytes ? scratch_for(bytes) : nullptr);
     flash_fwd(q_, k_, v_, out_, lse_, TensorView{scratch, "uint8", {bytes}, {1}}, options_,
               queue_handle);
     return;
@@ -133,8 +150,8 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
                               static_cast<int>(std::max(q_.sizes[3], head_dim_v)),
                               static_cast<int>(max_len_k), queue_handle);
   const int64_t partial_rows = batch * heads_q * len_q * splits;
-  auto* scratch = static_cast<float*>(
-      queue_scratch(queue_handle, sizeof(float) * partial_rows * (head_dim_v + 1)));
+  auto* scratch = reinterpret_cast<float*>(
+      scratch_for(sizeof(float) * partial_rows * (head_dim_v + 1)));
   const auto address = [](float* p) { return reinterpret_cast<std::uintptr_t>(p); };
   const TensorView partial_out{
       address(scratch), "float32", {batch, heads_q, len_q, splits, head_dim_v},

@@ -14,7 +14,8 @@
 
 namespace ipex_flash {
 
-// The data addresses of one call. 0 for a tensor the plan was built without.
+// The data addresses of one call. 0 for a tensor the plan was built without, and for an LSE
+// the caller has no use for (the plan then keeps it in scratch).
 struct PlanAddresses {
   std::uintptr_t q = 0, k = 0, v = 0, out = 0, lse = 0;
   std::uintptr_t alibi_slopes = 0, sinks = 0, k_descale = 0, v_descale = 0;
@@ -50,6 +51,7 @@ class LaunchPlan {
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
+  int64_t lse_scratch_bytes() const;
 
   TensorView q_, k_, v_, out_, lse_;
   AttentionOptions options_;
