@@ -3,6 +3,8 @@ the plan built after its first call, on new data each time, against the float64 
 what plans do not serve falls back to the general path; a KV cache's values are checked on
 every call; and the XPU path (a queue by handle, the cache's values read from the device) runs
 through a queue-handle seam on the CPU device."""
+import itertools
+
 import pytest
 import torch
 
@@ -72,29 +74,57 @@ def test_flash_attn_func_repeats(dtype, options, len_q, plan_runs):
     assert plan_runs == [True] * (CALLS - 1)
 
 
+def sequence_rows(cache, table, b, rows):
+    """Sequence b's cache rows `rows` (a slice of positions), through its pages if paged."""
+    return cache[b, rows] if table is None else cache[table[b].long()].flatten(0, 1)[rows]
+
+
+def after_append(cache, table, lengths, new):
+    """The cache with new (B, Nnew, H, D) written at positions lengths[b] + i, and nowhere
+    else."""
+    expected = cache.clone()
+    for b, i in itertools.product(range(new.shape[0]), range(new.shape[1])):
+        position = int(lengths[b]) + i
+        if table is None:
+            expected[b, position] = new[b, i]
+        else:
+            page_size = cache.shape[1]
+            expected[table[b, position // page_size].long(), position % page_size] = new[b, i]
+    return expected
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["contiguous", "paged", "leftpad"])
-def test_kvcache_repeats(dtype, layout, plan_runs):
-    """New cache contents and new lengths on every call of one signature."""
+@pytest.mark.parametrize("new_tokens", [0, 1, 3])
+def test_kvcache_repeats(dtype, layout, new_tokens, plan_runs):
+    """New cache contents, new lengths and new appended keys and values on every call of one
+    signature: the cache holds exactly the appended rows, and attention sees them."""
     batch, capacity = 3, 160
     for call in range(CALLS):
-        q = torch.randn(batch, 1, 8, 64, dtype=dtype)
+        q = torch.randn(batch, new_tokens or 1, 8, 64, dtype=dtype)
         k_cache, v_cache = make_cache(batch, capacity, 2, 64, dtype)
-        lengths = torch.randint(1, capacity + 1, (batch,), dtype=torch.int32)
-        lengths[call % batch] = capacity
+        lengths = torch.randint(1, capacity + 1 - new_tokens, (batch,), dtype=torch.int32)
+        lengths[call % batch] = capacity - new_tokens
         args = dict(cache_seqlens=lengths, causal=True, return_softmax_lse=True)
-        k_in, v_in, starts = k_cache, v_cache, torch.zeros(batch, dtype=torch.int32)
+        k_in, v_in, starts, table = k_cache, v_cache, torch.zeros(batch, dtype=torch.int32), None
         if layout == "paged":
-            k_in, v_in, args["block_table"] = to_paged(k_cache, v_cache, 32)
+            k_in, v_in, table = to_paged(k_cache, v_cache, 32)
+            args["block_table"] = table
         if layout == "leftpad":
             starts = (lengths * torch.rand(batch)).to(torch.int32)
             args["cache_leftpad"] = starts
+        if new_tokens:
+            args["k"], args["v"] = (torch.randn(batch, new_tokens, 2, 64, dtype=dtype)
+                                    for _ in range(2))
+        expected = [after_append(c, table, lengths, args[n]) if new_tokens else c.clone()
+                    for c, n in ((k_in, "k"), (v_in, "v"))]
         out, lse = ipex_flash.flash_attn_with_kvcache(q, k_in, v_in, **args)
-        for b in range(batch):  # the reference sees each sequence's keys after its pad
-            rows = slice(int(starts[b]), int(lengths[b]))
-            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1],
-                                    k_cache[b:b + 1, rows], v_cache[b:b + 1, rows],
-                                    [rows.stop - rows.start], dtype, causal=True)
+        assert torch.equal(k_in, expected[0]) and torch.equal(v_in, expected[1])
+        for b in range(batch):
+            rows = slice(int(starts[b]), int(lengths[b]) + new_tokens)
+            keys, values = (sequence_rows(c, table, b, rows) for c in (k_in, v_in))
+            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], keys[None],
+                                    values[None], [keys.shape[0]], dtype, causal=True)
     assert plan_runs == [True] * (CALLS - 1)
 
 
@@ -167,6 +197,12 @@ def test_cache_values_checked_on_every_call(plan_runs):
         ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=lengths,
                                            block_table=bad_table)
     assert plan_runs[2:] == [False, False]
+    new = torch.randn(2, 1, 2, 32)  # an append past the end
+    for _ in range(2):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=lengths - 1)
+    with pytest.raises(ValueError, match="exceeds the cache capacity"):
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=lengths)
+    assert plan_runs[4:] == [True, False]
 
 
 def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
@@ -181,28 +217,32 @@ def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
     ipex_flash.scaled_dot_product_attention(q, *kv, enable_gqa=True)
     k_cache, v_cache = make_cache(2, 96, 2, 64, dtype)
     k_pages, v_pages, table = to_paged(k_cache, v_cache, 32)
-    lengths = torch.tensor([50, 96], dtype=torch.int32)
-    q_cache = torch.randn(2, 1, 8, 64, dtype=dtype)
-    ipex_flash.flash_attn_with_kvcache(q_cache, k_pages, v_pages, cache_seqlens=lengths,
-                                       block_table=table)
+
+    def decode_step(lengths):  # a step of flash_attn_with_kvcache appending one token
+        q, k, v = (torch.randn(2, 1, heads, 64, dtype=dtype) for heads in (8, 2, 2))
+        expected = [after_append(c, table, lengths, n) for c, n in ((k_pages, k), (v_pages, v))]
+        out = ipex_flash.flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cache_seqlens=lengths,
+                                                 block_table=table)
+        assert torch.equal(k_pages, expected[0]) and torch.equal(v_pages, expected[1])
+        ref = torch.cat([flash_attn_reference(
+            q[b:b + 1], *(sequence_rows(c, table, b, slice(0, n + 1))[None]
+                          for c in (k_pages, v_pages)))[0]
+            for b, n in enumerate(lengths.tolist())])
+        return out, ref
+
+    decode_step(torch.tensor([50, 90], dtype=torch.int32))
     serving_step(dtype, 1)
 
     handle = C.cpu_queue_handle()
     monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
     monkeypatch.setattr(launch_plans, "reads_host_memory", lambda device: False)
     outputs = []
-    for _ in range(2):
+    for step in range(2):
         q = torch.randn(2, 8, 1, 64, dtype=dtype)
         kv = [torch.randn(2, 2, 90, 64, dtype=dtype) for _ in range(2)]
         outputs.append((ipex_flash.scaled_dot_product_attention(q, *kv, enable_gqa=True),
                         sdpa_reference(q, *kv)))
-        q_cache = torch.randn(2, 1, 8, 64, dtype=dtype)
-        out = ipex_flash.flash_attn_with_kvcache(q_cache, k_pages, v_pages,
-                                                 cache_seqlens=lengths, block_table=table)
-        ref = torch.cat([flash_attn_reference(q_cache[b:b + 1], k_cache[b:b + 1, :n],
-                                              v_cache[b:b + 1, :n])[0]
-                         for b, n in enumerate(lengths.tolist())])
-        outputs.append((out, ref))
+        outputs.append(decode_step(torch.tensor([51 + step, 91 + step], dtype=torch.int32)))
         outputs.append(serving_step(dtype, 1))
     assert plan_runs == [True] * 6
     for item in outputs:

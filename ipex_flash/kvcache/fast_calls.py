@@ -21,29 +21,33 @@ Tensor = torch.Tensor
 Outputs = tuple[Tensor, Tensor]
 
 
-def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor,
+def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                   v: Optional[Tensor], seqlens_k: Tensor,
                    block_table: Optional[Tensor], k_start: Optional[Tensor],
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], num_splits: int,
                    want_lse: bool, general: Callable[[], Outputs]) -> Outputs:
-    """(out, lse) of q (B, Nq, Hq, D) against the cache, by the plan of this signature, else
-    by general() (which checks and runs the call); lse in natural log when want_lse, else
-    left in the kernels' domain."""
-    key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q), signature(k_cache), signature(v_cache), signature(seqlens_k),
-           signature(block_table), signature(k_start), signature(alibi_slopes), signature(sinks))
+    """(out, lse) of q (B, Nq, Hq, D) against the cache, after appending k, v (B, Nnew, Hkv,
+    D) when given, by the plan of this signature, else by general() (which checks and runs the
+    call); lse in natural log when want_lse, else left in the kernels' domain."""
+    key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q),
+           signature(k_cache), signature(v_cache), signature(k), signature(v),
+           signature(seqlens_k), signature(block_table), signature(k_start),
+           signature(alibi_slopes), signature(sinks))
     plan = launch_plans.cached(key)
     if plan:
         out = launch.output_like(q, v_cache.shape[3])
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
                           device=q.device) if want_lse else None
-        if _run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
-                k_start):
+        if _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k,
+                block_table, k_start):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
     out, lse = general()
     if plan is None:
         launch_plans.remember(key, lambda: _plan(
             q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
-            softcap, alibi_slopes, sinks, num_splits, *kvcache_outputs(q, v_cache)))
+            softcap, alibi_slopes, sinks, num_splits, *kvcache_outputs(q, v_cache), k_new=k,
+            v_new=v))
     return out, lse
 
 
@@ -69,7 +73,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
                                               max_seqlen_k, min_keys=max_seqlen_q)
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
-                        block_table, None, max_len_k):
+                        block_table, max_len_k=max_len_k):
         return out, lse
     return None
 
@@ -124,24 +128,28 @@ def _serving_outputs(q: Tensor, v_cache: Tensor) -> Outputs:
     return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
 
 
-def _run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
+def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
          k_start) -> bool:
     max_len_k = -1
     if not launch_plans.reads_host_memory(q.device):
         capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
         max_len_k = launch_plans.cache_values(seqlens_k, k_start, block_table, k_cache.shape[0],
-                                              capacity)
+                                              capacity, appended=0 if k is None else k.shape[1])
     return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
-                            block_table, k_start, max_len_k)
+                            block_table, k_start, k, v, max_len_k)
 
 
 def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
-          softcap, alibi_slopes, sinks, num_splits, out, lse, min_keys=0, max_keys=-1):
+          softcap, alibi_slopes, sinks, num_splits, out, lse, min_keys=0, max_keys=-1,
+          k_new=None, v_new=None):
     """The plan of a checked call of q (B, Nq, Hq, D), out (B, Nq, Hq, Dv) and lse (B, Hq, Nq)
-    against the cache, or None where the general path adapts the inputs (copies, conversions)."""
+    against the cache (after appending k_new, v_new), or None where the general path adapts
+    the inputs (copies, conversions)."""
     dense = (t for t in (seqlens_k, block_table, k_start, alibi_slopes) if t is not None)
+    appended = [t for t in (k_new, v_new) if t is not None]
     if (k_cache.dtype != q.dtype  # FP8 caches take descales the general path makes
-            or not plain_layout(q, k_cache, v_cache) or not plain_sinks(sinks)
+            or any(t.dtype != k_cache.dtype for t in appended)
+            or not plain_layout(q, k_cache, v_cache, *appended) or not plain_sinks(sinks)
             or not all(t.is_contiguous() for t in dense)
             or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):
         return None
@@ -151,5 +159,8 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
                             k_cache.shape[1])
     if k_start is not None:
         options.k_start = launch.view(k_start)
-    return launch_plans.new_plan(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse,
+    plan = launch_plans.new_plan(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse,
                                  options, num_splits, min_keys, max_keys)
+    if appended:
+        plan.append(*(launch.view(t.transpose(1, 2)) for t in appended))
+    return plan

@@ -66,14 +66,16 @@ def address(t: Optional[Tensor]) -> int:
 def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
         alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
         seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
-        k_start: Optional[Tensor] = None, max_len_k: int = -1) -> bool:
+        k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
+        v_new: Optional[Tensor] = None, max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
     call). lse None: the caller has no use for it (it stays in the plan's scratch). max_len_k:
     see cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), 0, 0, address(seqlens_k),
-                    address(block_table), address(k_start), max_len_k,
+                    address(block_table), address(k_start), address(k_new), address(v_new),
+                    max_len_k,
                     launch.queue_handle(q.device))
 
 
@@ -84,14 +86,14 @@ def reads_host_memory(device: torch.device) -> bool:
 
 
 def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
-                 pages: int, capacity: int, min_keys: int = 0) -> int:
+                 pages: int, capacity: int, min_keys: int = 0, appended: int = 0) -> int:
     """max_len_k for LaunchPlan.run on a device that does not share host memory, from one read:
-    the most keys a sequence attends to, or -1 when a value is out of range (the run then
-    returns False, and the general path names the argument)."""
-    keys = seqlens_k - (0 if k_start is None else k_start)
-    bounds = [keys.max(), keys.min(), seqlens_k.max()]
+    the most keys a sequence attends to (after `appended` new ones), or -1 when a value is out
+    of range (the run then returns False, and the general path names the argument)."""
+    keys = seqlens_k + appended - (0 if k_start is None else k_start)
+    bounds = [keys.max(), keys.min(), seqlens_k.max() + appended, seqlens_k.min()]
     if k_start is not None:
-        bounds.append(k_start.min())
+        bounds += [k_start.min(), (seqlens_k - k_start).min()]
     if block_table is not None and block_table.numel():
         bounds += [block_table.min(), pages - 1 - block_table.max()]
     most, fewest, longest, *rest = torch.stack(bounds).tolist()

@@ -226,4 +226,19 @@ struct DropoutMaskParams {
   DropoutParams dropout;
 };
 
+// New keys and values written into a KV cache (kv_append.hpp), as flash_attn_with_kvcache
+// appends them: token i of sequence b at cache position seqlens[b] + i.
+struct KvAppendParams {
+  const void* k_new;            // (B, Nnew, Hkv, D), read through strides
+  const void* v_new;            // (B, Nnew, Hkv, Dv)
+  void* k_cache;                // (B_cache or pages, capacity or page_size, Hkv, D)
+  void* v_cache;
+  const int32_t* seqlens;       // (B): keys before the append
+  const int32_t* block_table;   // (B, table_stride) pages, or null: cache row b is sequence b
+  int32_t* seqlens_after;       // (B): seqlens + Nnew, the keys the attention then reads
+  BhndStrides k_new_stride, v_new_stride, k_cache_stride, v_cache_stride;  // in elements
+  int64_t table_stride;
+  int32_t batch, new_tokens, heads, head_dim, head_dim_v, page_size;
+};
+
 }  // namespace ipex_flash

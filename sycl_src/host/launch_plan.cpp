@@ -11,6 +11,7 @@
 #include "host/device_queue.hpp"
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
+#include "host/kv_append_launch.hpp"
 #include "host/launch.hpp"
 
 namespace py = pybind11;
@@ -22,6 +23,8 @@ namespace {
 
 constexpr int64_t kDecodeBlockKeys = 16;  // the decode kernel's smallest key block
 constexpr int64_t kScratchAlign = 256;     // bytes: each part of the scratch block starts so
+
+int64_t round_up(int64_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 struct ScratchBlock {
   void* data = nullptr;
@@ -67,6 +70,27 @@ LaunchPlan::LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out,
   make_common(q_, k_, v_, lse_, options_);  // the launches' own checks, once
 }
 
+void LaunchPlan::append(TensorView k_new, TensorView v_new) {
+  if (!options_.seqlens_k || k_new.dtype != k_.dtype || v_new.dtype != v_.dtype ||
+      k_new.sizes != std::vector<int64_t>{q_.sizes[0], k_.sizes[1], k_new.sizes[2], k_.sizes[3]} ||
+      v_new.sizes != std::vector<int64_t>{q_.sizes[0], k_.sizes[1], k_new.sizes[2], v_.sizes[3]})
+    throw std::invalid_argument("ipex_flash: the appended k, v must be (B, Hkv, Nnew, D) views "
+                                "in the cache's dtype, with a cache of known lengths");
+  KvAppendParams a{};
+  a.k_new_stride = bhnd_strides(k_new, "k");
+  a.v_new_stride = bhnd_strides(v_new, "v");
+  a.k_cache_stride = bhnd_strides(k_, "k_cache");
+  a.v_cache_stride = bhnd_strides(v_, "v_cache");
+  a.table_stride = options_.block_table ? options_.block_table->strides[0] : 0;
+  a.batch = static_cast<int32_t>(q_.sizes[0]);
+  a.new_tokens = static_cast<int32_t>(k_new.sizes[2]);
+  a.heads = static_cast<int32_t>(k_.sizes[1]);
+  a.head_dim = static_cast<int32_t>(k_.sizes[3]);
+  a.head_dim_v = static_cast<int32_t>(v_.sizes[3]);
+  a.page_size = options_.page_size;
+  append_ = a;
+}
+
 bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const {
   const int64_t batch = q_.sizes[0];
   const auto* keys = reinterpret_cast<const int32_t*>(at.seqlens_k);
@@ -82,13 +106,14 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
       return false;
   }
   if (limits_.max_keys >= 0) capacity = std::min(capacity, limits_.max_keys);
+  const int64_t appended = append_ ? append_->new_tokens : 0;
   max_len_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t start = starts ? starts[b] : 0;
-    if (keys[b] < 0 || keys[b] > capacity || start < 0 || start > keys[b] ||
-        keys[b] - start < limits_.min_keys)
+    const int64_t start = starts ? starts[b] : 0, after = keys[b] + appended;
+    if (keys[b] < 0 || after > capacity || start < 0 || start > keys[b] ||
+        after - start < limits_.min_keys)
       return false;
-    max_len_k = std::max<int64_t>(max_len_k, keys[b] - start);
+    max_len_k = std::max<int64_t>(max_len_k, after - start);
   }
   return true;
 }
@@ -103,6 +128,14 @@ bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t 
   set_address(options_.seqlens_k, at.seqlens_k);
   set_address(options_.block_table, at.block_table);
   set_address(options_.k_start, at.k_start);
+  if (append_) {
+    append_->k_new = reinterpret_cast<const void*>(at.k_new);
+    append_->v_new = reinterpret_cast<const void*>(at.v_new);
+    append_->k_cache = reinterpret_cast<void*>(at.k);
+    append_->v_cache = reinterpret_cast<void*>(at.v);
+    append_->seqlens = reinterpret_cast<const int32_t*>(at.seqlens_k);
+    append_->block_table = reinterpret_cast<const int32_t*>(at.block_table);
+  }
   if (!options_.seqlens_k) {
     max_len_k = k_.sizes[2];
   } else if (max_len_k < 0) {
@@ -118,23 +151,29 @@ int64_t LaunchPlan::lse_scratch_bytes() const {
   if (lse_.data != 0) return 0;
   int64_t last = 0;  // the view's furthest element
   for (size_t d = 0; d < lse_.sizes.size(); ++d) last += (lse_.sizes[d] - 1) * lse_.strides[d];
-  return (static_cast<int64_t>(sizeof(float)) * (last + 1) + kScratchAlign - 1) / kScratchAlign *
-         kScratchAlign;
+  return round_up(sizeof(float) * (last + 1));
 }
 
 void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   // The scratch block holds the LSE when the caller has no use for it (address 0), then the
   // kernel's own scratch.
   const int64_t lse_bytes = lse_scratch_bytes();
+  const int64_t lengths_bytes = append_ ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
   const auto scratch_for = [&](int64_t bytes) {
-    auto* block = static_cast<char*>(queue_scratch(queue_handle, lse_bytes + bytes));
+    auto* block =
+        static_cast<char*>(queue_scratch(queue_handle, lse_bytes + lengths_bytes + bytes));
     if (lse_bytes) lse_.data = reinterpret_cast<std::uintptr_t>(block);
-    return block + lse_bytes;
+    if (append_) {  // the attention reads the lengths after the append, which writes them
+      append_->seqlens_after = reinterpret_cast<int32_t*>(block + lse_bytes);
+      kv_append(*append_, k_.dtype, queue_handle);
+      options_.seqlens_k->data = reinterpret_cast<std::uintptr_t>(append_->seqlens_after);
+    }
+    return block + lse_bytes + lengths_bytes;
   };
   if (!decode_) {
     const int64_t bytes = fwd_scratch_bytes(q_, k_, v_, options_, queue_handle);
     const auto scratch = reinterpret_cast<std::uintptr_t>(
-        bytes || lse_bytes ? scratch_for(bytes) : nullptr);
+        bytes || lse_bytes || append_ ? scratch_for(bytes) : nullptr);
     flash_fwd(q_, k_, v_, out_, lse_, TensorView{scratch, "uint8", {bytes}, {1}}, options_,
               queue_handle);
     return;
@@ -174,8 +213,9 @@ void bind_launch_plan(py::module_& m) {
                     PlanLimits, std::uintptr_t>(),
            "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "limits"_a, "queue"_a)
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
+      .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
       // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
-      // seqlens_k, block_table, k_start, max_len_k, queue): keyword parsing would cost more than
+      // seqlens_k, block_table, k_start, k_new, v_new, max_len_k, queue): keyword parsing would cost more than
       // the rest of the crossing.
       .def(
           "run",
@@ -183,9 +223,11 @@ void bind_launch_plan(py::module_& m) {
              std::uintptr_t out, std::uintptr_t lse, std::uintptr_t alibi_slopes,
              std::uintptr_t sinks, std::uintptr_t k_descale, std::uintptr_t v_descale,
              std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
-             int64_t max_len_k, std::uintptr_t queue) {
+             std::uintptr_t k_new, std::uintptr_t v_new, int64_t max_len_k,
+             std::uintptr_t queue) {
             return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
-                                          v_descale, seqlens_k, block_table, k_start},
+                                          v_descale, seqlens_k, block_table, k_start, k_new,
+                                          v_new},
                             max_len_k, queue);
           },
           py::call_guard<py::gil_scoped_release>());

@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <mutex>
 
+#include <optional>
+
+#include "device/params.hpp"
 #include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
 
@@ -20,6 +23,7 @@ struct PlanAddresses {
   std::uintptr_t q = 0, k = 0, v = 0, out = 0, lse = 0;
   std::uintptr_t alibi_slopes = 0, sinks = 0, k_descale = 0, v_descale = 0;
   std::uintptr_t seqlens_k = 0, block_table = 0, k_start = 0;
+  std::uintptr_t k_new = 0, v_new = 0;  // keys and values appended to the cache first
 };
 
 // What a plan's calls may ask of the kernels, and the bounds of a KV cache's values.
@@ -37,6 +41,11 @@ class LaunchPlan {
   // replaced on each run. limits: see PlanLimits.
   LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out, TensorView lse,
              AttentionOptions options, PlanLimits limits, std::uintptr_t queue_handle);
+
+  // Each run first appends new keys and values (B, Hkv, Nnew, D) views, in the cache's dtype,
+  // at positions seqlens_k[b] + i (flash_attn_with_kvcache's k, v): the attention then reads
+  // seqlens_k + Nnew keys.
+  void append(TensorView k_new, TensorView v_new);
 
   // Runs the call at these addresses on this queue (one of the device the plan was made
   // for: the current stream's may change between calls). max_len_k: the most keys a sequence
@@ -56,6 +65,7 @@ class LaunchPlan {
   TensorView q_, k_, v_, out_, lse_;
   AttentionOptions options_;
   PlanLimits limits_;
+  std::optional<KvAppendParams> append_;  // with its addresses filled in by each run
   bool decode_;
   bool host_readable_;  // the device reads host memory: the CPU device
   std::mutex mutex_;    // run fills the views in place: one call of a plan at a time

@@ -1,0 +1,39 @@
+#include "host/kv_append_launch.hpp"
+
+#include "host/attention_common.hpp"
+#include "host/device_limits.hpp"
+#include "host/device_queue.hpp"
+#include "host/launch.hpp"
+
+namespace ipex_flash {
+
+namespace {
+
+// The unsigned integer of an element's width: the append copies bits.
+std::string element_bits(const std::string& dtype) {
+  return dtype == "float32" ? "uint32_t" : "uint16_t";
+}
+
+constexpr int kGroup = 64;
+
+}  // namespace
+
+KernelProgram kv_append_program(const std::string& dtype, const DeviceLimits& limits) {
+  KernelVariant variant{dtype, 0, 0, 0, 0};
+  variant.cpu_device = limits.is_cpu;
+  return {"kv_append.hpp", {"ipex_flash::kv_append_kernel<" + element_bits(dtype) + ">"},
+          program_options(variant)};
+}
+
+void kv_append(const KvAppendParams& params, const std::string& dtype,
+               std::uintptr_t queue_handle) {
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  const sycl::kernel kernel =
+      get_kernels(queue, kv_append_program(dtype, device_limits(queue.get_device())))[0];
+  const int64_t rows = std::max<int64_t>(
+      params.batch, static_cast<int64_t>(params.batch) * params.new_tokens * params.heads);
+  submit_kernel(queue, kernel, params, block_range(1, (rows + kGroup - 1) / kGroup, kGroup),
+                "kv_append");
+}
+
+}  // namespace ipex_flash

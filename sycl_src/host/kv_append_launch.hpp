@@ -1,0 +1,22 @@
+// Host side of the KV-cache append (sycl_src/device/kv_append.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "device/params.hpp"
+#include "host/kernel_cache.hpp"
+#include "host/variants.hpp"
+
+namespace ipex_flash {
+
+// The program copying elements of `dtype` (float32, float16, bfloat16) for a device of these
+// limits.
+KernelProgram kv_append_program(const std::string& dtype, const DeviceLimits& limits);
+
+// Submits the append described by params (addresses, strides and sizes filled in) on the
+// queue, after the work already on it; the caller's next launch on the queue runs after it.
+void kv_append(const KvAppendParams& params, const std::string& dtype,
+               std::uintptr_t queue_handle);
+
+}  // namespace ipex_flash
