@@ -31,7 +31,7 @@ FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
 class Selection:
     """A call planned for a target, and what the host chose for it."""
     target: str
-    family: str         # forward, backward, decode, dropout_mask
+    family: str         # forward, backward, decode, dropout_mask, kv_append
     dtype: str
     head_dim: int
     features: int       # FEATURE_* bits, see FEATURE_SETS
@@ -79,6 +79,8 @@ def _calls(full: bool):
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
                     yield "fp8_decode", dtype, head_dim, features, rows, "auto"
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
+    for dtype in ("float32", "bfloat16"):  # copies bits: 32- and 16-bit elements
+        yield "kv_append", dtype, 64, 0, 1, "auto"
 
 
 def plan_target(target: str, full: bool) -> list:

@@ -10,6 +10,7 @@
 #include "host/flash_bwd_launch.hpp"
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
+#include "host/kv_append_launch.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
@@ -40,7 +41,7 @@ DeviceLimits limits_named(const std::string& profile) {
 }
 
 // The variant and program of one kernel family for a problem: "forward", "backward",
-// "decode" (rows = query rows per K/V head) or "dropout_mask".
+// "decode" (rows = query rows per K/V head), "dropout_mask" or "kv_append".
 py::dict plan(const std::string& family, const std::string& profile, const std::string& dtype,
               int head_dim, int features, int rows, const std::string& mode) {
   const DeviceLimits limits = limits_named(profile);
@@ -60,6 +61,8 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     program = dropout_mask_program();
     variant.cpu_device = limits.is_cpu;
     program.options = program_options(variant);
+  } else if (family == "kv_append") {
+    program = kv_append_program(dtype, limits);
   } else {
     throw std::invalid_argument("ipex_flash: unknown kernel family '" + family + "'");
   }
