@@ -14,6 +14,7 @@ from ipex_flash.ops import launch, launch_plans
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
 from conftest import DTYPES, OUTPUT_TOLERANCE, check_against_reference, make_cache, to_paged
+from test_fp8_kvcache import quantised_cache
 from test_paged_varlen import paged_batch
 
 CALLS = 3  # the first builds the plan, the others run it
@@ -125,6 +126,38 @@ def test_kvcache_repeats(dtype, layout, new_tokens, plan_runs):
             keys, values = (sequence_rows(c, table, b, rows) for c in (k_in, v_in))
             check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], keys[None],
                                     values[None], [keys.shape[0]], dtype, causal=True)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_kvcache_repeats(fp8, per_head, paged, plan_runs):
+    """FP8 caches with their descales (one value, or (batch, nheads_k)), and appends of keys and
+    values already in the cache's dtype, on every call of one signature."""
+    batch, capacity = 3, 200
+    for _ in range(CALLS):
+        (k_cache, v_cache), descales, (k64, v64) = quantised_cache(batch, capacity, 2, 64, fp8,
+                                                                   per_head)
+        q = torch.randn(batch, 1, 8, 64, dtype=torch.bfloat16)
+        new = [torch.randn(batch, 1, 2, 64).to(fp8) for _ in range(2)]
+        lengths = torch.randint(1, capacity, (batch,), dtype=torch.int32)
+        table = None
+        k_in, v_in = k_cache, v_cache
+        if paged:
+            k_in, v_in, table = to_paged(k_cache, v_cache, 32)
+        out = ipex_flash.flash_attn_with_kvcache(
+            q, k_in, v_in, *new, cache_seqlens=lengths, block_table=table,
+            k_descale=descales[0], v_descale=descales[1])
+        for b in range(batch):
+            rows = slice(0, int(lengths[b]) + 1)
+            keys, values = (sequence_rows(c, table, b, rows).double() for c in (k_in, v_in))
+            scales = [d[b].view(1, -1, 1).double() if per_head else float(d) for d in descales]
+            ref, _ = flash_attn_reference(q[b:b + 1], (keys * scales[0])[None],
+                                          (values * scales[1])[None])
+            check(out[b:b + 1], ref, torch.bfloat16)
+            appended = sequence_rows(k_in, table, b, slice(rows.stop - 1, rows.stop))
+            assert torch.equal(appended.view(torch.uint8), new[0][b].view(torch.uint8))
     assert plan_runs == [True] * (CALLS - 1)
 
 

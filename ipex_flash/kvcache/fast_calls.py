@@ -11,6 +11,7 @@ from typing import Callable, Optional
 import torch
 
 from ipex_flash._runtime import C
+from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options, kvcache_outputs
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.ops.fast_path import plain_layout, plain_sinks
@@ -26,28 +27,30 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
                    block_table: Optional[Tensor], k_start: Optional[Tensor],
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], num_splits: int,
-                   want_lse: bool, general: Callable[[], Outputs]) -> Outputs:
+                   k_descale: Optional[Tensor], v_descale: Optional[Tensor], want_lse: bool,
+                   general: Callable[[], Outputs]) -> Outputs:
     """(out, lse) of q (B, Nq, Hq, D) against the cache, after appending k, v (B, Nnew, Hkv,
     D) when given, by the plan of this signature, else by general() (which checks and runs the
     call); lse in natural log when want_lse, else left in the kernels' domain."""
     key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q),
            signature(k_cache), signature(v_cache), signature(k), signature(v),
            signature(seqlens_k), signature(block_table), signature(k_start),
-           signature(alibi_slopes), signature(sinks))
+           signature(alibi_slopes), signature(sinks), signature(k_descale), signature(v_descale))
     plan = launch_plans.cached(key)
     if plan:
+        descales = _descales(q, k_cache, k_descale, v_descale)
         out = launch.output_like(q, v_cache.shape[3])
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
                           device=q.device) if want_lse else None
         if _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k,
-                block_table, k_start):
+                block_table, k_start, descales):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
     out, lse = general()
     if plan is None:
         launch_plans.remember(key, lambda: _plan(
             q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
             softcap, alibi_slopes, sinks, num_splits, *kvcache_outputs(q, v_cache), k_new=k,
-            v_new=v))
+            v_new=v, descales=_descales(q, k_cache, k_descale, v_descale)))
     return out, lse
 
 
@@ -128,27 +131,36 @@ def _serving_outputs(q: Tensor, v_cache: Tensor) -> Outputs:
     return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
 
 
+def _descales(q, k_cache, k_descale, v_descale) -> tuple:
+    """An FP8 cache's descales as the kernels read them (fp8_quant.descales); (None, None)
+    otherwise."""
+    if not fp8_quant.is_fp8(k_cache):
+        return None, None
+    return fp8_quant.descales("ipex_flash.flash_attn_with_kvcache", k_descale, v_descale, True,
+                              q.shape[0], k_cache.shape[2], q.device)
+
+
 def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
-         k_start) -> bool:
+         k_start, descales) -> bool:
     max_len_k = -1
     if not launch_plans.reads_host_memory(q.device):
         capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
         max_len_k = launch_plans.cache_values(seqlens_k, k_start, block_table, k_cache.shape[0],
                                               capacity, appended=0 if k is None else k.shape[1])
     return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
-                            block_table, k_start, k, v, max_len_k)
+                            block_table, k_start, k, v, descales, max_len_k)
 
 
 def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
           softcap, alibi_slopes, sinks, num_splits, out, lse, min_keys=0, max_keys=-1,
-          k_new=None, v_new=None):
+          k_new=None, v_new=None, descales=(None, None)):
     """The plan of a checked call of q (B, Nq, Hq, D), out (B, Nq, Hq, Dv) and lse (B, Hq, Nq)
-    against the cache (after appending k_new, v_new), or None where the general path adapts
-    the inputs (copies, conversions)."""
+    against the cache (after appending k_new, v_new; an FP8 cache's descales as _descales
+    gives them), or None where the general path adapts the inputs (copies, conversions)."""
     dense = (t for t in (seqlens_k, block_table, k_start, alibi_slopes) if t is not None)
     appended = [t for t in (k_new, v_new) if t is not None]
-    if (k_cache.dtype != q.dtype  # FP8 caches take descales the general path makes
-            or any(t.dtype != k_cache.dtype for t in appended)
+    if (any(t.dtype != k_cache.dtype for t in appended)  # (16-bit into FP8: quantised)
+            or (fp8_quant.is_fp8(k_cache) and descales[0] is None)
             or not plain_layout(q, k_cache, v_cache, *appended) or not plain_sinks(sinks)
             or not all(t.is_contiguous() for t in dense)
             or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):
@@ -156,7 +168,7 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
     left, right = check_window("ipex_flash.flash_attn_with_kvcache", window)
     options = cache_options(resolve_scale(softmax_scale, q.shape[-1]), causal, left, right,
                             float(softcap), alibi_slopes, sinks, seqlens_k, 1, block_table,
-                            k_cache.shape[1])
+                            k_cache.shape[1], *descales)
     if k_start is not None:
         options.k_start = launch.view(k_start)
     plan = launch_plans.new_plan(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse,

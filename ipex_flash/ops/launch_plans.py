@@ -67,13 +67,16 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
         seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
         k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
-        v_new: Optional[Tensor] = None, max_len_k: int = -1) -> bool:
+        v_new: Optional[Tensor] = None, descales: tuple = (None, None),
+        max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
-    call). lse None: the caller has no use for it (it stays in the plan's scratch). max_len_k:
-    see cache_values."""
+    call). lse None: the caller has no use for it (it stays in the plan's scratch). descales:
+    an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. max_len_k: see
+    cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
-                    address(alibi_slopes), address(sinks), 0, 0, address(seqlens_k),
+                    address(alibi_slopes), address(sinks), address(descales[0]),
+                    address(descales[1]), address(seqlens_k),
                     address(block_table), address(k_start), address(k_new), address(v_new),
                     max_len_k,
                     launch.queue_handle(q.device))

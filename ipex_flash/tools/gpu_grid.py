@@ -79,7 +79,7 @@ def _calls(full: bool):
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
                     yield "fp8_decode", dtype, head_dim, features, rows, "auto"
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
-    for dtype in ("float32", "bfloat16"):  # copies bits: 32- and 16-bit elements
+    for dtype in ("float32", "bfloat16", "float8_e4m3fn"):  # copies bits: 32, 16, 8
         yield "kv_append", dtype, 64, 0, 1, "auto"
 
 

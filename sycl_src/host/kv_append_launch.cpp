@@ -11,7 +11,8 @@ namespace {
 
 // The unsigned integer of an element's width: the append copies bits.
 std::string element_bits(const std::string& dtype) {
-  return dtype == "float32" ? "uint32_t" : "uint16_t";
+  if (dtype == "float32") return "uint32_t";
+  return kv_feature(dtype) != 0 ? "uint8_t" : "uint16_t";  // FP8, or 16-bit floats
 }
 
 constexpr int kGroup = 64;

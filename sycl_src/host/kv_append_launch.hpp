@@ -10,8 +10,8 @@
 
 namespace ipex_flash {
 
-// The program copying elements of `dtype` (float32, float16, bfloat16) for a device of these
-// limits.
+// The program copying elements of `dtype` (float32, float16, bfloat16, or an FP8 cache's) for a
+// device of these limits.
 KernelProgram kv_append_program(const std::string& dtype, const DeviceLimits& limits);
 
 // Submits the append described by params (addresses, strides and sizes filled in) on the
