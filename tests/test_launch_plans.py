@@ -189,6 +189,26 @@ def test_serving_decode_repeats(dtype, new_tokens, plan_runs):
     assert plan_runs == [True] * (CALLS - 1)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_serving_decode_repeats(fp8, plan_runs):
+    """The serving call's decode step over an FP8 page pool with one descale per tensor."""
+    for _ in range(CALLS):
+        lengths = [(1, int(n)) for n in torch.randint(257, 289, (5,))]
+        q, k_pages, v_pages, table, cu_q, seqused, _ = paged_batch(lengths, 8, 2, 64, 32,
+                                                                   torch.bfloat16)
+        descales = [torch.rand(()) + 0.25 for _ in range(2)]
+        pages = [(p.float() / d).to(fp8) for p, d in zip((k_pages, v_pages), descales)]
+        out = ipex_flash.flash_attn_varlen_func(
+            q, *pages, cu_q, None, 1, 400, causal=True, block_table=table, seqused_k=seqused,
+            k_descale=descales[0], v_descale=descales[1])
+        for b, (_, n_k) in enumerate(lengths):
+            keys, values = (sequence_rows(p.double() * float(d), table, b, slice(0, n_k))
+                            for p, d in zip(pages, descales))
+            ref, _ = flash_attn_reference(q[b:b + 1, None], keys[None], values[None], causal=True)
+            check(out[b:b + 1], ref[0], torch.bfloat16)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
 @pytest.mark.parametrize("case", ["strided_last_dim", "odd_16bit_head_dim"])
 def test_kernel_choice_of_plans(case, plan_runs):
     """A strided last dimension, which the general path copies, gets no plan; 16-bit rows not

@@ -58,13 +58,15 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
                    seqused_k: Tensor, block_table: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+                   k_descale: Optional[Tensor], v_descale: Optional[Tensor],
                    want_lse: bool) -> Optional[Outputs]:
     """(out (total_q, Hq, Dv), lse (Hq, total_q) in the exp2 domain, or None unless want_lse)
     of a serving call whose sequences all have max_seqlen_q new tokens, by the plan of this
     signature; None when there is none yet (the caller takes the general path, then calls
     remember_serving) or the call is not such a step."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks)
+                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
+                       k_descale, v_descale)
     plan = launch_plans.cached(key)
     if not plan or not _uniform(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
         return None
@@ -75,20 +77,22 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
     if not launch_plans.reads_host_memory(q.device):
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
                                               max_seqlen_k, min_keys=max_seqlen_q)
+    descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
-                        block_table, max_len_k=max_len_k):
+                        block_table, descales=descales, max_len_k=max_len_k):
         return out, lse
     return None
 
 
 def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                     sinks) -> None:
+                     max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
+                     k_descale, v_descale) -> None:
     """After a general serving call succeeded: the plan of its signature, when it is a decode
     step (every sequence max_seqlen_q new tokens, which see a key each: the split-KV decode
     kernel's rows)."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks)
+                       max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
+                       k_descale, v_descale)
     if launch_plans.cached(key) is not None:
         return
     batch = block_table.shape[0]
@@ -104,17 +108,20 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
                      window, softcap, alibi_slopes, sinks, 0,
                      out.view(batch, max_seqlen_q, *out.shape[1:]),
                      lse.view(lse.shape[0], batch, max_seqlen_q).transpose(0, 1),
-                     min_keys=max_seqlen_q, max_keys=max_seqlen_k)
+                     min_keys=max_seqlen_q, max_keys=max_seqlen_k,
+                     descales=_descales(q, k_cache, k_descale, v_descale, batch))
 
     launch_plans.remember(key, build)
 
 
 def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks) -> tuple:
+                 max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
+                 k_descale, v_descale) -> tuple:
     return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
             signature(q), signature(k_cache), signature(v_cache),
             signature(cu_seqlens_q), signature(seqused_k), signature(block_table),
-            signature(alibi_slopes), signature(sinks))
+            signature(alibi_slopes), signature(sinks), signature(k_descale),
+            signature(v_descale))
 
 
 def _uniform(cu_seqlens: Tensor, batch: int, length: int) -> bool:
@@ -131,13 +138,13 @@ def _serving_outputs(q: Tensor, v_cache: Tensor) -> Outputs:
     return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
 
 
-def _descales(q, k_cache, k_descale, v_descale) -> tuple:
-    """An FP8 cache's descales as the kernels read them (fp8_quant.descales); (None, None)
-    otherwise."""
+def _descales(q, k_cache, k_descale, v_descale, batch=None) -> tuple:
+    """An FP8 cache's descales as the kernels read them (fp8_quant.descales), for `batch`
+    sequences (default q's); (None, None) otherwise."""
     if not fp8_quant.is_fp8(k_cache):
         return None, None
     return fp8_quant.descales("ipex_flash.flash_attn_with_kvcache", k_descale, v_descale, True,
-                              q.shape[0], k_cache.shape[2], q.device)
+                              q.shape[0] if batch is None else batch, k_cache.shape[2], q.device)
 
 
 def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,

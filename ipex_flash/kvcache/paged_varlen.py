@@ -189,11 +189,11 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
     # A decode step (every sequence the same few new tokens) repeats its launch plan once a
     # first call of the same signature has been checked and run by the op.
     plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, causal, (left, right), softcap, alibi_slopes, sinks)
-    fast = (k_descale is None and v_descale is None and type(max_seqlen_q) is int
-            and type(max_seqlen_k) is int
+                 max_seqlen_k, softmax_scale, causal, (left, right), softcap, alibi_slopes, sinks,
+                 k_descale, v_descale)
+    fast = (type(max_seqlen_q) is int and type(max_seqlen_k) is int
             and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
-                                     alibi_slopes, sinks))
+                                     alibi_slopes, sinks, k_descale, v_descale))
     result = fast_calls.serving_decode(*plan_args, return_attn_probs) if fast else None
     if result is not None:
         out, lse = result
