@@ -68,22 +68,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
-    if (rotary_cos is None and rotary_sin is None and cache_batch_idx is None
-            and isinstance(cache_seqlens, Tensor)
+    if (cache_batch_idx is None and isinstance(cache_seqlens, Tensor)
             and type(window_size) is tuple and type(num_splits) is int
             and not needs_dispatcher(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                     cache_leftpad, alibi_slopes, sinks, k_descale, v_descale)
+                                     cache_leftpad, alibi_slopes, sinks, k_descale, v_descale,
+                                     rotary_cos, rotary_sin)
             and not (k_cache.requires_grad or v_cache.requires_grad)):
         # A decode step: its launch plan (append included), once a first call of the same
         # signature has been checked and run by the general path.
         out, lse = fast_calls.kvcache_decode(
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, softmax_scale,
             causal, window_size, softcap, alibi_slopes, sinks, num_splits, k_descale,
-            v_descale, return_softmax_lse,
-            general=lambda: _general(q, k_cache, v_cache, k, v, None, None, cache_seqlens,
-                                     None, cache_leftpad, block_table, softmax_scale, causal,
-                                     window_size, softcap, False, alibi_slopes, num_splits,
-                                     sinks, k_descale, v_descale))
+            v_descale, (rotary_cos, rotary_sin, rotary_interleaved), return_softmax_lse,
+            general=lambda: _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                     cache_seqlens, None, cache_leftpad, block_table,
+                                     softmax_scale, causal, window_size, softcap,
+                                     rotary_interleaved, alibi_slopes, num_splits, sinks,
+                                     k_descale, v_descale))
         return (out, lse) if return_softmax_lse else out
     out, lse = _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,

@@ -4,6 +4,7 @@ what plans do not serve falls back to the general path; a KV cache's values are 
 every call; and the XPU path (a queue by handle, the cache's values read from the device) runs
 through a queue-handle seam on the CPU device."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
 from conftest import DTYPES, OUTPUT_TOLERANCE, check_against_reference, make_cache, to_paged
 from test_fp8_kvcache import quantised_cache
+from test_kvcache_api import expected as rotary_expected
 from test_paged_varlen import paged_batch
 
 CALLS = 3  # the first builds the plan, the others run it
@@ -158,6 +160,39 @@ def test_fp8_kvcache_repeats(fp8, per_head, paged, plan_runs):
             check(out[b:b + 1], ref, torch.bfloat16)
             appended = sequence_rows(k_in, table, b, slice(rows.stop - 1, rows.stop))
             assert torch.equal(appended.view(torch.uint8), new[0][b].view(torch.uint8))
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (False, (50, 0))])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("rotary_dim,new", [(64, 1), (32, 3)])
+@pytest.mark.parametrize("paged,float32_tables", [(False, False), (True, True)])
+def test_rotary_kvcache_repeats(dtype, causal, window, interleaved, rotary_dim, new, paged,
+                                float32_tables, plan_runs):
+    """The rotary embedding of the new keys and of the queries, in the plan's append, at new
+    positions and tables on every call (the tables in float32 or q's dtype)."""
+    batch, capacity = 2, 192
+    for _ in range(CALLS):
+        k_cache, v_cache = make_cache(batch, capacity, 2, 64, dtype)
+        before = k_cache.clone(), v_cache.clone()
+        q = torch.randn(batch, new, 8, 64, dtype=dtype)
+        k_new, v_new = (torch.randn(batch, new, 2, 64, dtype=dtype) for _ in range(2))
+        seqlens = torch.randint(0, capacity - new + 1, (batch,), dtype=torch.int32)
+        angles = torch.rand(capacity, rotary_dim // 2, dtype=torch.float64) * 2 * math.pi
+        tables = [t.to(torch.float32 if float32_tables else dtype)
+                  for t in (angles.cos(), angles.sin())]
+        k_in, v_in, table = k_cache, v_cache, None
+        if paged:
+            k_in, v_in, table = to_paged(k_cache, v_cache, 32)
+        out = ipex_flash.flash_attn_with_kvcache(
+            q, k_in, v_in, k_new, v_new, *tables, seqlens, block_table=table, causal=causal,
+            window_size=window, rotary_interleaved=interleaved)
+        # the reference rotates with the tables as given (rounded to the dtype or not)
+        used = torch.atan2(tables[1].double(), tables[0].double())
+        want = rotary_expected(q, *before, k_new, v_new, seqlens, [0, 1], causal, used,
+                               interleaved, window)
+        check(out, want, dtype)
     assert plan_runs == [True] * (CALLS - 1)
 
 

@@ -27,15 +27,17 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
                    block_table: Optional[Tensor], k_start: Optional[Tensor],
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], num_splits: int,
-                   k_descale: Optional[Tensor], v_descale: Optional[Tensor], want_lse: bool,
-                   general: Callable[[], Outputs]) -> Outputs:
+                   k_descale: Optional[Tensor], v_descale: Optional[Tensor], rotary: tuple,
+                   want_lse: bool, general: Callable[[], Outputs]) -> Outputs:
     """(out, lse) of q (B, Nq, Hq, D) against the cache, after appending k, v (B, Nnew, Hkv,
     D) when given, by the plan of this signature, else by general() (which checks and runs the
-    call); lse in natural log when want_lse, else left in the kernels' domain."""
+    call); lse in natural log when want_lse, else left in the kernels' domain. rotary:
+    (rotary_cos, rotary_sin, rotary_interleaved), the tables None without."""
     key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q),
            signature(k_cache), signature(v_cache), signature(k), signature(v),
            signature(seqlens_k), signature(block_table), signature(k_start),
-           signature(alibi_slopes), signature(sinks), signature(k_descale), signature(v_descale))
+           signature(alibi_slopes), signature(sinks), signature(k_descale), signature(v_descale),
+           signature(rotary[0]), signature(rotary[1]), rotary[2])
     plan = launch_plans.cached(key)
     if plan:
         descales = _descales(q, k_cache, k_descale, v_descale)
@@ -43,14 +45,15 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
                           device=q.device) if want_lse else None
         if _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k,
-                block_table, k_start, descales):
+                block_table, k_start, descales, rotary[:2], _rotated(q, k, causal, window)):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
     out, lse = general()
     if plan is None:
         launch_plans.remember(key, lambda: _plan(
             q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
             softcap, alibi_slopes, sinks, num_splits, *kvcache_outputs(q, v_cache), k_new=k,
-            v_new=v, descales=_descales(q, k_cache, k_descale, v_descale)))
+            v_new=v, descales=_descales(q, k_cache, k_descale, v_descale),
+            rotary=(*rotary, causal or tuple(window) != (-1, -1))))
     return out, lse
 
 
@@ -147,27 +150,43 @@ def _descales(q, k_cache, k_descale, v_descale, batch=None) -> tuple:
                               q.shape[0] if batch is None else batch, k_cache.shape[2], q.device)
 
 
+def _rotated(q, k, causal, window) -> int:
+    """Positions from cache_seqlens[b] on whose rotary table rows the call reads: the new
+    keys', and the queries' when they advance (causal or local masks, as in flash-attn)."""
+    local = causal or tuple(window) != (-1, -1)
+    return max(0 if k is None else k.shape[1], q.shape[1] if local else 1)
+
+
 def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
-         k_start, descales) -> bool:
+         k_start, descales, tables, rotated) -> bool:
     max_len_k = -1
     if not launch_plans.reads_host_memory(q.device):
         capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-        max_len_k = launch_plans.cache_values(seqlens_k, k_start, block_table, k_cache.shape[0],
-                                              capacity, appended=0 if k is None else k.shape[1])
+        max_len_k = launch_plans.cache_values(
+            seqlens_k, k_start, block_table, k_cache.shape[0], capacity,
+            appended=0 if k is None else k.shape[1],
+            rotated=rotated if tables[0] is not None else 0,
+            rotary_rows=0 if tables[0] is None else tables[0].shape[0])
     return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
-                            block_table, k_start, k, v, descales, max_len_k)
+                            block_table, k_start, k, v, descales, tables, max_len_k)
 
 
 def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
           softcap, alibi_slopes, sinks, num_splits, out, lse, min_keys=0, max_keys=-1,
-          k_new=None, v_new=None, descales=(None, None)):
+          k_new=None, v_new=None, descales=(None, None), rotary=(None, None, True, True)):
     """The plan of a checked call of q (B, Nq, Hq, D), out (B, Nq, Hq, Dv) and lse (B, Hq, Nq)
     against the cache (after appending k_new, v_new; an FP8 cache's descales as _descales
-    gives them), or None where the general path adapts the inputs (copies, conversions)."""
+    gives them; rotary: cos, sin, interleaved, whether query positions advance), or None
+    where the general path adapts the inputs (copies, conversions)."""
     dense = (t for t in (seqlens_k, block_table, k_start, alibi_slopes) if t is not None)
     appended = [t for t in (k_new, v_new) if t is not None]
+    cos, sin, interleaved, advance = rotary
     if (any(t.dtype != k_cache.dtype for t in appended)  # (16-bit into FP8: quantised)
             or (fp8_quant.is_fp8(k_cache) and descales[0] is None)
+            or (cos is not None and not (
+                q.is_contiguous() and cos.dtype in (torch.float32, q.dtype)
+                and sin.dtype == cos.dtype and cos.stride() == sin.stride()
+                and cos.stride(1) == 1 and not fp8_quant.is_fp8(k_cache)))
             or not plain_layout(q, k_cache, v_cache, *appended) or not plain_sinks(sinks)
             or not all(t.is_contiguous() for t in dense)
             or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):
@@ -182,4 +201,6 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
                                  options, num_splits, min_keys, max_keys)
     if appended:
         plan.append(*(launch.view(t.transpose(1, 2)) for t in appended))
+    if cos is not None:
+        plan.rotary(launch.view(cos), launch.view(sin), bool(interleaved), advance)
     return plan

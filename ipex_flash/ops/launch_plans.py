@@ -68,17 +68,17 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
         k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
         v_new: Optional[Tensor] = None, descales: tuple = (None, None),
-        max_len_k: int = -1) -> bool:
+        rotary: tuple = (None, None), max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
     call). lse None: the caller has no use for it (it stays in the plan's scratch). descales:
-    an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. max_len_k: see
-    cache_values."""
+    an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. rotary: the
+    (rotary_cos, rotary_sin) tables. max_len_k: see cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
                     address(descales[1]), address(seqlens_k),
                     address(block_table), address(k_start), address(k_new), address(v_new),
-                    max_len_k,
+                    address(rotary[0]), address(rotary[1]), max_len_k,
                     launch.queue_handle(q.device))
 
 
@@ -89,12 +89,16 @@ def reads_host_memory(device: torch.device) -> bool:
 
 
 def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
-                 pages: int, capacity: int, min_keys: int = 0, appended: int = 0) -> int:
+                 pages: int, capacity: int, min_keys: int = 0, appended: int = 0,
+                 rotated: int = 0, rotary_rows: int = 0) -> int:
     """max_len_k for LaunchPlan.run on a device that does not share host memory, from one read:
     the most keys a sequence attends to (after `appended` new ones), or -1 when a value is out
-    of range (the run then returns False, and the general path names the argument)."""
+    of range (the run then returns False, and the general path names the argument). rotated:
+    positions from seqlens_k[b] on that read rows of rotary tables of rotary_rows rows."""
     keys = seqlens_k + appended - (0 if k_start is None else k_start)
     bounds = [keys.max(), keys.min(), seqlens_k.max() + appended, seqlens_k.min()]
+    if rotated:
+        bounds.append(rotary_rows - rotated - seqlens_k.max())
     if k_start is not None:
         bounds += [k_start.min(), (seqlens_k - k_start).min()]
     if block_table is not None and block_table.numel():

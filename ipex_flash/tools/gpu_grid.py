@@ -81,6 +81,8 @@ def _calls(full: bool):
     yield "dropout_mask", "float32", 64, 0, 1, "auto"
     for dtype in ("float32", "bfloat16", "float8_e4m3fn"):  # copies bits: 32, 16, 8
         yield "kv_append", dtype, 64, 0, 1, "auto"
+    for dtype in ("float32", "bfloat16"):
+        yield "kv_append", dtype, 64, 0, 1, "rotary"
 
 
 def plan_target(target: str, full: bool) -> list:
@@ -128,7 +130,8 @@ def ocloc_device(target: str) -> str:
 
 # Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>";
 # the binary lists the mangled "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64E...".
-# Both reduce to (name, element type, integer arguments; a bool argument counts as 0 or 1).
+# Both reduce to (name, element type, integer arguments; a bool argument counts as 0 or 1;
+# type arguments past the first are left out).
 def _type_class(text: str) -> str:
     if "bfloat16" in text:
         return "bfloat16"
@@ -143,7 +146,8 @@ def registered_key(name: str) -> tuple:
     dtype = _type_class(parts[0]) if parts else ""
     flags = {"false": 0, "true": 1}
     return base.split("::")[-1], dtype, tuple(flags[a] if a in flags else int(a)
-                                              for a in parts[1:])
+                                              for a in parts[1:]
+                                              if a in flags or a.lstrip("-").isdigit())
 
 
 _MANGLED = re.compile(r"__sycl_kernel_ipex_flash(\d+)")

@@ -1,16 +1,43 @@
 // The append of flash_attn_with_kvcache's new keys and values into the cache, in place: one
 // launch before the attention on the same queue, reading the lengths and pages on the device
-// (a GPU's launch plan never waits for the host). Elements are copied as bits (ELEMENT: an
-// unsigned integer of the dtype's width).
+// (a GPU's launch plan never waits for the host). kv_append_kernel copies elements as bits
+// (ELEMENT: an unsigned integer of the dtype's width); kv_append_rotary_kernel also applies
+// the rotary embedding to the new keys and to the queries, in float32 as the general path does.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
+#include "dtypes.hpp"
 #include "params.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
+
+// Where new token `token` of sequence b goes: the cache row (sequence or page) and position in
+// it; and the token's position in its sequence.
+struct AppendSlot {
+  int64_t slot, row, position;
+};
+
+inline AppendSlot append_slot(const KvAppendParams& p, int64_t b, int64_t token) {
+  const int64_t position = p.seqlens[b] + token;
+  if (p.block_table == nullptr) return {b, position, position};
+  return {p.block_table[b * p.table_stride + position / p.page_size], position % p.page_size,
+          position};
+}
+
+template <typename ELEMENT>
+inline ELEMENT* row_at(void* base, const BhndStrides& s, int64_t batch, int64_t head,
+                       int64_t row) {
+  return static_cast<ELEMENT*>(base) + batch * s.batch + head * s.head + row * s.row;
+}
+
+template <typename ELEMENT>
+inline const ELEMENT* row_at(const void* base, const BhndStrides& s, int64_t batch,
+                             int64_t head, int64_t row) {
+  return static_cast<const ELEMENT*>(base) + batch * s.batch + head * s.head + row * s.row;
+}
 
 // One work-item per (sequence, new token, K/V head): copies that head's key and value rows.
 // Work-items 0 .. B - 1 also write the lengths after the append.
@@ -23,22 +50,61 @@ void kv_append_kernel(KvAppendParams p) {
   if (index >= static_cast<int64_t>(p.batch) * p.new_tokens * p.heads) return;
   const int64_t head = index % p.heads, token = index / p.heads % p.new_tokens;
   const int64_t b = index / (static_cast<int64_t>(p.heads) * p.new_tokens);
-  const int64_t position = p.seqlens[b] + token;
-  int64_t slot = b, row = position;  // cache row, and position in it
-  if (p.block_table != nullptr) {
-    slot = p.block_table[b * p.table_stride + position / p.page_size];
-    row = position % p.page_size;
+  const AppendSlot at = append_slot(p, b, token);
+  const ELEMENT* k = row_at<ELEMENT>(p.k_new, p.k_new_stride, b, head, token);
+  const ELEMENT* v = row_at<ELEMENT>(p.v_new, p.v_new_stride, b, head, token);
+  ELEMENT* k_out = row_at<ELEMENT>(p.k_cache, p.k_cache_stride, at.slot, head, at.row);
+  ELEMENT* v_out = row_at<ELEMENT>(p.v_cache, p.v_cache_stride, at.slot, head, at.row);
+  for (int d = 0; d < p.head_dim; ++d) k_out[d] = k[d];
+  for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = v[d];
+}
+
+// A row of head_dim features rotated at `position` into `out`: pairs (2i, 2i + 1) when
+// interleaved (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX); features past rotary_dim are
+// copied.
+template <typename T, typename COS>
+inline void rotate_row(const KvAppendParams& p, const T* in, T* out, int64_t position) {
+  const COS* cos = static_cast<const COS*>(p.cos) + position * p.cos_stride;
+  const COS* sin = static_cast<const COS*>(p.sin) + position * p.cos_stride;
+  const int half = p.rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
+    const float x = to_float(in[a]), y = to_float(in[b]);
+    const float c = to_float(cos[i]), s = to_float(sin[i]);
+    out[a] = from_float<T>(x * c - y * s);
+    out[b] = from_float<T>(x * s + y * c);
   }
-  const auto copy = [&](const void* from, const BhndStrides& from_stride, void* to,
-                        const BhndStrides& to_stride, int dim) {
-    const ELEMENT* src = static_cast<const ELEMENT*>(from) + b * from_stride.batch +
-                         head * from_stride.head + token * from_stride.row;
-    ELEMENT* dst = static_cast<ELEMENT*>(to) + slot * to_stride.batch + head * to_stride.head +
-                   row * to_stride.row;
-    for (int d = 0; d < dim; ++d) dst[d] = src[d];
-  };
-  copy(p.k_new, p.k_new_stride, p.k_cache, p.k_cache_stride, p.head_dim);
-  copy(p.v_new, p.v_new_stride, p.v_cache, p.v_cache_stride, p.head_dim_v);
+  for (int d = p.rotary_dim; d < p.head_dim; ++d) out[d] = in[d];
+}
+
+// kv_append_kernel with the rotary embedding: work-items past the keys' rotate a query row
+// each (sequence, query token, query head) into q_rotated.
+template <typename T, typename COS>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void kv_append_rotary_kernel(KvAppendParams p) {
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  int64_t index = static_cast<int64_t>(item.get_global_id(0));
+  if (index < p.batch) p.seqlens_after[index] = p.seqlens[index] + p.new_tokens;
+  const int64_t key_rows = static_cast<int64_t>(p.batch) * p.new_tokens * p.heads;
+  if (index < key_rows) {
+    const int64_t head = index % p.heads, token = index / p.heads % p.new_tokens;
+    const int64_t b = index / (static_cast<int64_t>(p.heads) * p.new_tokens);
+    const AppendSlot at = append_slot(p, b, token);
+    rotate_row<T, COS>(p, row_at<T>(p.k_new, p.k_new_stride, b, head, token),
+                       row_at<T>(p.k_cache, p.k_cache_stride, at.slot, head, at.row),
+                       at.position);
+    const T* v = row_at<T>(p.v_new, p.v_new_stride, b, head, token);
+    T* v_out = row_at<T>(p.v_cache, p.v_cache_stride, at.slot, head, at.row);
+    for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = v[d];
+    return;
+  }
+  index -= key_rows;
+  if (index >= static_cast<int64_t>(p.batch) * p.len_q * p.heads_q) return;
+  const int64_t head = index % p.heads_q, token = index / p.heads_q % p.len_q;
+  const int64_t b = index / (static_cast<int64_t>(p.heads_q) * p.len_q);
+  rotate_row<T, COS>(p, row_at<T>(p.q, p.q_stride, b, head, token),
+                     row_at<T>(p.q_rotated, p.q_rotated_stride, b, head, token),
+                     p.seqlens[b] + (p.q_positions_advance ? token : 0));
 }
 
 }  // namespace ipex_flash

@@ -239,6 +239,16 @@ struct KvAppendParams {
   BhndStrides k_new_stride, v_new_stride, k_cache_stride, v_cache_stride;  // in elements
   int64_t table_stride;
   int32_t batch, new_tokens, heads, head_dim, head_dim_v, page_size;
+  // Rotary embedding (kv_append_rotary_kernel): the new keys' first rotary_dim features are
+  // rotated at positions seqlens[b] + i before they are written, and the queries into
+  // q_rotated, at seqlens[b] + i (q_positions_advance) or all at seqlens[b].
+  const void* q;
+  void* q_rotated;
+  BhndStrides q_stride, q_rotated_stride;
+  const void* cos;  // (seqlen_ro, rotary_dim / 2), rows contiguous
+  const void* sin;
+  int64_t cos_stride;
+  int32_t heads_q, len_q, rotary_dim, interleaved, q_positions_advance;
 };
 
 }  // namespace ipex_flash

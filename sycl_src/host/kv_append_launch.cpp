@@ -19,20 +19,29 @@ constexpr int kGroup = 64;
 
 }  // namespace
 
-KernelProgram kv_append_program(const std::string& dtype, const DeviceLimits& limits) {
+KernelProgram kv_append_program(const std::string& dtype, const std::string& cos_dtype,
+                                const DeviceLimits& limits) {
   KernelVariant variant{dtype, 0, 0, 0, 0};
   variant.cpu_device = limits.is_cpu;
-  return {"kv_append.hpp", {"ipex_flash::kv_append_kernel<" + element_bits(dtype) + ">"},
-          program_options(variant)};
+  const std::string kernel =
+      cos_dtype.empty() ? "ipex_flash::kv_append_kernel<" + element_bits(dtype) + ">"
+                        : "ipex_flash::kv_append_rotary_kernel<" + device_type_name(dtype) +
+                              ", " + device_type_name(cos_dtype) + ">";
+  return {"kv_append.hpp", {kernel}, program_options(variant)};
 }
 
 void kv_append(const KvAppendParams& params, const std::string& dtype,
-               std::uintptr_t queue_handle) {
+               const std::string& cos_dtype, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const sycl::kernel kernel =
-      get_kernels(queue, kv_append_program(dtype, device_limits(queue.get_device())))[0];
+  const bool rotary = params.rotary_dim > 0;
+  const sycl::kernel kernel = get_kernels(
+      queue,
+      kv_append_program(dtype, rotary ? cos_dtype : "", device_limits(queue.get_device())))[0];
+  const int64_t query_rows =
+      rotary ? static_cast<int64_t>(params.batch) * params.len_q * params.heads_q : 0;
   const int64_t rows = std::max<int64_t>(
-      params.batch, static_cast<int64_t>(params.batch) * params.new_tokens * params.heads);
+      params.batch,
+      static_cast<int64_t>(params.batch) * params.new_tokens * params.heads + query_rows);
   submit_kernel(queue, kernel, params, block_range(1, (rows + kGroup - 1) / kGroup, kGroup),
                 "kv_append");
 }

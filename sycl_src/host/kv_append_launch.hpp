@@ -10,13 +10,16 @@
 
 namespace ipex_flash {
 
-// The program copying elements of `dtype` (float32, float16, bfloat16, or an FP8 cache's) for a
-// device of these limits.
-KernelProgram kv_append_program(const std::string& dtype, const DeviceLimits& limits);
+// The program appending elements of `dtype` (float32, float16, bfloat16, or an FP8 cache's)
+// for a device of these limits: copies, or with rotary tables of dtype cos_dtype (float32 or
+// dtype; "" for none) the rotary kernel.
+KernelProgram kv_append_program(const std::string& dtype, const std::string& cos_dtype,
+                                const DeviceLimits& limits);
 
-// Submits the append described by params (addresses, strides and sizes filled in) on the
-// queue, after the work already on it; the caller's next launch on the queue runs after it.
+// Submits the append described by params (addresses, strides and sizes filled in; rotary
+// when params.rotary_dim > 0) on the queue, after the work already on it; the caller's next
+// launch on the queue runs after it.
 void kv_append(const KvAppendParams& params, const std::string& dtype,
-               std::uintptr_t queue_handle);
+               const std::string& cos_dtype, std::uintptr_t queue_handle);
 
 }  // namespace ipex_flash

@@ -91,6 +91,28 @@ void LaunchPlan::append(TensorView k_new, TensorView v_new) {
   append_ = a;
 }
 
+void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
+                        bool q_positions_advance) {
+  const int64_t dense_row = q_.sizes[1] * q_.sizes[3];  // (B, Nq, Hq, D) memory
+  if (!append_ || cos.sizes != sin.sizes || cos.strides != sin.strides || cos.dtype != sin.dtype ||
+      cos.sizes.size() != 2 || cos.strides[1] != 1 || 2 * cos.sizes[1] > q_.sizes[3] ||
+      (cos.dtype != "float32" && cos.dtype != q_.dtype) || q_.strides[3] != 1 ||
+      q_.strides[1] != q_.sizes[3] || q_.strides[2] != dense_row ||
+      q_.strides[0] != dense_row * q_.sizes[2])
+    throw std::invalid_argument("ipex_flash: rotary needs an append, dense (B, Nq, Hq, D) "
+                                "queries and (seqlen_ro, rotary_dim / 2) tables in float32 or "
+                                "q's dtype");
+  append_->q_stride = append_->q_rotated_stride = bhnd_strides(q_, "q");
+  append_->cos_stride = cos.strides[0];
+  append_->heads_q = static_cast<int32_t>(q_.sizes[1]);
+  append_->len_q = static_cast<int32_t>(q_.sizes[2]);
+  append_->rotary_dim = static_cast<int32_t>(2 * cos.sizes[1]);
+  append_->interleaved = interleaved;
+  append_->q_positions_advance = q_positions_advance;
+  cos_dtype_ = cos.dtype;
+  rotary_rows_ = cos.sizes[0];
+}
+
 bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const {
   const int64_t batch = q_.sizes[0];
   const auto* keys = reinterpret_cast<const int32_t*>(at.seqlens_k);
@@ -107,11 +129,15 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   }
   if (limits_.max_keys >= 0) capacity = std::min(capacity, limits_.max_keys);
   const int64_t appended = append_ ? append_->new_tokens : 0;
+  // With rotary, the last position a table row is read for (keys, or queries that advance).
+  const int64_t rotated =
+      !rotary_rows_ ? 0
+                    : std::max<int64_t>(appended, append_->q_positions_advance ? q_.sizes[2] : 1);
   max_len_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t start = starts ? starts[b] : 0, after = keys[b] + appended;
     if (keys[b] < 0 || after > capacity || start < 0 || start > keys[b] ||
-        after - start < limits_.min_keys)
+        after - start < limits_.min_keys || (rotary_rows_ && keys[b] + rotated > rotary_rows_))
       return false;
     max_len_k = std::max<int64_t>(max_len_k, after - start);
   }
@@ -135,6 +161,9 @@ bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t 
     append_->v_cache = reinterpret_cast<void*>(at.v);
     append_->seqlens = reinterpret_cast<const int32_t*>(at.seqlens_k);
     append_->block_table = reinterpret_cast<const int32_t*>(at.block_table);
+    append_->q = reinterpret_cast<const void*>(at.q);
+    append_->cos = reinterpret_cast<const void*>(at.rotary_cos);
+    append_->sin = reinterpret_cast<const void*>(at.rotary_sin);
   }
   if (!options_.seqlens_k) {
     max_len_k = k_.sizes[2];
@@ -159,16 +188,22 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   // kernel's own scratch.
   const int64_t lse_bytes = lse_scratch_bytes();
   const int64_t lengths_bytes = append_ ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
+  const int64_t rotated_q_bytes =
+      rotary_rows_ ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.strides[0]) : 0;
+  const int64_t before = lse_bytes + lengths_bytes + rotated_q_bytes;
   const auto scratch_for = [&](int64_t bytes) {
-    auto* block =
-        static_cast<char*>(queue_scratch(queue_handle, lse_bytes + lengths_bytes + bytes));
+    auto* block = static_cast<char*>(queue_scratch(queue_handle, before + bytes));
     if (lse_bytes) lse_.data = reinterpret_cast<std::uintptr_t>(block);
     if (append_) {  // the attention reads the lengths after the append, which writes them
       append_->seqlens_after = reinterpret_cast<int32_t*>(block + lse_bytes);
-      kv_append(*append_, k_.dtype, queue_handle);
+      if (rotary_rows_) {  // and the rotated queries
+        append_->q_rotated = block + lse_bytes + lengths_bytes;
+        q_.data = reinterpret_cast<std::uintptr_t>(append_->q_rotated);
+      }
+      kv_append(*append_, k_.dtype, cos_dtype_, queue_handle);
       options_.seqlens_k->data = reinterpret_cast<std::uintptr_t>(append_->seqlens_after);
     }
-    return block + lse_bytes + lengths_bytes;
+    return block + before;
   };
   if (!decode_) {
     const int64_t bytes = fwd_scratch_bytes(q_, k_, v_, options_, queue_handle);
@@ -214,8 +249,11 @@ void bind_launch_plan(py::module_& m) {
            "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "limits"_a, "queue"_a)
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
+      .def("rotary", &LaunchPlan::rotary, "cos"_a, "sin"_a, "interleaved"_a,
+           "q_positions_advance"_a)
       // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
-      // seqlens_k, block_table, k_start, k_new, v_new, max_len_k, queue): keyword parsing would cost more than
+      // seqlens_k, block_table, k_start, k_new, v_new, rotary_cos, rotary_sin, max_len_k,
+      // queue): keyword parsing would cost more than
       // the rest of the crossing.
       .def(
           "run",
@@ -223,11 +261,11 @@ void bind_launch_plan(py::module_& m) {
              std::uintptr_t out, std::uintptr_t lse, std::uintptr_t alibi_slopes,
              std::uintptr_t sinks, std::uintptr_t k_descale, std::uintptr_t v_descale,
              std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
-             std::uintptr_t k_new, std::uintptr_t v_new, int64_t max_len_k,
-             std::uintptr_t queue) {
+             std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t rotary_cos,
+             std::uintptr_t rotary_sin, int64_t max_len_k, std::uintptr_t queue) {
             return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
                                           v_descale, seqlens_k, block_table, k_start, k_new,
-                                          v_new},
+                                          v_new, rotary_cos, rotary_sin},
                             max_len_k, queue);
           },
           py::call_guard<py::gil_scoped_release>());

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include <optional>
+#include <string>
 
 #include "device/params.hpp"
 #include "host/attention_common.hpp"
@@ -24,6 +25,7 @@ struct PlanAddresses {
   std::uintptr_t alibi_slopes = 0, sinks = 0, k_descale = 0, v_descale = 0;
   std::uintptr_t seqlens_k = 0, block_table = 0, k_start = 0;
   std::uintptr_t k_new = 0, v_new = 0;  // keys and values appended to the cache first
+  std::uintptr_t rotary_cos = 0, rotary_sin = 0;  // with rotary: the tables
 };
 
 // What a plan's calls may ask of the kernels, and the bounds of a KV cache's values.
@@ -47,6 +49,12 @@ class LaunchPlan {
   // seqlens_k + Nnew keys.
   void append(TensorView k_new, TensorView v_new);
 
+  // And rotates the new keys and the queries first (after append): cos, sin (seqlen_ro,
+  // rotary_dim / 2) views; q_positions_advance: query i at seqlens_k[b] + i, else all at
+  // seqlens_k[b]. The plan's q must be dense (B, Nq, Hq, D) memory: the rotated queries are
+  // written to scratch in that layout.
+  void rotary(TensorView cos, TensorView sin, bool interleaved, bool q_positions_advance);
+
   // Runs the call at these addresses on this queue (one of the device the plan was made
   // for: the current stream's may change between calls). max_len_k: the most keys a sequence
   // of a KV cache attends to, or -1 to read it (with the checks below) from seqlens_k where
@@ -66,6 +74,8 @@ class LaunchPlan {
   AttentionOptions options_;
   PlanLimits limits_;
   std::optional<KvAppendParams> append_;  // with its addresses filled in by each run
+  std::string cos_dtype_;                 // with rotary
+  int64_t rotary_rows_ = 0;               // positions the tables hold
   bool decode_;
   bool host_readable_;  // the device reads host memory: the CPU device
   std::mutex mutex_;    // run fills the views in place: one call of a plan at a time

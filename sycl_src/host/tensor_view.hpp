@@ -25,6 +25,8 @@ inline std::string device_type_name(const std::string& dtype) {
   if (dtype == "float32") return "float";
   if (dtype == "float16") return "sycl::half";
   if (dtype == "bfloat16") return "ipex_flash::bfloat16_bits";
+  if (dtype == "float8_e4m3fn") return "ipex_flash::float8_e4m3_bits";  // FP8 caches' elements
+  if (dtype == "float8_e5m2") return "ipex_flash::float8_e5m2_bits";
   throw std::invalid_argument("ipex_flash: unsupported dtype " + dtype +
                               " (expected float32, float16 or bfloat16)");
 }

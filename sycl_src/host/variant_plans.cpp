@@ -41,7 +41,8 @@ DeviceLimits limits_named(const std::string& profile) {
 }
 
 // The variant and program of one kernel family for a problem: "forward", "backward",
-// "decode" (rows = query rows per K/V head), "dropout_mask" or "kv_append".
+// "decode" (rows = query rows per K/V head), "dropout_mask" or "kv_append" (mode "rotary": with
+// the rotary embedding, tables in the dtype).
 py::dict plan(const std::string& family, const std::string& profile, const std::string& dtype,
               int head_dim, int features, int rows, const std::string& mode) {
   const DeviceLimits limits = limits_named(profile);
@@ -62,7 +63,7 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     variant.cpu_device = limits.is_cpu;
     program.options = program_options(variant);
   } else if (family == "kv_append") {
-    program = kv_append_program(dtype, limits);
+    program = kv_append_program(dtype, mode == "rotary" ? dtype : "", limits);
   } else {
     throw std::invalid_argument("ipex_flash: unknown kernel family '" + family + "'");
   }
