@@ -12,6 +12,7 @@ from hypothesis import settings  # noqa: E402
 
 import ipex_flash  # noqa: F401  (registers the ops; imported before torch, see _runtime.py)
 import torch
+from ipex_flash.ops import launch_plans
 from ipex_flash.reference import flash_attn_reference
 
 # Property tests (test_properties.py): the same examples on every run (derandomize), no
@@ -124,3 +125,20 @@ def cache_in_layout(layout, batch, capacity, heads_kv, head_dim, dtype):
         return tuple(torch.randn(size + 1, dtype=dtype)[1:].view(batch, capacity, heads_kv, head_dim)
                      for _ in range(2))
     return make_cache(batch, capacity, heads_kv, head_dim, dtype)
+
+
+# Launch plans (test_launch_plans.py, test_cache_launch_plans.py).
+
+PLAN_CALLS = 3  # the first builds the plan, the others run it
+
+
+@pytest.fixture
+def plan_runs(monkeypatch):
+    """Counts the calls a plan served; plans start empty."""
+    launch_plans.clear()
+    served = []
+    real = launch_plans.run
+    monkeypatch.setattr(launch_plans, "run", lambda *a, **kw: served.append(real(*a, **kw))
+                        or served[-1])
+    yield served
+    launch_plans.clear()
