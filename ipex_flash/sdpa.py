@@ -37,14 +37,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
 
     Differentiable in query, key, value, sinks and a float attn_mask that requires grad.
     """
-    if (attn_mask is None and dropout_p == 0.0 and type(is_causal) is bool
-            and not fast_path.needs_dispatcher(query, key, value, sinks) and query.dim() == 4):
+    if (dropout_p == 0.0 and type(is_causal) is bool
+            and not fast_path.needs_dispatcher(query, key, value, attn_mask, sinks)
+            and query.dim() == 4):
         # Nothing for autograd or tracing: the launch plan of this signature, made after the
         # first call of it has been checked and run.
-        return fast_path.sdpa(query, key, value, is_causal, scale, enable_gqa,
+        return fast_path.sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                               float(softcap or 0.0), sinks, lambda: _general(
-                                  query, key, value, None, 0.0, is_causal, scale, enable_gqa,
-                                  softcap, sinks))
+                                  query, key, value, attn_mask, 0.0, is_causal, scale,
+                                  enable_gqa, softcap, sinks))
     return _general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                     softcap, sinks)
 

@@ -20,12 +20,20 @@ def check(out, ref, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("len_q,len_k,head_dim", [(1, 100, 64), (37, 70, 48)])
-def test_sdpa_repeats(dtype, causal, len_q, len_k, head_dim, plan_runs):
+@pytest.mark.parametrize("mask", [None, "bool_padding", "float_per_row"])
+def test_sdpa_repeats(dtype, causal, len_q, len_k, head_dim, mask, plan_runs):
     for _ in range(CALLS):
         q = torch.randn(2, 8, len_q, head_dim, dtype=dtype)
         k, v = (torch.randn(2, 2, len_k, head_dim, dtype=dtype) for _ in range(2))
-        out = ipex_flash.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        check(out, sdpa_reference(q, k, v, is_causal=causal), dtype)
+        attn_mask = None
+        if mask == "bool_padding":  # (B, 1, 1, Nk), a new padding each call
+            attn_mask = torch.rand(2, 1, 1, len_k) > 0.3
+            attn_mask[..., 0] = True
+        elif mask == "float_per_row":
+            attn_mask = torch.randn(len_q, len_k).to(dtype)
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                      is_causal=causal, enable_gqa=True)
+        check(out, sdpa_reference(q, k, v, attn_mask, is_causal=causal), dtype)
     assert plan_runs == [True] * (CALLS - 1)
 
 

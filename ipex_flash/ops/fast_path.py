@@ -41,26 +41,28 @@ def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float
             return out, lse
     out, lse = attention_ops.attention_forward_impl(*args)
     if plan is None:
-        launch_plans.remember(key, lambda: _sdpa_plan(q, k, v, causal, scale, sinks, softcap))
+        launch_plans.remember(key, lambda: _sdpa_plan(q, k, v, None, causal, scale, sinks,
+                                                      softcap))
     return out, lse
 
 
-def sdpa(query: Tensor, key: Tensor, value: Tensor, is_causal: bool, scale: Optional[float],
-         enable_gqa: bool, softcap: float, sinks: Optional[Tensor],
-         general: Callable[[], Tensor]) -> Tensor:
-    """The SDPA drop-in's output for 4-D tensors without mask or dropout, by the plan of this
+def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
+         is_causal: bool, scale: Optional[float], enable_gqa: bool, softcap: float,
+         sinks: Optional[Tensor], general: Callable[[], Tensor]) -> Tensor:
+    """The SDPA drop-in's output for 4-D tensors without dropout, by the plan of this
     signature, else by general() (which checks and runs the call)."""
     plan_key = ("sdpa", is_causal, scale, enable_gqa, softcap, signature(query),
-                signature(key), signature(value), signature(sinks))
+                signature(key), signature(value), signature(attn_mask), signature(sinks))
     plan = launch_plans.cached(plan_key)
     if plan:
         out = launch.output_like(query, value.shape[-1])
-        if launch_plans.run(plan, query, key, value, out, None, sinks=sinks):
+        if launch_plans.run(plan, query, key, value, out, None, sinks=sinks,
+                            attn_mask=attn_mask):
             return out
     out = general()
     if plan is None:
-        launch_plans.remember(plan_key, lambda: _sdpa_plan(query, key, value, is_causal, scale,
-                                                           sinks, softcap))
+        launch_plans.remember(plan_key, lambda: _sdpa_plan(query, key, value, attn_mask,
+                                                           is_causal, scale, sinks, softcap))
     return out
 
 
@@ -101,13 +103,15 @@ def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, s
     return launch_plans.new_plan(q_, k_, v_, out.transpose(1, 2), lse, options)
 
 
-def _sdpa_plan(q, k, v, causal, scale, sinks, softcap):
-    """The plan of a checked SDPA call without mask or dropout, or None where the general path
-    adapts the inputs (copies, conversions) or launches nothing."""
+def _sdpa_plan(q, k, v, attn_mask, causal, scale, sinks, softcap):
+    """The plan of a checked 4-D SDPA call without dropout, or None where the general path
+    adapts the inputs (copies, conversions) or launches nothing. The mask is read in place
+    through its (B, Hq, Nq, Nk) broadcast view, as the general path reads it."""
     if not (plain_layout(q, k, v) and plain_sinks(sinks)) or launch.nothing_to_attend(q, k):
         return None
+    mask = None if attn_mask is None else attn_mask.expand(*q.shape[:3], k.shape[2])
     out, lse = attention_ops.forward_outputs(q, v)
-    options = attention_ops.sdpa_options(q, causal, scale, 0.0, None, None, sinks, softcap)
+    options = attention_ops.sdpa_options(q, causal, scale, 0.0, None, mask, sinks, softcap)
     return launch_plans.new_plan(q, k, v, out, lse, options)
 
 

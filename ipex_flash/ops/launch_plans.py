@@ -68,17 +68,19 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         seqlens_k: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
         k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
         v_new: Optional[Tensor] = None, descales: tuple = (None, None),
-        rotary: tuple = (None, None), max_len_k: int = -1) -> bool:
+        rotary: tuple = (None, None), attn_mask: Optional[Tensor] = None,
+        max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
     call). lse None: the caller has no use for it (it stays in the plan's scratch). descales:
     an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. rotary: the
-    (rotary_cos, rotary_sin) tables. max_len_k: see cache_values."""
+    (rotary_cos, rotary_sin) tables. attn_mask: SDPA's mask, read through the strides the plan
+    was built with. max_len_k: see cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
                     address(descales[1]), address(seqlens_k),
                     address(block_table), address(k_start), address(k_new), address(v_new),
-                    address(rotary[0]), address(rotary[1]), max_len_k,
+                    address(rotary[0]), address(rotary[1]), address(attn_mask), max_len_k,
                     launch.queue_handle(q.device))
 
 

@@ -154,6 +154,7 @@ bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t 
   set_address(options_.seqlens_k, at.seqlens_k);
   set_address(options_.block_table, at.block_table);
   set_address(options_.k_start, at.k_start);
+  set_address(options_.attn_mask, at.attn_mask);
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
     append_->v_new = reinterpret_cast<const void*>(at.v_new);
@@ -252,8 +253,8 @@ void bind_launch_plan(py::module_& m) {
       .def("rotary", &LaunchPlan::rotary, "cos"_a, "sin"_a, "interleaved"_a,
            "q_positions_advance"_a)
       // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
-      // seqlens_k, block_table, k_start, k_new, v_new, rotary_cos, rotary_sin, max_len_k,
-      // queue): keyword parsing would cost more than
+      // seqlens_k, block_table, k_start, k_new, v_new, rotary_cos, rotary_sin, attn_mask,
+      // max_len_k, queue): keyword parsing would cost more than
       // the rest of the crossing.
       .def(
           "run",
@@ -262,10 +263,11 @@ void bind_launch_plan(py::module_& m) {
              std::uintptr_t sinks, std::uintptr_t k_descale, std::uintptr_t v_descale,
              std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
              std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t rotary_cos,
-             std::uintptr_t rotary_sin, int64_t max_len_k, std::uintptr_t queue) {
+             std::uintptr_t rotary_sin, std::uintptr_t attn_mask, int64_t max_len_k,
+             std::uintptr_t queue) {
             return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
                                           v_descale, seqlens_k, block_table, k_start, k_new,
-                                          v_new, rotary_cos, rotary_sin},
+                                          v_new, rotary_cos, rotary_sin, attn_mask},
                             max_len_k, queue);
           },
           py::call_guard<py::gil_scoped_release>());

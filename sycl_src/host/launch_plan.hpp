@@ -26,6 +26,7 @@ struct PlanAddresses {
   std::uintptr_t seqlens_k = 0, block_table = 0, k_start = 0;
   std::uintptr_t k_new = 0, v_new = 0;  // keys and values appended to the cache first
   std::uintptr_t rotary_cos = 0, rotary_sin = 0;  // with rotary: the tables
+  std::uintptr_t attn_mask = 0;
 };
 
 // What a plan's calls may ask of the kernels, and the bounds of a KV cache's values.
