@@ -168,7 +168,7 @@ def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens
             rotated=rotated if tables[0] is not None else 0,
             rotary_rows=0 if tables[0] is None else tables[0].shape[0])
     return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
-                            block_table, k_start, k, v, descales, tables, max_len_k)
+                            block_table, k_start, k, v, descales, tables, max_len_k=max_len_k)
 
 
 def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, causal, window,
