@@ -27,9 +27,9 @@ def reference_with_mask(q, k, v, keep, p, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_forward_and_backward_apply_the_reported_mask(dtype, causal):
+def test_forward_and_backward_apply_the_reported_mask(dtype, causal, head_dim=64):
     p = 0.3
-    q, k, v = random_qkv(2, 4, 2, 45, 70, 64, dtype)
+    q, k, v = random_qkv(2, 4, 2, 45, 70, head_dim, dtype)
     seed = launch.draw_dropout_seed(q.device)
     keep = torch.ops.ipex_flash.dropout_mask(seed, [2, 4, 45, 70], p)
     a, b, c = (t.clone().requires_grad_() for t in (q, k, v))

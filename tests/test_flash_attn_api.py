@@ -64,8 +64,8 @@ def test_rows_without_keys_are_zero_with_lse_minus_inf():
 
 @pytest.mark.parametrize("causal,window,softcap,alibi", OPTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gradients_match_reference(dtype, causal, window, softcap, alibi):
-    q, k, v = random_bnhd(2, 70, 90, 4, 2, 64, dtype)
+def test_gradients_match_reference(dtype, causal, window, softcap, alibi, head_dim=64):
+    q, k, v = random_bnhd(2, 70, 90, 4, 2, head_dim, dtype)
     slopes = torch.rand(4) * 0.3 if alibi else None
     grad_out = torch.randn(q.shape, dtype=dtype)
     a, b, c = (t.clone().requires_grad_() for t in (q, k, v))

@@ -43,12 +43,16 @@ def matrix_backward(monkeypatch):
         monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
         name = str(dtype).removeprefix("torch.")
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
-        # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 64, as
-        # PVC, BMG and Lunar Lake run them.
-        registers = mode == "emulate" and plan["variant"].head_dim <= 64
-        assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if registers
+        # emulate: the dQ kernel with its tiles in registers up to head dim 128, the dK/dV
+        # kernel up to 64, as PVC, BMG and Lunar Lake run them.
+        padded = plan["variant"].head_dim
+        dq_registers = mode == "emulate" and padded <= 128
+        dkdv_registers = mode == "emulate" and padded <= 64
+        assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if dkdv_registers
+                                  else "flash_bwd_dq_registers.hpp" if dq_registers
                                   else "flash_bwd_matrix.hpp"), plan
-        assert plan["variant"].matrix_registers == registers
+        assert plan["variant"].matrix_registers == dq_registers
+        assert plan["variant"].dkdv_registers == dkdv_registers
         assert plan["variant"].matrix_m > 0
         assert plan["variant"].matrix_n == (8 if mode == "emulate8" else 16)
     return use
@@ -58,8 +62,8 @@ def dtypes(mode):
     return DTYPES_OF[mode]
 
 
-# Default tier: an odd head dim (the dQ kernel with its tiles in registers) and 128 (the
-# SLM-staged one); a single row, and Nq > Nk over several blocks. The long tier runs the whole
+# Default tier: an odd head dim (both kernels with their tiles in registers) and 128 (dQ in
+# registers, dK/dV SLM-staged); a single row, and Nq > Nk over several blocks. The long tier runs the whole
 # grid.
 @pytest.mark.parametrize("len_q,len_k", tiered(test_backward.LENGTHS, [(1, 1), (200, 77)],
                                                multi=True))
@@ -102,6 +106,29 @@ def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, a
     matrix_backward(mode, torch.bfloat16, 64, features)
     test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, causal, window, softcap,
                                                        alibi)
+
+
+# Head dims in (64, 128]: the register dQ kernel (16-key slabs on the GPUs, one reduction step
+# of its dQ product; 32 in the emulation's 16 x 32 tiles) beside the SLM-staged dK/dV kernel,
+# reading the packs in that kernel's layout, under each score change: its per-sub-group mask
+# vote (bool and float masks with a hidden block), softcap and ALiBi with a window, dropout.
+# Default tier: the bool mask, and the options together; the long tier the float mask and
+# dropout. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
+# long tier of test_transposed_layout_and_scale.)
+@pytest.mark.parametrize("case", tiered(["bool", "float32", "options", "dropout"],
+                                        ["bool", "options"]))
+def test_wide_head_dq_in_registers(matrix_backward, case):
+    head_dim = 128
+    features = {"bool": 4, "float32": 8, "options": 1 | 2, "dropout": 0}[case]
+    matrix_backward("emulate", torch.bfloat16, head_dim, features)
+    if case in ("bool", "float32"):
+        test_sdpa.test_masked_gradients(torch.bfloat16, case, True, head_dim)
+    elif case == "options":
+        test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5,
+                                                           True, head_dim)
+    else:
+        test_dropout.test_forward_and_backward_apply_the_reported_mask(torch.bfloat16, True,
+                                                                       head_dim)
 
 
 @pytest.mark.parametrize("causal", [False, True])

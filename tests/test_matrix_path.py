@@ -64,22 +64,27 @@ def matrix_mode(monkeypatch):
 @pytest.mark.parametrize("profile, registers", [("pvc", True), ("bmg", True), ("lnl", True),
                                                ("dg2", False), ("arl-h", False)])
 def test_forward_kernel_per_gpu(profile, registers):
-    """GPUs with 256 registers per thread plan the forward (d <= 128) and the backward's dQ
-    (d <= 64) with their tiles in registers; those with 128 (whose accumulators would spill) the SLM-staged kernels;
-    so do the emulated shapes of each (emulate: sub-group 16, emulate8: DG2's)."""
+    """GPUs with 256 registers per thread plan the forward and the backward's dQ (d <= 128)
+    and dK/dV (d <= 64) with their tiles in registers; those with 128 (whose accumulators would
+    spill) the SLM-staged kernels; so do the emulated shapes of each (emulate: sub-group 16,
+    emulate8: DG2's)."""
     for dtype in ("bfloat16", "float16"):
         plan = C.plan("forward", profile, dtype, 128, 0, 1, "1")
         assert plan["variant"].matrix_m > 0 and plan["variant"].matrix_registers == registers
         expected = "flash_fwd_matrix_registers" if registers else "flash_fwd_matrix"
         assert plan["header"] == expected + ".hpp"
         assert plan["kernels"][0].startswith(f"ipex_flash::{expected}_kernel<")
-        backward = C.plan("backward", profile, dtype, 64, 0, 1, "1")
-        assert backward["variant"].matrix_registers == registers
-        assert any("flash_bwd_dq_matrix_registers_kernel" in k
-                   for k in backward["kernels"]) == registers
-    # Above head dim 128 (the forward) and 64 (dQ) the accumulators would not fit.
+        for head_dim in (64, 128):
+            backward = C.plan("backward", profile, dtype, head_dim, 0, 1, "1")
+            assert backward["variant"].matrix_registers == registers
+            assert backward["variant"].dkdv_registers == (registers and head_dim <= 64)
+            assert any("flash_bwd_dq_matrix_registers_kernel" in k
+                       for k in backward["kernels"]) == registers
+            assert any("flash_bwd_dkdv_matrix_registers_kernel" in k
+                       for k in backward["kernels"]) == (registers and head_dim <= 64)
+    # Above head dim 128 (the forward, dQ) and 64 (dK/dV) the accumulators would not fit.
     assert not C.plan("forward", "bmg", "bfloat16", 256, 0, 1, "1")["variant"].matrix_registers
-    assert not C.plan("backward", "bmg", "bfloat16", 128, 0, 1, "1")["variant"].matrix_registers
+    assert not C.plan("backward", "bmg", "bfloat16", 160, 0, 1, "1")["variant"].matrix_registers
     for mode, registers in (("emulate", True), ("emulate8", False)):
         for family in ("forward", "backward"):
             plan = C.plan(family, "", "bfloat16", 64, 0, 1, mode)

@@ -8,7 +8,9 @@
 //                                               B operands built in registers
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
 // K, K^T and V are read by coordinates within their block of the packed copy, Q^T and dO^T as
-// B tiles from theirs (bwd_packed.hpp). No SLM; deterministic, no atomics.
+// B tiles from theirs (bwd_packed.hpp), in either layout of the packs (REGISTER_LAYOUT: the
+// register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). No
+// SLM; deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -19,7 +21,7 @@
 namespace ipex_flash {
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N>
+          int MATRIX_K, int MATRIX_N, bool REGISTER_LAYOUT>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
@@ -28,9 +30,13 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
                 "tile shape");
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
   // Keys a slab at a time: S^T and dP^T of 64 keys next to dQ^T at d = 128 would need all
-  // 256 registers (3 KiB spilled per thread on BMG and PVC).
-  constexpr int SLAB = BLOCK_N % 32 == 0 ? 32 : BLOCK_N;
+  // 256 registers (3 KiB spilled per thread on BMG and PVC). Past d = 64 dQ^T alone takes 128
+  // registers (16 tiles of 8 x 16 floats): the slab shrinks to one reduction step of dQ's
+  // product, the fewest keys that still make two score tiles (16 on the GPUs).
+  constexpr int SLAB = HEAD_DIM > 64 ? (2 * M > K ? 2 * M : K) : BLOCK_N % 32 == 0 ? 32 : BLOCK_N;
   constexpr int S_TILES = SLAB / M, DQ_TILES = HEAD_DIM / M, DS_STEPS = SLAB / K;
+  static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0,
+                "whole slabs and reduction steps");
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
 
   const AttentionCommon& c = p.common;
@@ -43,7 +49,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT>;
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
 
   MatrixAcc<M, R> dq[DQ_TILES];
@@ -92,10 +98,16 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
 #pragma unroll
         for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
-      MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
+      if constexpr (DS_STEPS == 1) {  // a lone operand (matrix_mad_surface_step)
+        MatrixBRegisters<T, K, R> ds_t;
+        matrix_b_from_column<K>(sg, ds_t, ds);
+        matrix_mad_surface_step<T, M, K, R, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+      } else {
+        MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
 #pragma unroll
-      for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
-      matrix_mad_surface<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+        for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
+        matrix_mad_surface<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+      }
     }
   }
 

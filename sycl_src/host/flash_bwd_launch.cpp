@@ -45,14 +45,14 @@ int64_t row_blocks(const AttentionDims& dims, const KernelVariant& variant) {
 }
 
 // Bytes of the packed copies (PackedBwd's tiles), in the 16-bit input dtype: K, K^T, V per key
-// block, and K^T, V^T in pairs for the register kernels; Q^T, dO^T per query block, and Q and dO
-// row pairs (SLM-staged kernels) or Q, dO, Q^T, dO^T (register kernels). 0 for the vector
+// block, and K^T, V^T in pairs for the register dK/dV kernel; Q^T, dO^T per query block, and Q
+// and dO row pairs (SLM-staged dK/dV) or Q, dO, Q^T, dO^T (register dK/dV). 0 for the vector
 // kernels, which read the tensors in place.
 int64_t packed_bwd_bytes(const AttentionDims& dims, const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
   const int64_t element = 2, d = variant.head_dim;
-  const int key_tiles = variant.matrix_registers ? 5 : 3;
-  const int row_tiles = variant.matrix_registers ? 6 : 4;
+  const int key_tiles = variant.dkdv_registers ? 5 : 3;
+  const int row_tiles = variant.dkdv_registers ? 6 : 4;
   const int64_t keys = static_cast<int64_t>(dims.batch) * dims.heads_kv() *
                        key_blocks(dims, variant) * key_tiles * variant.block_n * d;
   const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q *
@@ -99,7 +99,10 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
-  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 64);
+  // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers, dK/dV's two of them
+  // (dK^T, dV^T): 128 at d = 128 beside dQ's score slabs, all 256 for dK/dV.
+  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
+  variant.dkdv_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 64);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
@@ -113,19 +116,24 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     const std::string shape = "<" + type + ", " + std::to_string(variant.head_dim) + ", " +
                               std::to_string(variant.block_m) + ", " +
                               std::to_string(variant.block_n) + ">";
-    // Where tiles stay in registers both main kernels are the register ones
-    // (flash_bwd_dkdv_registers.hpp includes the rest of the program), over the packs' register
-    // layout.
-    const bool registers = variant.matrix_registers;
-    const std::string pack_shape = shape.substr(0, shape.size() - 1) +
-                                   (registers ? ", true>" : ", false>");
-    return {registers ? "flash_bwd_dkdv_registers.hpp" : "flash_bwd_matrix.hpp",
+    // Each main kernel keeps its tiles in registers where its head dims allow (dQ over a wider
+    // range than dK/dV); the packs take the dK/dV kernel's layout, and the register dQ kernel
+    // reads either. The header of the widest program includes the rest of it.
+    const bool dkdv_registers = variant.dkdv_registers, dq_registers = variant.matrix_registers;
+    const std::string layout = dkdv_registers ? ", true>" : ", false>";
+    const std::string pack_shape = shape.substr(0, shape.size() - 1) + layout;
+    std::string dq = variant.instantiate(dq_registers
+                                             ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
+                                             : "ipex_flash::flash_bwd_dq_matrix_kernel");
+    if (dq_registers) dq = dq.substr(0, dq.size() - 1) + layout;
+    return {dkdv_registers ? "flash_bwd_dkdv_registers.hpp"
+            : dq_registers ? "flash_bwd_dq_registers.hpp"
+                           : "flash_bwd_matrix.hpp",
             {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
              "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape,
-             variant.instantiate(registers ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
-                                           : "ipex_flash::flash_bwd_dkdv_matrix_kernel"),
-             variant.instantiate(registers ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
-                                           : "ipex_flash::flash_bwd_dq_matrix_kernel")},
+             variant.instantiate(dkdv_registers ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
+                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel"),
+             dq},
             program_options(variant)};
   }
   return {"flash_bwd.hpp",
@@ -178,7 +186,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   const bool matrix = variant.matrix_m > 0;
   // The SLM-staged matrix dK/dV kernel gives a work-item each query row of a block
   // (flash_bwd_matrix.hpp); the vector and register ones each key.
-  const int dkdv_group = matrix && !variant.matrix_registers ? variant.block_m : variant.block_n;
+  const int dkdv_group = matrix && !variant.dkdv_registers ? variant.block_m : variant.block_n;
   sycl::event done;
   if (dims.len_q > 0) {
     const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q * dims.len_q;

@@ -48,7 +48,8 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
 // Lake-H, whose 128 registers of 32 bytes cannot hold the accumulators (4-13 KiB spilled per
 // thread); emulate8 runs them in their shape.
 // Up to max_head_dim: the resident accumulator takes HEAD_DIM / 8 x 8 registers (the
-// forward's output: 128; dQ's, beside S^T and dP^T: 64, it spilled 0.5-4.7 KiB at 128).
+// forward's output and dQ: 128, dQ's score tiles 16 keys at a time beside it; dK/dV: 64, its
+// two accumulators would fill the 256 registers at 128).
 bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits, int head_dim,
                                int max_head_dim);
 

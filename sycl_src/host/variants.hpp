@@ -24,6 +24,9 @@ struct KernelVariant {
   bool matrix_emulated = false;  // those kernels with sub-group arithmetic for joint_matrix
   // The forward's and dQ's tiles stay in registers (matrix_tiles_in_registers).
   bool matrix_registers = false;
+  // The backward's dK/dV kernel's too (a narrower range of head dims than dQ's), and the
+  // backward's packs in its layout (bwd_packed.hpp).
+  bool dkdv_registers = false;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
