@@ -9,6 +9,8 @@ layout of the same keys and values:
     flash_attn_func     (B, N, H, D) cache
     kvcache             flash_attn_with_kvcache, contiguous (B, N, H, D) cache (cache_seqlens given)
     kvcache_paged       flash_attn_with_kvcache, pages of 64 keys in shuffled order
+    kvcache_append      flash_attn_with_kvcache appending the step's key and value (the last
+                        one, rewritten each call) to the paged cache: a model's decode step
     paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
 
 at a tiny call (B=1, 1 query, 4 keys, 1 head, d=16) and at decode sizes (B = 1 and 8, 256 and
@@ -63,9 +65,9 @@ SIZES = {"tiny": (1, 4, 1, 1, 16),
          "b1_n256": (1, 256, 32, 8, 128), "b1_n4096": (1, 4096, 32, 8, 128),
          "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
 ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
-                "paged_varlen")
+                "kvcache_append", "paged_varlen")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
-                 "kvcache_paged": "paged", "paged_varlen": "paged"}
+                 "kvcache_paged": "paged", "kvcache_append": "paged", "paged_varlen": "paged"}
 
 
 def interleaved(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:
@@ -92,6 +94,8 @@ def tensors(batch, keys, heads_q, heads_kv, head_dim):
         pages[order] = padded.reshape(batch * per_seq, PAGE, heads_kv, head_dim)
         t[f"{name}_pages"] = pages
     t["seqlens"] = torch.full((batch,), keys, dtype=torch.int32)
+    t["seqlens_before_last"] = t["seqlens"] - 1  # kvcache_append writes the last key again
+    t["k_last"], t["v_last"] = (t[f"{name}_bnhd"][:, -1:].contiguous() for name in ("k", "v"))
     t["cu_q"] = torch.arange(batch + 1, dtype=torch.int32)
     t["cu_k"] = torch.arange(batch + 1, dtype=torch.int32) * keys
     return t
@@ -111,6 +115,9 @@ def entry_points(t: dict, keys: int) -> dict:
         "kvcache_paged": lambda: ipex_flash.flash_attn_with_kvcache(
             t["q_bnhd"], t["k_pages"], t["v_pages"], cache_seqlens=t["seqlens"],
             block_table=t["block_table"]),
+        "kvcache_append": lambda: ipex_flash.flash_attn_with_kvcache(
+            t["q_bnhd"], t["k_pages"], t["v_pages"], t["k_last"], t["v_last"],
+            cache_seqlens=t["seqlens_before_last"], block_table=t["block_table"]),
         "paged_varlen": lambda: ipex_flash.flash_attn_varlen_func(
             t["q_bnhd"].view(batch, heads_q, -1), t["k_pages"], t["v_pages"], t["cu_q"], t["cu_k"],
             1, keys, block_table=t["block_table"], seqused_k=t["seqlens"]),

@@ -102,8 +102,8 @@ def sdpa_section(data: dict) -> list[str]:
 
 
 def host_cost_section(data: dict) -> list[str]:
-    """Each entry point's whole call against torch SDPA's, and its host time (kernels
-    stubbed), at a tiny call and decode sizes."""
+    """Each entry point's whole call against torch SDPA's, and its host time (up to the first
+    kernel's submission), at a tiny call and decode sizes."""
     results = data["results"]
     out = section("Host cost of each entry point, decode step (float32)", "host_cost.json", data)
     sizes = list(results)
@@ -117,9 +117,9 @@ def host_cost_section(data: dict) -> list[str]:
         for r in results.values())],
         [[name, *(cell(results[size]["entry_points"][name]) for size in sizes)]
          for name in names])
-    out += ["", "Host: the whole call with the kernel launches replaced by no-ops (the script's "
-            "docstring says how); the JSON also has the kernels launched alone from prepared "
-            "arguments."]
+    out += ["", "Host: the median time from the Python call to its first kernel's submission, "
+            "from the host module's clock of submissions (the script's docstring says how); the "
+            "JSON also has the kernels launched alone from prepared arguments."]
     return out
 
 
