@@ -206,10 +206,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                scale: Optional[float] = None, dropout_p: float = 0.0,
                deterministic: bool = False) -> Tensor:
     from ipex_flash.ops import fast_path  # (it imports this module)
+    if dropout_p == 0.0 and not fast_path.needs_dispatcher(q, k, v):
+        # The launch plan of this signature (the op's own dispatch is then all the host time
+        # a small call has left), made after attention_forward has checked a first call.
+        return fast_path.sdpa(q, k, v, None, causal, scale, True, 0.0, None, lambda: (
+            torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale)[0]))
     seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
-    # attention_forward through the dispatcher where autograd, tracing or a mode needs it,
-    # else its launch plan: the op's own dispatch is all the host time a small call has left.
-    return fast_path.forward(q, k, v, causal, scale, dropout_p, seed, deterministic)[0]
+    return torch.ops.ipex_flash.attention_forward(q, k, v, causal, scale, dropout_p, seed,
+                                                  deterministic)[0]
 
 
 _lib.impl("attention", _attention, "CompositeImplicitAutograd")
