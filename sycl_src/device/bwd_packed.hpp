@@ -60,8 +60,20 @@ struct PackedBwd {
            KEY_BLOCK_ELEMENTS;
   }
 
+  // Pack index of the first key block of (batch, head_kv), and of the first row block of
+  // (batch, head): readers take it once, outside their loops over blocks (it reads cu_rows),
+  // and add the block.
+  static inline int64_t first_key_block(const BwdParams& p, int batch, int head_kv) {
+    return pack_block_index<BLOCK_N>(p.key_pack, batch, head_kv, 0);
+  }
+  static inline int64_t first_row_block(const BwdParams& p, int batch, int head) {
+    return pack_block_index<BLOCK_M>(p.row_pack, batch, head, 0);
+  }
+
   static inline Keys keys(const BwdParams& p, int batch, int head_kv, int64_t block) {
-    const int64_t index = pack_block_index<BLOCK_N>(p.key_pack, batch, head_kv, block);
+    return keys(p, first_key_block(p, batch, head_kv) + block);
+  }
+  static inline Keys keys(const BwdParams& p, int64_t index) {
     T* k = static_cast<T*>(p.packed) + index * KEY_BLOCK_ELEMENTS;
     uint32_t* pairs = reinterpret_cast<uint32_t*>(k + 3 * BLOCK_N * HEAD_DIM);
     return Keys{k, k + BLOCK_N * HEAD_DIM, k + 2 * BLOCK_N * HEAD_DIM,
@@ -69,7 +81,9 @@ struct PackedBwd {
   }
 
   static inline Rows rows(const BwdParams& p, int batch, int head, int64_t block) {
-    const int64_t index = pack_block_index<BLOCK_M>(p.row_pack, batch, head, block);
+    return rows(p, first_row_block(p, batch, head) + block);
+  }
+  static inline Rows rows(const BwdParams& p, int64_t index) {
     uint32_t* base = reinterpret_cast<uint32_t*>(static_cast<T*>(p.packed) + key_region_elements(p)) +
                      index * ROW_BLOCK_WORDS;
     uint32_t* tile[ROW_TILES];

@@ -29,7 +29,8 @@ struct PackedKv {
   static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
 
   // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM, and the
-  // sequence's next block at + BLOCK_ELEMENTS.
+  // sequence's next block at + BLOCK_ELEMENTS. Readers take block 0 once, outside their loops
+  // (the start reads cu_rows), and step from it.
   static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
     return static_cast<T*>(p.kv_packed) +
            pack_block_index<BLOCK_N>(p.kv_pack, batch, head_kv, blk) * BLOCK_ELEMENTS;
