@@ -107,6 +107,9 @@ def test_cache_scratch_follows_the_keys_used(matrix_mode):
     blocks = sum(-(-int(n) // variant.block_n) for n in keys)
     assert blocks * block_bytes <= C.fwd_scratch_bytes(*args, options, 0) \
         <= (blocks + batch) * block_bytes
+    options.keys_used = 2**31  # int32 prefix sums cannot hold it
+    with pytest.raises(ValueError, match="keys_used in"):
+        C.fwd_scratch_bytes(*args, options, 0)
 
 
 def packed_batch(lengths, heads_q, heads_kv, head_dim, dtype):

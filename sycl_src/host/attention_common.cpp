@@ -1,6 +1,7 @@
 #include "host/attention_common.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -111,8 +112,11 @@ PackRows key_pack_rows(const AttentionDims& dims, const TensorView& k, const Att
   if (o.cu_seqlens_k)  // k is (1, Hkv, total, D): cu_seqlens_k ends within it
     return pack_rows(data_of<int32_t>(o.cu_seqlens_k), k.size(2), dims.batch, seq_blocks, block);
   if (o.seqlens_k && o.cu_keys_used) {
-    if (o.keys_used < 0 || o.cu_keys_used->size(0) != dims.batch + 1)
-      throw std::invalid_argument("ipex_flash: cu_keys_used must be (B + 1,), keys_used >= 0");
+    // int32 prefix sums: a total past 2^31 would have wrapped them.
+    if (o.keys_used < 0 || o.keys_used > INT32_MAX || o.cu_keys_used->size(0) != dims.batch + 1)
+      throw std::invalid_argument(
+          "ipex_flash: cu_keys_used must be (B + 1,) and keys_used in [0, 2^31), got " +
+          std::to_string(o.keys_used));
     return pack_rows(data_of<int32_t>(o.cu_keys_used), o.keys_used, dims.batch, seq_blocks,
                      block);
   }
