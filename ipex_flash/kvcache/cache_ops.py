@@ -16,7 +16,7 @@ import torch
 from ipex_flash._runtime import C
 from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.checks import check_cache, check_seqlens
-from ipex_flash.kvcache.leftpad import check_leftpad, max_keys
+from ipex_flash.kvcache.leftpad import check_leftpad, keys_attended
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import check_sinks, softmax_scale as resolve_scale, window_bound
 
@@ -131,7 +131,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     batch, head_dim = q.shape[0], q.shape[3]
     k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch,
                                              k_cache.shape[2], q.device)
-    max_len_k = max_keys(seqlens_k, cache_leftpad)
+    keys, max_len_k, total_keys = keys_attended(seqlens_k, cache_leftpad)
     options = cache_options(resolve_scale(softmax_scale, head_dim, _FN), causal, window_left,
                             window_right, softcap, alibi_slopes, sinks, seqlens_k, max_len_k,
                             block_table, k_cache.shape[1], k_descale, v_descale)
@@ -139,7 +139,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
         options.k_start = launch.view(cache_leftpad)
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
     launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
-                    max_len_k, num_splits)
+                       max_len_k, num_splits, keys_used=(keys, total_keys))
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
 
 

@@ -49,10 +49,12 @@ def _check_values(fn: str, cache_leftpad: Optional[Tensor], cache_seqlens: Tenso
                          f"cache_seqlens {cache_seqlens.tolist()}")
 
 
-def max_keys(seqlens_k: Tensor, cache_leftpad: Optional[Tensor]) -> int:
-    """The most keys any sequence attends to (it sizes the launch)."""
-    if not seqlens_k.numel():
-        return 0
-    if cache_leftpad is None:
-        return int(seqlens_k.max())
-    return int((seqlens_k - cache_leftpad).max())
+def keys_attended(seqlens_k: Tensor, cache_leftpad: Optional[Tensor]) -> tuple[Tensor, int, int]:
+    """The keys each sequence attends to (B,), their most (it sizes the launch) and their total
+    (it sizes the matrix forward's K/V pack: launch.pack_keys_used), read in one transfer."""
+    # Clamped: a pack offset must never go back (a pad past the keys means no key).
+    keys = seqlens_k if cache_leftpad is None else (seqlens_k - cache_leftpad).clamp_min(0)
+    if not keys.numel():
+        return keys, 0, 0
+    most, total = torch.stack([keys.max().long(), keys.sum()]).tolist()
+    return keys, most, total

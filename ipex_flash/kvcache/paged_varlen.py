@@ -100,14 +100,17 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
     cache = [t.transpose(1, 2) for t in (k_cache, v_cache)]  # (pages, Hkv, page_size, D)
     # Sequences of at most max_sliced_decode_tokens new tokens (decodes, speculative drafts)
     # whose every row sees a key take the split-KV decode kernel, one call per length; the
-    # others take the general kernel, alone: its K/V pack (matrix engines) is sized by the
-    # batch it is given times max_seqlen_k, which for a serving step of hundreds of decodes
-    # and one long prefill would be hundreds of copies of the longest context.
+    # others take the general kernel, alone, its K/V pack (matrix engines) sized by their keys
+    # (launch.pack_keys_used).
     lengths_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     short = ((lengths_q >= 1) & (lengths_q <= C.max_sliced_decode_tokens(k_cache.shape[2]))
              & (seqused_k >= lengths_q))
     short_lengths, counts = torch.unique(lengths_q[short], return_counts=True)
-    short_lengths, counts = short_lengths.tolist(), counts.tolist()  # one read of the device
+    general_keys = torch.where(short, 0, seqused_k).sum()
+    read = torch.cat([short_lengths.long(), counts, general_keys.view(1)]).tolist()  # one read
+    lengths_count = (len(read) - 1) // 2
+    short_lengths, counts = read[:lengths_count], read[lengths_count:-1]
+    general_keys = read[-1]
 
     def options_for(index):
         """Cache options for the sequences `index` of the batch (None: all of them), and the
@@ -140,6 +143,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         options, _kept = options_for(index)
         options.cu_seqlens_q = launch.view(cu_general)
         options.max_seqlen_q = max_seqlen_q
+        _cu_keys = launch.pack_keys_used(options, _kept[1], general_keys)
         launch.flash_fwd(*(launch.view(t) for t in (q_gen.unsqueeze(0).transpose(1, 2), *cache,
                                               out_gen.unsqueeze(0).transpose(1, 2), lse_gen)),
                       options, q.device)

@@ -62,8 +62,9 @@ def view(t: Tensor) -> "C.TensorView":
 def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.TensorView",
               lse: "C.TensorView", options: "C.AttentionOptions", device: torch.device) -> None:
     """C.flash_fwd on (B, H, N, D) views, with the scratch it asks for: the matrix-engine
-    kernel reads K and V from a copy packed in tile order (as large as K and V), allocated here
-    so that torch's allocator keeps it alive until the kernel has run on an XPU stream."""
+    kernel reads K and V from a copy packed in tile order (the keys the sequences attend to,
+    each sequence's rounded up to whole blocks: pack_rows.hpp), allocated here so that torch's
+    allocator keeps it alive until the kernel has run on an XPU stream."""
     queue = queue_handle(device)
     scratch = torch.empty(C.fwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)
@@ -81,6 +82,17 @@ def flash_bwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
     scratch = torch.empty(C.bwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)
     C.flash_bwd(q, k, v, out, grad_out, lse, dq, dk, dv, delta, view(scratch), options, queue)
+
+
+def pack_keys_used(options: "C.AttentionOptions", keys: Tensor, total: int) -> Tensor:
+    """Sizes the matrix forward's K/V pack of a KV cache by the keys its sequences attend to,
+    keys (B,) int32 (seqlens_k, less any left pad), total their sum (read by the caller with
+    the lengths it reads anyway), rather than by B x max_seqlen_k: a serving step of short
+    sequences and one long one would pack B copies of the longest. Returns their prefix sums,
+    which the caller keeps alive until the launch has returned."""
+    cu_keys = torch.nn.functional.pad(keys.cumsum(0, dtype=torch.int32), (1, 0))
+    options.cu_keys_used, options.keys_used = view(cu_keys), total
+    return cu_keys
 
 
 def dropout_params(dropout_p: float, dropout_seed: Optional[Tensor]) -> "C.DropoutParams":
@@ -168,7 +180,8 @@ def fill_unattended(out: Tensor, lse: Tensor, sinks: Optional[Tensor] = None) ->
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                 options: "C.AttentionOptions", dropout_p: float,
                 max_len_k: Optional[int] = None, num_splits: int = 0,
-                backward_follows: bool = False) -> None:
+                backward_follows: bool = False,
+                keys_used: Optional[tuple[Tensor, int]] = None) -> None:
     """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
     splits the keys across work-groups (num_splits of them, at most most_splits(keys), or as
     many as it chooses for 0); everything else the general forward kernel. q (B, Hq, Nq, D),
@@ -176,7 +189,8 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk).
     backward_follows: the backward kernels will recompute this forward's scores, which they do
     in the general kernel's order of operations (the decode kernel sums q.k in another order),
-    so the general kernel runs."""
+    so the general kernel runs. keys_used: a KV cache's keys per sequence and their total, which
+    size the general kernel's K/V pack (pack_keys_used)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     device = q.device
     queue = queue_handle(device)
@@ -195,4 +209,5 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
                        view(partial_lse), options, queue)
     else:  # many rows, dropout, or a 16-bit cache with rows not word-aligned
+        _kept = None if keys_used is None else pack_keys_used(options, *keys_used)
         flash_fwd(q_v, k_v, v_v, view(out), view(lse), options, q.device)

@@ -11,12 +11,16 @@
 // All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
 // no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's
-// work-group that reads it.
+// work-group that reads it. Each head's key blocks, and its row blocks, run sequence after
+// sequence from pack_first_block (pack_rows.hpp): packs of a packed batch (cu_seqlens) are sized
+// by its real sequences.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
-#include "block_schedule.hpp"
+#include <algorithm>
+
+#include "pack_rows.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
@@ -52,13 +56,24 @@ struct PackedBwd {
   };
 
   static inline int64_t key_region_elements(const BwdParams& p) {
-    const AttentionDims& dims = p.common.dims;
-    return static_cast<int64_t>(dims.batch) * dims.heads_kv() * p.kv_blocks * KEY_BLOCK_ELEMENTS;
+    return static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks *
+           KEY_BLOCK_ELEMENTS;
+  }
+
+  // Pack index of the first key block of (batch, head_kv), and of the first row block of
+  // (batch, head): readers take it once, outside their loops over blocks (it reads cu_rows),
+  // and add the block.
+  static inline int64_t first_key_block(const BwdParams& p, int batch, int head_kv) {
+    return pack_block_index<BLOCK_N>(p.key_pack, batch, head_kv, 0);
+  }
+  static inline int64_t first_row_block(const BwdParams& p, int batch, int head) {
+    return pack_block_index<BLOCK_M>(p.row_pack, batch, head, 0);
   }
 
   static inline Keys keys(const BwdParams& p, int batch, int head_kv, int64_t block) {
-    const int64_t index =
-        (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + block;
+    return keys(p, first_key_block(p, batch, head_kv) + block);
+  }
+  static inline Keys keys(const BwdParams& p, int64_t index) {
     T* k = static_cast<T*>(p.packed) + index * KEY_BLOCK_ELEMENTS;
     uint32_t* pairs = reinterpret_cast<uint32_t*>(k + 3 * BLOCK_N * HEAD_DIM);
     return Keys{k, k + BLOCK_N * HEAD_DIM, k + 2 * BLOCK_N * HEAD_DIM,
@@ -66,8 +81,9 @@ struct PackedBwd {
   }
 
   static inline Rows rows(const BwdParams& p, int batch, int head, int64_t block) {
-    const int64_t index =
-        (static_cast<int64_t>(batch) * p.common.dims.heads_q + head) * p.q_blocks + block;
+    return rows(p, first_row_block(p, batch, head) + block);
+  }
+  static inline Rows rows(const BwdParams& p, int64_t index) {
     uint32_t* base = reinterpret_cast<uint32_t*>(static_cast<T*>(p.packed) + key_region_elements(p)) +
                      index * ROW_BLOCK_WORDS;
     uint32_t* tile[ROW_TILES];
@@ -82,15 +98,16 @@ struct PackedBwd {
   }
 };
 
-// One key block of PackedBwd::Keys per work-group of BLOCK_N work-items.
+// One key block of PackedBwd::Keys per work-group of BLOCK_N work-items, over every block of
+// the pack, gaps included (zeros).
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_keys_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.kv_blocks,
-                                       c.dims.heads_kv(), /*reverse_blocks=*/false);
+  const PackedBlock coord =
+      packed_block<BLOCK_N>(p.key_pack, c.dims.batch, static_cast<int64_t>(item.get_group(0)));
   const SeqInfo seq = seq_info(c, coord.batch);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
@@ -116,15 +133,16 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
   }
 }
 
-// One query block of PackedBwd::Rows per work-group of BLOCK_M work-items.
+// One query block of PackedBwd::Rows per work-group of BLOCK_M work-items, over every block of
+// the pack, gaps included (zeros).
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_rows_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.q_blocks,
-                                       c.dims.heads_q, /*reverse_blocks=*/false);
+  const PackedBlock coord =
+      packed_block<BLOCK_M>(p.row_pack, c.dims.batch, static_cast<int64_t>(item.get_group(0)));
   const SeqInfo seq = seq_info(c, coord.batch);
   const int64_t q_begin = static_cast<int64_t>(coord.block) * BLOCK_M;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_q - q_begin, 0, BLOCK_M));

@@ -113,12 +113,13 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   for (int h = h_kv * c.dims.heads_per_kv; h < (h_kv + 1) * c.dims.heads_per_kv; ++h) {
     const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
     const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
+    const int64_t row_block0 = Packed::first_row_block(p, b, h);
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
       if (score_mod.attn_mask.hides_lines<FEATURES>(sg, key < kv_end, q_begin, key, 1, 0,
                                                     q_end - q_begin))
         continue;
-      const typename Packed::Rows rows = Packed::rows(p, b, h, q_begin / BLOCK_M);
+      const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
       const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
           mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
       const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};

@@ -60,6 +60,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const BwdRowStats stats = BwdRowStats::of(p, seq, block.batch, block.head, row);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
+  const int64_t key_block0 = Packed::first_key_block(p, block.batch, block.head_kv);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     if (score_mod.attn_mask.hides_lines<FEATURES>(
@@ -67,7 +68,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
             std::min<int64_t>(kv_begin + BLOCK_N, kv_end) - kv_begin))
       continue;
     const typename Packed::Keys keys =
-        Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+        Packed::keys(p, key_block0 + kv_begin / BLOCK_N);
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 #pragma unroll 1

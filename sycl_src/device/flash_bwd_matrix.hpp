@@ -125,12 +125,13 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
   for (int h = h_kv * c.dims.heads_per_kv; h < (h_kv + 1) * c.dims.heads_per_kv; ++h) {
     const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
     const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
+    const int64_t row_block0 = Packed::first_row_block(p, b, h);
     for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
       if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
                                                     kv_end, lid, BLOCK_M))
         continue;
-      const typename Packed::Rows rows = Packed::rows(p, b, h, q_begin / BLOCK_M);
+      const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
       bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
           sg, s_t, dp_t, keys, rows, r0);
       sycl::group_barrier(sg);
@@ -228,6 +229,7 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
   const BwdRowStats stats = BwdRowStats::of(p, seq, block.batch, block.head, row);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
+  const int64_t key_block0 = Packed::first_key_block(p, block.batch, block.head_kv);
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
     if (score_mod.attn_mask.hides_block<FEATURES>(group, visible, q_begin, q_end, kv_begin,
@@ -235,7 +237,7 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
                                                   lid, BLOCK_M))
       continue;
     const typename Packed::Keys keys =
-        Packed::keys(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+        Packed::keys(p, key_block0 + kv_begin / BLOCK_N);
     bwd_scores_to_slm<T, HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N, Packed>(
         sg, s_t, dp_t, keys, rows, r0);
     sycl::group_barrier(sg);

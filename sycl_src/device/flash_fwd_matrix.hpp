@@ -98,8 +98,10 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   const int64_t kv_end = mask.end_key(q_end);
   OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
 
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+  const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_first / BLOCK_N);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end;
+       kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
     const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);

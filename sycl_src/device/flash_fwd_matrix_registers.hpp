@@ -106,8 +106,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const int64_t kv_end = mask.end_key(q_end);
   OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
 
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
-    const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_begin / BLOCK_N);
+  const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_first / BLOCK_N);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end;
+       kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
     const MatrixSurface<T> keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                   // K
     const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM, BLOCK_N, BLOCK_N};  // V^T
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(

@@ -11,8 +11,8 @@
 
 #include <algorithm>
 
-#include "block_schedule.hpp"
 #include "kv_quant.hpp"
+#include "pack_rows.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
@@ -21,32 +21,35 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-// The packed K/V copy: per (batch, K/V head) kv_blocks blocks, each K (BLOCK_N x HEAD_DIM)
-// followed by V^T (HEAD_DIM x BLOCK_N), in the input dtype.
+// The packed K/V copy: per K/V head, each sequence's blocks from pack_first_block
+// (pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM x BLOCK_N), in the
+// input dtype.
 template <typename T, int HEAD_DIM, int BLOCK_N>
 struct PackedKv {
   static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
 
-  // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM.
+  // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM, and the
+  // sequence's next block at + BLOCK_ELEMENTS. Readers take block 0 once, outside their loops
+  // (the start reads cu_rows), and step from it.
   static inline T* block(const FwdParams& p, int batch, int head_kv, int64_t blk) {
-    const int64_t index =
-        (static_cast<int64_t>(batch) * p.common.dims.heads_kv() + head_kv) * p.kv_blocks + blk;
-    return static_cast<T*>(p.kv_packed) + index * BLOCK_ELEMENTS;
+    return static_cast<T*>(p.kv_packed) +
+           pack_block_index<BLOCK_N>(p.kv_pack, batch, head_kv, blk) * BLOCK_ELEMENTS;
   }
 };
 
 // Writes one block of the packed K/V copy (PackedKv): K and V^T of BLOCK_N keys of one
 // (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
-// work-items per block; the K/V rows may be packed (varlen) or paged like the forward's, in T
-// or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2, else 0).
+// work-items per block of the pack, gaps included; the K/V rows may be packed (varlen) or
+// paged like the forward's, in T or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2,
+// else 0).
 template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_pack_kv_kernel(FwdParams p) {
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), p.kv_blocks,
-                                       c.dims.heads_kv(), /*reverse_blocks=*/false);
+  const PackedBlock coord =
+      packed_block<BLOCK_N>(p.kv_pack, c.dims.batch, static_cast<int64_t>(item.get_group(0)));
   const int batch = coord.batch, head_kv = coord.head;
   const SeqInfo seq = seq_info(c, batch);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;

@@ -91,6 +91,15 @@ struct SeqLayout {
   int32_t page_size;            // keys per page (a multiple of 16) when paged
 };
 
+// Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
+// blocks of rows: per head, sequence after sequence, from pack_first_block (pack_rows.hpp).
+struct PackRows {
+  const int32_t* cu_rows;  // (B + 1) prefix sums of each sequence's rows, or null: every
+                           // sequence has seq_blocks blocks (fixed length)
+  int32_t seq_blocks;      // blocks per sequence without cu_rows
+  int32_t blocks;          // blocks per head, all sequences and the gaps between them
+};
+
 // Element strides of one (B, H, N, D) tensor; the D stride is always 1. Packed varlen
 // tensors are (1, H, total, D) with batch stride 0.
 struct BhndStrides {
@@ -162,9 +171,9 @@ struct FwdParams {
   BhndStrides out_stride;
   AttentionCommon common;
   // Matrix-engine kernel only: K and V^T in tile order (flash_fwd_matrix.hpp), written by its
-  // pack kernel; kv_blocks per (batch, K/V head).
+  // pack kernel (fwd_pack_kv.hpp), BLOCK_N keys a block.
   void* kv_packed;
-  int32_t kv_blocks;
+  PackRows kv_pack;
 };
 
 // The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per
@@ -191,10 +200,11 @@ struct BwdParams {
   BhndStrides dv_stride;
   AttentionCommon common;  // dropout: the forward's, so the same elements are dropped
   // Matrix-engine kernels only (flash_bwd_matrix.hpp): K, K^T, V and the packed Q and dO
-  // tiles, written by the pack kernels (bwd_packed.hpp); blocks per (batch, head).
+  // tiles, written by the pack kernels (bwd_packed.hpp): blocks of BLOCK_N keys, of BLOCK_M
+  // query rows.
   void* packed;
-  int32_t kv_blocks;
-  int32_t q_blocks;
+  PackRows key_pack;
+  PackRows row_pack;
 };
 
 // Decoding against a KV cache: a few query rows per sequence. One work-group per

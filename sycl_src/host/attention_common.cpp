@@ -1,7 +1,11 @@
 #include "host/attention_common.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "device/pack_rows.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -100,6 +104,30 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
   c.q_prescale = o.softcap > 0.f ? static_cast<float>(o.scale / o.softcap)
                                  : static_cast<float>(o.scale * kLog2e);
   return c;
+}
+
+PackRows key_pack_rows(const AttentionDims& dims, const TensorView& k, const AttentionOptions& o,
+                       int block) {
+  const int64_t seq_blocks = ceil_div(std::max(dims.len_k, 1), block);
+  if (o.cu_seqlens_k)  // k is (1, Hkv, total, D): cu_seqlens_k ends within it
+    return pack_rows(data_of<int32_t>(o.cu_seqlens_k), k.size(2), dims.batch, seq_blocks, block);
+  if (o.seqlens_k && o.cu_keys_used) {
+    // int32 prefix sums: a total past 2^31 would have wrapped them.
+    if (o.keys_used < 0 || o.keys_used > INT32_MAX || o.cu_keys_used->size(0) != dims.batch + 1)
+      throw std::invalid_argument(
+          "ipex_flash: cu_keys_used must be (B + 1,) and keys_used in [0, 2^31), got " +
+          std::to_string(o.keys_used));
+    return pack_rows(data_of<int32_t>(o.cu_keys_used), o.keys_used, dims.batch, seq_blocks,
+                     block);
+  }
+  return pack_rows(nullptr, 0, dims.batch, seq_blocks, block);
+}
+
+PackRows row_pack_rows(const AttentionDims& dims, const TensorView& q, const AttentionOptions& o,
+                       int block) {
+  const int64_t seq_blocks = ceil_div(std::max(dims.len_q, 1), block);
+  return pack_rows(data_of<int32_t>(o.cu_seqlens_q), o.cu_seqlens_q ? q.size(2) : 0, dims.batch,
+                   seq_blocks, block);
 }
 
 }  // namespace ipex_flash

@@ -26,6 +26,11 @@ struct AttentionOptions {
   std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
   std::optional<TensorView> block_table;     // (B, max_pages) int32: paged KV cache
   std::optional<TensorView> k_start;         // (B) int32: first key row of each cache (leftpad)
+  // (B + 1) int32 prefix sums of the keys each sequence of a KV cache attends to, and their
+  // total (keys_used, read by the caller): the matrix forward packs only those (pack_rows.hpp);
+  // without them it packs max_seqlen_k keys per sequence.
+  std::optional<TensorView> cu_keys_used;
+  int64_t keys_used = 0;
   int32_t page_size = 0;                     // keys per page when paged
   int32_t max_seqlen_q = -1;                 // with cu_seqlens_q
   int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
@@ -42,6 +47,14 @@ AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorVi
 // launcher.
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& options);
+
+// Where a matrix kernel's pack keeps each sequence's blocks (pack_rows.hpp): blocks of
+// `block` keys of k (a packed batch by cu_seqlens_k, a KV cache by cu_keys_used, else
+// max_seqlen_k keys per sequence), or of `block` query rows of q (by cu_seqlens_q).
+PackRows key_pack_rows(const AttentionDims& dims, const TensorView& k,
+                       const AttentionOptions& options, int block);
+PackRows row_pack_rows(const AttentionDims& dims, const TensorView& q,
+                       const AttentionOptions& options, int block);
 
 // Pointers and strides of the tensors a forward-style kernel (FwdParams, DecodeParams) reads
 // and writes.

@@ -100,6 +100,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("seqlens_k", &AttentionOptions::seqlens_k)
       .def_readwrite("block_table", &AttentionOptions::block_table)
       .def_readwrite("k_start", &AttentionOptions::k_start)
+      .def_readwrite("cu_keys_used", &AttentionOptions::cu_keys_used)
+      .def_readwrite("keys_used", &AttentionOptions::keys_used)
       .def_readwrite("page_size", &AttentionOptions::page_size)
       .def_readwrite("max_seqlen_q", &AttentionOptions::max_seqlen_q)
       .def_readwrite("max_seqlen_k", &AttentionOptions::max_seqlen_k);

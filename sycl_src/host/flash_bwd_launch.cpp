@@ -36,27 +36,31 @@ size_t bwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
   return std::max(dkdv, dq) + 32;
 }
 
-// Blocks of the packed copies (bwd_packed.hpp) per (batch, head): key blocks and query blocks.
-int64_t key_blocks(const AttentionDims& dims, const KernelVariant& variant) {
-  return ceil_div(std::max(dims.len_k, 1), variant.block_n);
-}
-int64_t row_blocks(const AttentionDims& dims, const KernelVariant& variant) {
-  return ceil_div(std::max(dims.len_q, 1), variant.block_m);
+// Where the packed copies (bwd_packed.hpp) keep each sequence's key blocks and query row blocks.
+struct BwdPacks {
+  PackRows keys, rows;
+};
+
+BwdPacks bwd_packs(const AttentionDims& dims, const TensorView& q, const TensorView& k,
+                   const AttentionOptions& options, const KernelVariant& variant) {
+  return {key_pack_rows(dims, k, options, variant.block_n),
+          row_pack_rows(dims, q, options, variant.block_m)};
 }
 
 // Bytes of the packed copies (PackedBwd's tiles), in the 16-bit input dtype: K, K^T, V per key
 // block, and K^T, V^T in pairs for the register dK/dV kernel; Q^T, dO^T per query block, and Q
 // and dO row pairs (SLM-staged dK/dV) or Q, dO, Q^T, dO^T (register dK/dV). 0 for the vector
 // kernels, which read the tensors in place.
-int64_t packed_bwd_bytes(const AttentionDims& dims, const KernelVariant& variant) {
+int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
+                         const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
   const int64_t element = 2, d = variant.head_dim;
   const int key_tiles = variant.dkdv_registers ? 5 : 3;
   const int row_tiles = variant.dkdv_registers ? 6 : 4;
-  const int64_t keys = static_cast<int64_t>(dims.batch) * dims.heads_kv() *
-                       key_blocks(dims, variant) * key_tiles * variant.block_n * d;
-  const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q *
-                       row_blocks(dims, variant) * row_tiles * variant.block_m * d;
+  const int64_t keys = static_cast<int64_t>(dims.heads_kv()) * packs.keys.blocks * key_tiles *
+                       variant.block_n * d;
+  const int64_t rows = static_cast<int64_t>(dims.heads_q) * packs.rows.blocks * row_tiles *
+                       variant.block_m * d;
   return element * (keys + rows);
 }
 
@@ -195,22 +199,23 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
                   "flash_bwd_preprocess");
   }
   if (matrix) {  // the packed copies, before the kernels that read them (the queue is in order)
-    const int64_t needed = packed_bwd_bytes(dims, variant);
+    const BwdPacks packs = bwd_packs(dims, t.q, t.k, options, variant);
+    const int64_t needed = packed_bwd_bytes(dims, packs, variant);
     const int64_t given = t.scratch.sizes.empty() ? 0 : t.scratch.size(0);
     if (t.scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (bwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + t.scratch.dtype);
     params.packed = reinterpret_cast<void*>(t.scratch.data);
-    params.kv_blocks = static_cast<int32_t>(key_blocks(dims, variant));
-    params.q_blocks = static_cast<int32_t>(row_blocks(dims, variant));
-    submit_kernel(queue, kernels.pack[0], params,
-                  block_range(dims.batch * heads_kv, params.kv_blocks, variant.block_n),
-                  "flash_bwd_pack_keys");
-    if (dims.len_q > 0)
+    params.key_pack = packs.keys;
+    params.row_pack = packs.rows;
+    if (packs.keys.blocks > 0)
+      submit_kernel(queue, kernels.pack[0], params,
+                    block_range(heads_kv, packs.keys.blocks, variant.block_n),
+                    "flash_bwd_pack_keys");
+    if (dims.len_q > 0 && packs.rows.blocks > 0)
       submit_kernel(queue, kernels.pack[1], params,
-                    block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, params.q_blocks,
-                                variant.block_m),
+                    block_range(dims.heads_q, packs.rows.blocks, variant.block_m),
                     "flash_bwd_pack_rows");
   }
   // dK and dV run over every key even with no query rows (they are then zero).
@@ -232,8 +237,10 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
 int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, v, options);
-  return packed_bwd_bytes(dims, bwd_variant_on(queue_from_handle(queue_handle), q.dtype,
-                                               dims.head_dim_max(), features_of(options, k)));
+  const KernelVariant variant = bwd_variant_on(queue_from_handle(queue_handle), q.dtype,
+                                               dims.head_dim_max(), features_of(options, k));
+  if (variant.matrix_m == 0) return 0;
+  return packed_bwd_bytes(dims, bwd_packs(dims, q, k, options, variant), variant);
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

@@ -33,17 +33,13 @@ size_t fwd_matrix_registers_slm_bytes(int head_dim, int block_m, int) {
 }
 
 
-// Blocks of BLOCK_N keys per (batch, K/V head) in the packed K/V copy.
-int64_t packed_kv_blocks(const AttentionDims& dims, const KernelVariant& variant) {
-  return ceil_div(std::max(dims.len_k, 1), variant.block_n);
-}
-
-// Bytes of the packed K/V copy (flash_fwd_matrix.hpp): K and V^T of every block, in the
-// input's 16-bit dtype; 0 for the vector kernel, which reads K and V in place.
-int64_t packed_kv_bytes(const AttentionDims& dims, const KernelVariant& variant) {
+// Bytes of the packed K/V copy (fwd_pack_kv.hpp) laid out as `pack`: K and V^T of every
+// block, in the input's 16-bit dtype; 0 for the vector kernel, which reads K and V in place.
+int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
+                        const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
-  return static_cast<int64_t>(dims.batch) * dims.heads_kv() * packed_kv_blocks(dims, variant) * 2 *
-         variant.block_n * variant.head_dim * 2;
+  return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * 2 * variant.block_n *
+         variant.head_dim * 2;
 }
 
 // The variant fwd_variant picks for the queue's device, or the vector kernel's where the
@@ -120,18 +116,18 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   const std::vector<sycl::kernel> kernels = get_kernels(queue, fwd_program(variant));
   const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
   if (variant.matrix_m > 0) {
-    const int64_t needed = packed_kv_bytes(c.dims, variant);
+    params.kv_pack = key_pack_rows(c.dims, k, options, variant.block_n);
+    const int64_t needed = packed_kv_bytes(c.dims, params.kv_pack, variant);
     const int64_t given = scratch.sizes.empty() ? 0 : scratch.size(0);
     if (scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (fwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + scratch.dtype);
     params.kv_packed = reinterpret_cast<void*>(scratch.data);
-    params.kv_blocks = static_cast<int32_t>(packed_kv_blocks(c.dims, variant));
-    submit_kernel(queue, kernels[1], params,
-                  block_range(static_cast<int64_t>(c.dims.batch) * c.dims.heads_kv(), params.kv_blocks,
-                              variant.block_n),
-                  "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
+    if (params.kv_pack.blocks > 0)  // none: no sequence has a key to read
+      submit_kernel(queue, kernels[1], params,
+                    block_range(c.dims.heads_kv(), params.kv_pack.blocks, variant.block_n),
+                    "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
   }
   sycl::event done = submit_kernel(queue, kernels[0], params,
                                    block_range(batch_heads, c.num_blocks, variant.block_m),
@@ -142,8 +138,10 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, v, options);
-  return packed_kv_bytes(dims, fwd_variant_on(queue_from_handle(queue_handle), q.dtype,
-                                              dims.head_dim_max(), features_of(options, k)));
+  const KernelVariant variant = fwd_variant_on(queue_from_handle(queue_handle), q.dtype,
+                                               dims.head_dim_max(), features_of(options, k));
+  if (variant.matrix_m == 0) return 0;
+  return packed_kv_bytes(dims, key_pack_rows(dims, k, options, variant.block_n), variant);
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
