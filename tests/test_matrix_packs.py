@@ -82,7 +82,7 @@ def test_varlen_scratch_is_bounded_by_the_real_sequences(matrix_mode, mode):
     assert heads_kv * exact * 2 * d * element <= scratch <= heads_kv * bound * 2 * d * element
     assert scratch < batch * max(lengths) * heads_kv * 2 * d * element / 10  # batch x longest
 
-    key_tiles, row_tiles = (5, 6) if bwd.matrix_registers else (3, 4)
+    key_tiles, row_tiles = (5, 6) if bwd.dkdv_registers else (3, 4)  # the dK/dV kernel's layout
     keys_exact, keys_bound = rows_bounds(bwd.block_n)
     rows_exact, rows_bound = rows_bounds(bwd.block_m)
     scratch = C.bwd_scratch_bytes(*args, options, 0)
