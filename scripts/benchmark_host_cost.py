@@ -70,11 +70,14 @@ KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcac
                  "kvcache_paged": "paged", "kvcache_append": "paged", "paged_varlen": "paged"}
 
 
-def interleaved(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:
+def interleaved(fns: dict, rounds: int, repeats: int, warmup: int,
+                measure=median_seconds) -> dict:
+    """The best of `rounds` rounds of measure(fn, repeats, warmup) for each of fns, the rounds
+    interleaved."""
     best = {name: float("inf") for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            best[name] = min(best[name], median_seconds(fn, repeats, warmup))
+            best[name] = min(best[name], measure(fn, repeats, warmup))
     return best
 
 
@@ -165,14 +168,6 @@ def submission_delay(fn, repeats: int, warmup: int) -> float:
     return 1e-9 * sorted(delays)[len(delays) // 2]
 
 
-def best_delays(fns: dict, rounds: int, repeats: int, warmup: int) -> dict:
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            best[name] = min(best[name], submission_delay(fn, repeats, warmup))
-    return best
-
-
 def check_agreement(fns: dict, t: dict) -> None:
     """Every entry point computes the same attention (a benchmark of wrong results is none).
     One query row: every layout's output reshapes to (B, Hq * D) alike."""
@@ -192,8 +187,8 @@ def measure(size: str, args) -> dict:
     with torch.no_grad():
         seconds = interleaved({**fns, **{f"kernels_{n}": f for n, f in kernels.items()}},
                               args.rounds, args.repeats, args.warmup)
-        host = best_delays({n: f for n, f in fns.items() if n in KERNEL_LAYOUT}, args.rounds,
-                           args.repeats, args.warmup)
+        host = interleaved({n: f for n, f in fns.items() if n in KERNEL_LAYOUT}, args.rounds,
+                           args.repeats, args.warmup, measure=submission_delay)
     base = seconds["torch_sdpa"]
     rows = {}
     for name in ENTRY_POINTS:
