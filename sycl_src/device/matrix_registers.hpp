@@ -254,29 +254,35 @@ inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
 #endif  // IPEX_FLASH_MATRIX_EMULATE
 
 // Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles
-// (S^T, dP^T: M keys each) that hold them, read and written back.
+// (S^T, dP^T: M keys each) that hold them, read and written back. A chunk spans whole tiles
+// or lies within one (tiles taller than a chunk: the rest of the column is left alone).
 template <int M, typename Acc, int TILES>
 __attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
                                                             int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
-  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
+  static_assert(MATRIX_KEY_CHUNK % M == 0 || M % MATRIX_KEY_CHUNK == 0, "chunks and tiles nest");
+  constexpr int SPAN = MATRIX_KEY_CHUNK < M ? MATRIX_KEY_CHUNK : M;  // keys per tile read
 #pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+  for (int t = 0; t < MATRIX_KEY_CHUNK / SPAN; ++t) {
+    const int key = c0 + t * SPAN;
     float column[M];
-    matrix_acc_column(sg, s[c0 / M + t], column);
+    matrix_acc_column(sg, s[key / M], column);
 #pragma unroll
-    for (int m = 0; m < M; ++m) chunk[t * M + m] = column[m];
+    for (int m = 0; m < SPAN; ++m) chunk[t * SPAN + m] = column[key % M + m];
   }
 }
 
 template <int M, typename Acc, int TILES>
 __attribute__((always_inline)) inline void set_chunk_of_columns(
     sycl::sub_group sg, Acc (&s)[TILES], int c0, const float (&chunk)[MATRIX_KEY_CHUNK]) {
+  constexpr int SPAN = MATRIX_KEY_CHUNK < M ? MATRIX_KEY_CHUNK : M;
 #pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+  for (int t = 0; t < MATRIX_KEY_CHUNK / SPAN; ++t) {
+    const int key = c0 + t * SPAN;
     float column[M];
+    matrix_acc_column(sg, s[key / M], column);
 #pragma unroll
-    for (int m = 0; m < M; ++m) column[m] = chunk[t * M + m];
-    matrix_acc_set_column(sg, s[c0 / M + t], column);
+    for (int m = 0; m < SPAN; ++m) column[key % M + m] = chunk[t * SPAN + m];
+    matrix_acc_set_column(sg, s[key / M], column);
   }
 }
 
