@@ -13,10 +13,10 @@
 //   P^T (kv, r)                              B operands built in registers from the column
 //   O^T (d, r) = rescale * O^T + V^T . P^T   HEAD_DIM / MATRIX_M accumulators, resident for
 //                                            the whole K/V loop
-// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in the order the
-// products read them. Q^T is staged once in SLM in the matrix engine's packed B layout and
-// read as whole B tiles, the only SLM the kernel uses; each sub-group reads only its own
-// columns, so there is no work-group barrier.
+// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
+// tiles (matrix_block_io.hpp). Q^T is staged once in SLM in the matrix engine's packed B layout
+// and read as whole B tiles (once, up to d = 64; per block above), the only SLM the kernel
+// uses; each sub-group reads only its own columns, so there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
 #pragma once
 
@@ -102,6 +102,16 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
                                       BLOCK_M);
   sycl::group_barrier(sg);
 
+  // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
+  // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128).
+  constexpr bool Q_IN_REGISTERS = HEAD_DIM <= 64 && HEAD_DIM / K >= 2;
+  MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
+  if constexpr (Q_IN_REGISTERS) {
+#pragma unroll
+    for (int k = 0; k < HEAD_DIM / K; ++k)
+      matrix_b_load_packed<T>(sg, q_b[k], &q_t[k * K / 2][r0], BLOCK_M);
+  }
+
   MatrixAcc<M, R> o[O_TILES];
 #pragma unroll
   for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[t], 0.f);
@@ -131,7 +141,9 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     MatrixAcc<M, R> s[S_TILES];
 #pragma unroll
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
-    if constexpr (WIDE_S)
+    if constexpr (Q_IN_REGISTERS)
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
+    else if constexpr (WIDE_S)
       matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, &q_t[0][r0],
                                                                       BLOCK_M);
     else

@@ -88,20 +88,23 @@ __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,
   }
 }
 
-// matrix_mad_surface's forms with A read ROWS x 32 at a time: STRIPS * M a multiple of ROWS,
-// DEPTH of 2 K. B held in registers ...
+// matrix_mad_surface's forms with A read ROWS x 32 at a time where STRIPS * M is a multiple of
+// ROWS and DEPTH of 2 K (tile by tile otherwise). B held in registers ...
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
 __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
-  static_assert(STRIPS * M % ROWS == 0 && DEPTH % (2 * K) == 0, "whole blocks");
+  if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);  // not whole blocks
+  } else {
 #pragma unroll
-  for (int k = 0; k < DEPTH; k += 2 * K) {
+    for (int k = 0; k < DEPTH; k += 2 * K) {
 #pragma unroll
-    for (int r = 0; r < STRIPS * M; r += ROWS) {
-      MatrixBlock<ROWS> block;
-      matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
-      matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b[k / K], b[k / K + 1]);
+      for (int r = 0; r < STRIPS * M; r += ROWS) {
+        MatrixBlock<ROWS> block;
+        matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
+        matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b[k / K], b[k / K + 1]);
+      }
     }
   }
 }
@@ -111,21 +114,31 @@ template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
 __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     const uint32_t* b, int ldb) {
-  static_assert(STRIPS * M % ROWS == 0 && DEPTH % (2 * K) == 0, "whole blocks");
+  if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b, ldb);  // not whole blocks
+  } else {
 #pragma unroll
-  for (int k = 0; k < DEPTH; k += 2 * K) {
-    MatrixB<T, K, N> b_lo, b_hi;
-    jm::joint_matrix_load(sg, b_lo, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
-                          2 * ldb);
-    jm::joint_matrix_load(sg, b_hi,
-                          matrix_ptr(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)), 2 * ldb);
+    for (int k = 0; k < DEPTH; k += 2 * K) {
+      MatrixB<T, K, N> b_lo, b_hi;
+      jm::joint_matrix_load(sg, b_lo, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
+                            2 * ldb);
+      jm::joint_matrix_load(
+          sg, b_hi, matrix_ptr(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)), 2 * ldb);
 #pragma unroll
-    for (int r = 0; r < STRIPS * M; r += ROWS) {
-      MatrixBlock<ROWS> block;
-      matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
-      matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b_lo, b_hi);
+      for (int r = 0; r < STRIPS * M; r += ROWS) {
+        MatrixBlock<ROWS> block;
+        matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
+        matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b_lo, b_hi);
+      }
     }
   }
+}
+
+// A B operand read from the packed layout (row stride ldb words) in SLM.
+template <typename T, typename B>
+__attribute__((always_inline)) inline void matrix_b_load_packed(sycl::sub_group sg, B& b,
+                                                                const uint32_t* packed, int ldb) {
+  jm::joint_matrix_load(sg, b, matrix_ptr(reinterpret_cast<const T*>(packed)), 2 * ldb);
 }
 
 #else  // IPEX_FLASH_MATRIX_EMULATE
@@ -143,6 +156,17 @@ inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
                                     const MatrixSurface<T>& a, int row0, const uint32_t* b,
                                     int ldb) {
   matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b, ldb);
+}
+
+template <typename T, typename B>
+inline void matrix_b_load_packed(sycl::sub_group sg, B& b, const uint32_t* packed, int ldb) {
+  const int n = static_cast<int>(sg.get_local_id()[0]);
+  constexpr int K = sizeof(b.column) / sizeof(b.column[0]);
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const uint32_t word = packed[i / 2 * ldb + n];
+    b.column[i] = from_bits<T>(i % 2 == 0 ? word & 0xffffu : word >> 16);
+  }
 }
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
