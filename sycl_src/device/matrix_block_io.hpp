@@ -17,9 +17,11 @@
 typedef unsigned short ipex_flash_ushort64 __attribute__((ext_vector_type(64)));
 typedef unsigned short ipex_flash_ushort32 __attribute__((ext_vector_type(32)));
 typedef int ipex_flash_int2 __attribute__((ext_vector_type(2)));
-// IGC's built-in (its OpenCL library): two side-by-side blocks of 32 rows x 16 16-bit
-// elements at (x, y) = (coord[0], coord[1]) of a surface `width` bytes wide, `height` rows
-// high, `pitch` bytes from row to row (each argument minus one); out of the surface reads 0.
+// IGC's built-ins (its OpenCL library; Intel GPUs only, which the SPIR-V names them to): two
+// side-by-side blocks of 32 (16) rows x 16 16-bit elements at (x, y) = (coord[0], coord[1]) of
+// a surface `width` bytes wide, `height` rows high, `pitch` bytes from row to row (each
+// argument minus one). The emulation's forms below never call them, and AMX runs no register
+// kernel (matrix_tiles_in_registers plans them for 256-register GPUs and the emulation only).
 extern "C" SYCL_EXTERNAL ipex_flash_ushort64 __builtin_IB_subgroup_block_read_flat_u16_m32k16v2(
     long base, int width_minus_one, int height_minus_one, int pitch_minus_one,
     ipex_flash_int2 coord);
@@ -65,7 +67,7 @@ __attribute__((always_inline)) inline void matrix_block_load(MatrixBlock<ROWS>& 
 
 #ifndef IPEX_FLASH_MATRIX_EMULATE
 
-// The A tiles of a block (matrix_block_io.hpp) times B operands b_lo (its columns 0-15) and
+// The A tiles of a block (matrix_block_load) times B operands b_lo (its columns 0-15) and
 // b_hi (16-31), into the accumulators of its rows, acc[0 .. ROWS / M).
 template <typename T, int M, int K, int N, int ROWS, typename B>
 __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,

@@ -100,19 +100,24 @@ __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& 
 
 // Asks for a contiguous run of ELEMENTS to be brought into the cache ahead of its loads, share
 // `part` of PARTS (a sub-group's), as 2-D block prefetches: 32 rows of 64 bytes each, the
-// widest a prefetch takes.
+// widest a prefetch takes. Chunk c goes to part c % PARTS; where the chunks do not split evenly
+// (head dims 16 and 48: 2 and 6 chunks for 4 parts) the last round skips the parts past them.
 template <int ELEMENTS, int PARTS, typename T>
 __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group sg, const T* base,
                                                                int part) {
   namespace syclex = sycl::ext::oneapi::experimental;
   using E = typename MatrixElement<T>::type;
   constexpr int WIDTH = 64 / sizeof(T), ROWS = 32, CHUNK = WIDTH * ROWS;
-  static_assert(ELEMENTS % (CHUNK * PARTS) == 0, "whole chunks for every part");
+  constexpr int CHUNKS = ELEMENTS / CHUNK;
+  static_assert(ELEMENTS % CHUNK == 0, "whole chunks");
 #pragma unroll
-  for (int i = 0; i < ELEMENTS / CHUNK / PARTS; ++i)
-    jm::joint_matrix_prefetch<ROWS, WIDTH>(
-        sg, reinterpret_cast<const E*>(base + (part + i * PARTS) * CHUNK), WIDTH,
-        jm::layout::row_major, syclex::properties{syclex::prefetch_hint_L1});
+  for (int i = 0; i < (CHUNKS + PARTS - 1) / PARTS; ++i) {
+    const int chunk = part + i * PARTS;
+    if (CHUNKS % PARTS == 0 || chunk < CHUNKS)
+      jm::joint_matrix_prefetch<ROWS, WIDTH>(
+          sg, reinterpret_cast<const E*>(base + chunk * CHUNK), WIDTH, jm::layout::row_major,
+          syclex::properties{syclex::prefetch_hint_L1});
+  }
 }
 
 // acc[s] (M x N) += A_s (M x DEPTH) . B for A_s the s-th M-row strip of `a` from row `row0`:
@@ -254,35 +259,29 @@ inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
 #endif  // IPEX_FLASH_MATRIX_EMULATE
 
 // Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles
-// (S^T, dP^T: M keys each) that hold them, read and written back. A chunk spans whole tiles
-// or lies within one (tiles taller than a chunk: the rest of the column is left alone).
+// (S^T, dP^T: M keys each) that hold them, read and written back.
 template <int M, typename Acc, int TILES>
 __attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
                                                             int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
-  static_assert(MATRIX_KEY_CHUNK % M == 0 || M % MATRIX_KEY_CHUNK == 0, "chunks and tiles nest");
-  constexpr int SPAN = MATRIX_KEY_CHUNK < M ? MATRIX_KEY_CHUNK : M;  // keys per tile read
+  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
 #pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / SPAN; ++t) {
-    const int key = c0 + t * SPAN;
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
     float column[M];
-    matrix_acc_column(sg, s[key / M], column);
+    matrix_acc_column(sg, s[c0 / M + t], column);
 #pragma unroll
-    for (int m = 0; m < SPAN; ++m) chunk[t * SPAN + m] = column[key % M + m];
+    for (int m = 0; m < M; ++m) chunk[t * M + m] = column[m];
   }
 }
 
 template <int M, typename Acc, int TILES>
 __attribute__((always_inline)) inline void set_chunk_of_columns(
     sycl::sub_group sg, Acc (&s)[TILES], int c0, const float (&chunk)[MATRIX_KEY_CHUNK]) {
-  constexpr int SPAN = MATRIX_KEY_CHUNK < M ? MATRIX_KEY_CHUNK : M;
 #pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / SPAN; ++t) {
-    const int key = c0 + t * SPAN;
+  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
     float column[M];
-    matrix_acc_column(sg, s[key / M], column);
 #pragma unroll
-    for (int m = 0; m < SPAN; ++m) column[key % M + m] = chunk[t * SPAN + m];
-    matrix_acc_set_column(sg, s[key / M], column);
+    for (int m = 0; m < M; ++m) column[m] = chunk[t * M + m];
+    matrix_acc_set_column(sg, s[c0 / M + t], column);
   }
 }
 
