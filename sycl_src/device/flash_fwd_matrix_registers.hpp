@@ -69,10 +69,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
   constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM / M, P_STEPS = BLOCK_N / K;
   // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
-  // where 32-row blocks spilled beside the 128 registers of O^T. S^T with score changes at
-  // d = 128 reads tile by tile: the blocks spilled there too (BMG, PVC).
+  // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
+  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
   constexpr int A_ROWS = HEAD_DIM > 64 ? 16 : 32;
-  constexpr bool WIDE_S =
+  constexpr bool WIDE =
       HEAD_DIM <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0,
@@ -143,7 +143,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
     if constexpr (Q_IN_REGISTERS)
       matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
-    else if constexpr (WIDE_S)
+    else if constexpr (WIDE)
       matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, &q_t[0][r0],
                                                                       BLOCK_M);
     else
@@ -199,7 +199,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
 #pragma unroll
     for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
-    matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+    if constexpr (WIDE)
+      matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+    else
+      matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
   }
 
   write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);
