@@ -113,10 +113,10 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(**probe)) == ["XMX variant without DPAS"]
     registers = dict(matrix=True, dpas=128, head_dim=128,
                      kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
-    assert kernel_violations(report(loop_per_dpas=30.5, **registers)) == [
-        "main loop issues 30.5 instructions per DPAS (at most 24.0)"]
+    assert kernel_violations(report(loop_per_dpas=12.5, **registers)) == [
+        "main loop issues 12.5 instructions per DPAS (at most 12.0)"]
     assert kernel_violations(report(loop_per_dpas=30.5, **{**registers, "features": 7})) == []
-    assert kernel_violations(report(loop_per_dpas=14.9, **registers)) == []
+    assert kernel_violations(report(loop_per_dpas=11.6, **registers)) == []
     for kernel in ("flash_bwd_dq_matrix_registers_kernel", "flash_bwd_dkdv_matrix_registers_kernel"):
         backward = {**registers, "family": "backward", "kernel": f"ipex_flash::{kernel}<...>"}
         assert kernel_violations(report(loop_per_dpas=21.5, **backward)) == [

@@ -13,10 +13,10 @@
 //   P^T (kv, r)                              B operands built in registers from the column
 //   O^T (d, r) = rescale * O^T + V^T . P^T   HEAD_DIM / MATRIX_M accumulators, resident for
 //                                            the whole K/V loop
-// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in the order the
-// products read them. Q^T is staged once in SLM in the matrix engine's packed B layout and
-// read as whole B tiles, the only SLM the kernel uses; each sub-group reads only its own
-// columns, so there is no work-group barrier.
+// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
+// tiles (matrix_block_io.hpp). Q^T is staged once in SLM in the matrix engine's packed B layout
+// and read as whole B tiles (once, up to d = 64; per block above), the only SLM the kernel
+// uses; each sub-group reads only its own columns, so there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
 #pragma once
 
@@ -28,7 +28,7 @@
 #include "kernel_props.hpp"
 #include "kv_quant.hpp"
 #include "mask.hpp"
-#include "matrix_registers.hpp"
+#include "matrix_block_io.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
@@ -68,6 +68,12 @@ IPEX_FLASH_REGISTER_FILE
 void flash_fwd_matrix_registers_kernel(FwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
   constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM / M, P_STEPS = BLOCK_N / K;
+  // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
+  // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
+  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
+  constexpr int A_ROWS = HEAD_DIM > 64 ? 16 : 32;
+  constexpr bool WIDE =
+      HEAD_DIM <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0,
                 "tile shape");
@@ -95,6 +101,16 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
                                       static_cast<int>(q_end - q_begin), c.dims.head_dim, lid,
                                       BLOCK_M);
   sycl::group_barrier(sg);
+
+  // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
+  // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128).
+  constexpr bool Q_IN_REGISTERS = HEAD_DIM <= 64 && HEAD_DIM / K >= 2;
+  MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
+  if constexpr (Q_IN_REGISTERS) {
+#pragma unroll
+    for (int k = 0; k < HEAD_DIM / K; ++k)
+      matrix_b_load_packed<T>(sg, q_b[k], &q_t[k * K / 2][r0], BLOCK_M);
+  }
 
   MatrixAcc<M, R> o[O_TILES];
 #pragma unroll
@@ -127,7 +143,13 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     MatrixAcc<M, R> s[S_TILES];
 #pragma unroll
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
-    matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, &q_t[0][r0], BLOCK_M);
+    if constexpr (Q_IN_REGISTERS)
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
+    else if constexpr (WIDE)
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, &q_t[0][r0],
+                                                                      BLOCK_M);
+    else
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, &q_t[0][r0], BLOCK_M);
 
     // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
     // the accumulators, and their max.
@@ -179,7 +201,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
 #pragma unroll
     for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
-    matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
+    if constexpr (WIDE)
+      matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+    else
+      matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
   }
 
   write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);

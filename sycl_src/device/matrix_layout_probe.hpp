@@ -1,13 +1,14 @@
 // A check, run once per device and tile shape before the register-resident kernels are used
 // (matrix_registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
 // coordinates from a surface, B operands built from lane columns, a product, and the
-// accumulator's lane columns read, written and scaled, all against plain arithmetic. Small
+// accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
+// tiles are read both ways the kernels read them, tile by tile and as one 2-D block. Small
 // integers keep every value exact. One sub-group; verdict[lane] = 1 where its column matched.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
-#include "matrix_registers.hpp"
+#include "matrix_block_io.hpp"
 
 namespace ipex_flash {
 
@@ -44,13 +45,19 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
   matrix_fill(sg, acc[0], 0.f);
   matrix_fill(sg, acc[1], 0.f);
   matrix_mad_surface<T, M, K, N, 2 * K, 2>(sg, acc, a, 0, b);  // strip 1: A at (M, 0), (M, K)
+  // The same product with the whole surface read as one block (matrix_block_io.hpp).
+  MatrixAcc<M, N> wide[2];
+  matrix_fill(sg, wide[0], 0.f);
+  matrix_fill(sg, wide[1], 0.f);
+  matrix_mad_surface_wide<T, M, K, N, 2 * K, 2, 2 * M>(sg, wide, a, 0, b);
 
   // Each strip's lane column against plain arithmetic, then written, scaled and read back.
   bool match = true;
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    float product[M];
+    float product[M], wide_product[M];
     matrix_acc_column(sg, acc[s], product);
+    matrix_acc_column(sg, wide[s], wide_product);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       float expected = 0.f;
@@ -60,7 +67,7 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
 #if defined(IPEX_FLASH_TEST_LAYOUT_MISMATCH)  // the test seam: an engine with another layout
       expected += 1.f;
 #endif
-      match = match && product[i] == expected;
+      match = match && product[i] == expected && wide_product[i] == expected;
       product[i] = static_cast<float>(i - lane);
     }
     matrix_acc_set_column(sg, acc[s], product);

@@ -100,19 +100,24 @@ __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& 
 
 // Asks for a contiguous run of ELEMENTS to be brought into the cache ahead of its loads, share
 // `part` of PARTS (a sub-group's), as 2-D block prefetches: 32 rows of 64 bytes each, the
-// widest a prefetch takes.
+// widest a prefetch takes. Chunk c goes to part c % PARTS; where the chunks do not split evenly
+// (head dims 16 and 48: 2 and 6 chunks for 4 parts) the last round skips the parts past them.
 template <int ELEMENTS, int PARTS, typename T>
 __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group sg, const T* base,
                                                                int part) {
   namespace syclex = sycl::ext::oneapi::experimental;
   using E = typename MatrixElement<T>::type;
   constexpr int WIDTH = 64 / sizeof(T), ROWS = 32, CHUNK = WIDTH * ROWS;
-  static_assert(ELEMENTS % (CHUNK * PARTS) == 0, "whole chunks for every part");
+  constexpr int CHUNKS = ELEMENTS / CHUNK;
+  static_assert(ELEMENTS % CHUNK == 0, "whole chunks");
 #pragma unroll
-  for (int i = 0; i < ELEMENTS / CHUNK / PARTS; ++i)
-    jm::joint_matrix_prefetch<ROWS, WIDTH>(
-        sg, reinterpret_cast<const E*>(base + (part + i * PARTS) * CHUNK), WIDTH,
-        jm::layout::row_major, syclex::properties{syclex::prefetch_hint_L1});
+  for (int i = 0; i < (CHUNKS + PARTS - 1) / PARTS; ++i) {
+    const int chunk = part + i * PARTS;
+    if (CHUNKS % PARTS == 0 || chunk < CHUNKS)
+      jm::joint_matrix_prefetch<ROWS, WIDTH>(
+          sg, reinterpret_cast<const E*>(base + chunk * CHUNK), WIDTH, jm::layout::row_major,
+          syclex::properties{syclex::prefetch_hint_L1});
+  }
 }
 
 // acc[s] (M x N) += A_s (M x DEPTH) . B for A_s the s-th M-row strip of `a` from row `row0`:
