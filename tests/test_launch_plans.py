@@ -9,7 +9,7 @@ import ipex_flash
 from ipex_flash.ops import launch_plans
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
-from conftest import DTYPES, OUTPUT_TOLERANCE, PLAN_CALLS as CALLS
+from conftest import DTYPES, OUTPUT_TOLERANCE, PLAN_CALLS as CALLS, assert_matches_reference
 
 
 def check(out, ref, dtype):
@@ -57,9 +57,8 @@ def test_flash_attn_func_repeats(dtype, options, len_q, plan_runs):
             ref = sdpa_reference(*(t.transpose(1, 2) for t in (q, k, v)), sinks=extra["sinks"])
             check(out, ref.transpose(1, 2), dtype)
             continue
-        ref_out, ref_lse = flash_attn_reference(q, k, v, **options, **extra)
-        check(out, ref_out, dtype)
-        torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4)
+        assert_matches_reference(out, lse, *flash_attn_reference(q, k, v, **options, **extra),
+                                 dtype)
     assert plan_runs == [True] * (CALLS - 1)
 
 
