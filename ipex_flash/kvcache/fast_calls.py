@@ -73,9 +73,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
     plan = launch_plans.cached(key)
     if not plan or not _uniform(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
         return None
-    out = launch.output_like(q, v_cache.shape[3])
-    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) \
-        if want_lse else None
+    out, lse = _serving_outputs(q, v_cache, want_lse)
     max_len_k = -1
     if not launch_plans.reads_host_memory(q.device):
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
@@ -136,9 +134,12 @@ def _uniform(cu_seqlens: Tensor, batch: int, length: int) -> bool:
     return bool(torch.equal(cu_seqlens, expected))
 
 
-def _serving_outputs(q: Tensor, v_cache: Tensor) -> Outputs:
+def _serving_outputs(q: Tensor, v_cache: Tensor, want_lse: bool = True) -> Outputs:
+    """out (total_q, Hq, Dv) and lse (Hq, total_q), or None for an LSE the caller drops."""
     out = launch.output_like(q, v_cache.shape[3])
-    return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) \
+        if want_lse else None
+    return out, lse
 
 
 def _descales(q, k_cache, k_descale, v_descale, batch=None) -> tuple:
