@@ -113,6 +113,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     prefills and decodes mixed (kvcache/paged_varlen.py); no dropout, no backward. The cache
     may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
+    if (block_table is None and dropout_p == 0.0 and type(window_size) is tuple
+            and type(max_seqlen_q) is int and type(max_seqlen_k) is int
+            and cu_seqlens_q is not None and cu_seqlens_k is not None
+            and seqused_k is None and k_descale is None and v_descale is None
+            and not fast_path.needs_dispatcher(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                               alibi_slopes, sinks)):
+        # Nothing for autograd or tracing: the launch plan of this signature (the op checks
+        # the first call of each; the offsets are checked on every call).
+        def general():
+            check_scale(fn, softmax_scale)
+            left, right = check_window(fn, window_size)
+            return torch.ops.ipex_flash.flash_attn_forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                causal, left, right, float(softcap), alibi_slopes, 0.0, None, sinks)
+
+        out, lse = fast_path.flash_forward(
+            q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+            return_attn_probs, general, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+        return (out, launch.natural_lse(lse), None) if return_attn_probs else out
     check_dropout_p(fn, dropout_p)
     check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)

@@ -12,6 +12,9 @@ layout of the same keys and values:
     kvcache_append      flash_attn_with_kvcache appending the step's key and value (the last
                         one, rewritten each call) to the paged cache: a model's decode step
     paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
+    varlen              flash_attn_varlen_func on the keys packed (B * N, H, D), one query per
+                        sequence
+    kvpacked            flash_attn_kvpacked_func, keys and values stacked (B, N, 2, H, D)
 
 at a tiny call (B=1, 1 query, 4 keys, 1 head, d=16) and at decode sizes (B = 1 and 8, 256 and
 4096 keys, 32 query / 8 K/V heads, d=128). Figures are the median of --repeats calls after
@@ -26,7 +29,12 @@ kernels' execution is left out although launches on the SYCL CPU device wait for
 kernels (only XPU work stays asynchronous):
 
     host us      median of (first submission - call) over the repeats: checks, tensors,
-                 options, plan lookup, dispatch, Python/C++ crossings
+                 options, plan lookup, dispatch, Python/C++ crossings; each call follows one
+                 of the same size, whose kernels ran on the same cores (the CPU device) and
+                 left K/V rather than the host path in the caches
+    host warm us the same with the entry point's tiny call before each timed call (untimed):
+                 the host path's own cost, with the caches as a GPU's kernels, which do not
+                 run on the host's cores, leave them
     kernels us   the same decode kernels launched alone, from views, options and scratch
                  prepared once (C.flash_decode, one per layout: SDPA's, flash-attn's, paged);
                  "whole - kernels" is the rest of the call (host time before and after the
@@ -65,7 +73,7 @@ SIZES = {"tiny": (1, 4, 1, 1, 16),
          "b1_n256": (1, 256, 32, 8, 128), "b1_n4096": (1, 4096, 32, 8, 128),
          "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
 ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
-                "kvcache_append", "paged_varlen")
+                "kvcache_append", "paged_varlen", "varlen", "kvpacked")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
                  "kvcache_paged": "paged", "kvcache_append": "paged", "paged_varlen": "paged"}
 
@@ -99,6 +107,8 @@ def tensors(batch, keys, heads_q, heads_kv, head_dim):
     t["seqlens"] = torch.full((batch,), keys, dtype=torch.int32)
     t["seqlens_before_last"] = t["seqlens"] - 1  # kvcache_append writes the last key again
     t["k_last"], t["v_last"] = (t[f"{name}_bnhd"][:, -1:].contiguous() for name in ("k", "v"))
+    t["kv_stacked"] = torch.stack((t["k_bnhd"], t["v_bnhd"]), dim=2)
+    t["k_packed"], t["v_packed"] = (t[f"{n}_bnhd"].view(-1, heads_kv, head_dim) for n in "kv")
     t["cu_q"] = torch.arange(batch + 1, dtype=torch.int32)
     t["cu_k"] = torch.arange(batch + 1, dtype=torch.int32) * keys
     return t
@@ -124,6 +134,10 @@ def entry_points(t: dict, keys: int) -> dict:
         "paged_varlen": lambda: ipex_flash.flash_attn_varlen_func(
             t["q_bnhd"].view(batch, heads_q, -1), t["k_pages"], t["v_pages"], t["cu_q"], t["cu_k"],
             1, keys, block_table=t["block_table"], seqused_k=t["seqlens"]),
+        "varlen": lambda: ipex_flash.flash_attn_varlen_func(
+            t["q_bnhd"].view(batch, heads_q, -1), t["k_packed"], t["v_packed"], t["cu_q"],
+            t["cu_k"], 1, keys),
+        "kvpacked": lambda: ipex_flash.flash_attn_kvpacked_func(t["q_bnhd"], t["kv_stacked"]),
     }
 
 
@@ -155,12 +169,15 @@ def kernels_alone(t: dict, keys: int) -> dict:
     return calls
 
 
-def submission_delay(fn, repeats: int, warmup: int) -> float:
-    """Median seconds from calling fn to its first kernel's submission."""
+def submission_delay(fn, repeats: int, warmup: int, before=None) -> float:
+    """Median seconds from calling fn to its first kernel's submission; before(), when given,
+    is called (untimed) before each call."""
     for _ in range(warmup):
         fn()
     delays = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         C.take_first_submission_ns()
         start = time.perf_counter_ns()
         fn()
@@ -187,16 +204,22 @@ def measure(size: str, args) -> dict:
     with torch.no_grad():
         seconds = interleaved({**fns, **{f"kernels_{n}": f for n, f in kernels.items()}},
                               args.rounds, args.repeats, args.warmup)
-        host = interleaved({n: f for n, f in fns.items() if n in KERNEL_LAYOUT}, args.rounds,
-                           args.repeats, args.warmup, measure=submission_delay)
+        timed = {n: f for n, f in fns.items() if n != "torch_sdpa"}
+        host = interleaved(timed, args.rounds, args.repeats, args.warmup,
+                           measure=submission_delay)
+        tiny = entry_points(tensors(*SIZES["tiny"]), SIZES["tiny"][1])
+        host_warm = interleaved({n: (f, tiny[n]) for n, f in timed.items()}, args.rounds,
+                                args.repeats, args.warmup,
+                                measure=lambda fns, r, w: submission_delay(fns[0], r, w, fns[1]))
     base = seconds["torch_sdpa"]
     rows = {}
     for name in ENTRY_POINTS:
         row = {"us": 1e6 * seconds[name], "vs_torch_sdpa": seconds[name] / base}
+        if name in host:
+            row.update(host_us=1e6 * host[name], host_warm_us=1e6 * host_warm[name])
         if name in KERNEL_LAYOUT:
             alone = seconds[f"kernels_{KERNEL_LAYOUT[name]}"]
-            row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone),
-                       host_us=1e6 * host[name])
+            row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone))
         rows[name] = row
     return {"batch": batch, "keys": keys, "heads_q": heads_q, "heads_kv": heads_kv,
             "head_dim": head_dim, "dtype": "float32", "entry_points": rows}
@@ -204,7 +227,7 @@ def measure(size: str, args) -> dict:
 
 def print_table(results: dict) -> None:
     columns = (("kernels_us", "kernels us"), ("whole_minus_kernels_us", "whole-kernels"),
-               ("host_us", "host us"))
+               ("host_us", "host us"), ("host_warm_us", "host warm us"))
     print(f"{'size':<10} {'entry point':<16} {'whole us':>10} {'vs torch':>9} "
           + " ".join(f"{title:>13}" for _, title in columns))
     for size, r in results.items():

@@ -225,9 +225,9 @@ def test_cache_values_checked_on_every_call(plan_runs):
 def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
     """The path XPU tensors take, on the CPU device: launches on a queue given by handle (as
     torch's XPU stream gives it), with scratch from that queue's pool, and the cache's values
-    read from the device rather than by C++. (The host still waits for work on the CPU device,
-    whose tensors torch frees as soon as a call returns.) The plans are built by a first call
-    on the CPU device's default queue."""
+    and packed sequences' offsets read from the device rather than by C++. (The host still
+    waits for work on the CPU device, whose tensors torch frees as soon as a call returns.) The
+    plans are built by a first call on the CPU device's default queue."""
     dtype = torch.bfloat16
     q = torch.randn(2, 8, 1, 64, dtype=dtype)
     kv = [torch.randn(2, 2, 90, 64, dtype=dtype) for _ in range(2)]
@@ -247,8 +247,20 @@ def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
             for b, n in enumerate(lengths.tolist())])
         return out, ref
 
+    def varlen_step(lengths_k):  # flash_attn_varlen_func, one query per sequence
+        q = torch.randn(2, 8, 64, dtype=dtype)
+        k, v = (torch.randn(100, 2, 64, dtype=dtype) for _ in range(2))
+        cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+        cu_k = torch.tensor([0, lengths_k[0], sum(lengths_k)], dtype=torch.int32)
+        out = ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, 60)
+        ref = torch.cat([flash_attn_reference(q[None, b:b + 1], k[None, cu_k[b]:cu_k[b + 1]],
+                                              v[None, cu_k[b]:cu_k[b + 1]])[0][0]
+                         for b in range(2)])
+        return out, ref
+
     decode_step(torch.tensor([50, 90], dtype=torch.int32))
     serving_step(dtype, 1)
+    varlen_step((40, 60))
 
     handle = C.cpu_queue_handle()
     monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
@@ -261,7 +273,8 @@ def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
                         sdpa_reference(q, *kv)))
         outputs.append(decode_step(torch.tensor([51 + step, 91 + step], dtype=torch.int32)))
         outputs.append(serving_step(dtype, 1))
-    assert plan_runs == [True] * 6
+        outputs.append(varlen_step((30 + step, 55)))
+    assert plan_runs == [True] * 8
     for item in outputs:
         if len(item) == 2:  # (out, reference)
             check(*item, dtype)

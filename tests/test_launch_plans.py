@@ -80,3 +80,84 @@ def test_kernel_choice_of_plans(case, plan_runs):
         assert plan is False and plan_runs == []
     else:
         assert not plan.uses_decode_kernel and plan_runs == [True] * (CALLS - 1)
+
+
+def random_offsets(batch: int, total: int, longest: int) -> torch.Tensor:
+    """(batch + 1,) int32 offsets of `batch` sequences of at most `longest` rows, some empty,
+    ending at or before `total` (rows past the last sequence belong to none)."""
+    while True:
+        lengths = torch.randint(0, longest + 1, (batch,))
+        if int(lengths.sum()) <= total:
+            return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("options", [
+    dict(causal=True), dict(window_size=(20, 3)), dict(softcap=5.0, alibi=True), dict()])
+def test_varlen_repeats(dtype, options, plan_runs):
+    """flash_attn_varlen_func: one signature (totals, batch, max lengths) with new sequence
+    lengths each call, each sequence against its own reference."""
+    options = dict(options)
+    alibi = options.pop("alibi", False)
+    batch, max_q, max_k = 4, 40, 90
+    for _ in range(CALLS):
+        cu_q, cu_k = random_offsets(batch, 100, max_q), random_offsets(batch, 250, max_k)
+        q = torch.randn(100, 6, 40, dtype=dtype)
+        k, v = (torch.randn(250, 2, 40, dtype=dtype) for _ in range(2))
+        slopes = torch.rand(batch, 6) * 0.3 if alibi else None
+        out, lse, _ = ipex_flash.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes, return_attn_probs=True,
+            **options)
+        for b in range(batch):
+            rows, keys = (slice(int(cu[b]), int(cu[b + 1])) for cu in (cu_q, cu_k))
+            if rows.start == rows.stop or keys.start == keys.stop:
+                continue  # (a sequence without keys: test_flash_attn_api's cases)
+            ref = flash_attn_reference(q[None, rows], k[None, keys], v[None, keys],
+                                       alibi_slopes=None if slopes is None else slopes[b],
+                                       **options)
+            assert_matches_reference(out[None, rows], lse[None, :, rows], *ref, dtype)
+    assert plan_runs == [True] * (CALLS - 1)
+
+
+def test_packed_functions_run_plans(plan_runs):
+    """The packed functions' strided slices run the plans of flash_attn_func and
+    flash_attn_varlen_func."""
+    for _ in range(CALLS):
+        qkv = torch.randn(2, 30, 3, 4, 32)
+        out = ipex_flash.flash_attn_qkvpacked_func(qkv, causal=True)
+        check(out, flash_attn_reference(*qkv.unbind(2), causal=True)[0], torch.float32)
+        cu = random_offsets(3, 50, 30)
+        packed = torch.randn(50, 3, 4, 32)
+        out = ipex_flash.flash_attn_varlen_qkvpacked_func(packed, cu, 30, causal=True)
+        for b in range(3):
+            rows = slice(int(cu[b]), int(cu[b + 1]))
+            if rows.start < rows.stop:
+                ref = flash_attn_reference(*(t[None] for t in packed[rows].unbind(1)), causal=True)
+                check(out[None, rows], ref[0], torch.float32)
+    assert plan_runs == [True] * (2 * (CALLS - 1))
+
+
+@pytest.mark.parametrize("bad", ["decreasing", "past_total", "longer_than_max_seqlen"])
+def test_varlen_offsets_checked_on_planned_calls(bad, plan_runs):
+    """Offsets the general path rejects are rejected on a planned signature too, with its
+    error; the plan launches nothing."""
+    q, k, v = torch.randn(20, 2, 16), torch.randn(30, 2, 16), torch.randn(30, 2, 16)
+    cu = torch.tensor([0, 5, 10], dtype=torch.int32)
+    for _ in range(2):
+        ipex_flash.flash_attn_varlen_func(q, k, v, cu, cu, 8, 8)
+    wrong = {"decreasing": [0, 6, 4], "past_total": [0, 10, 31],
+             "longer_than_max_seqlen": [0, 9, 10]}[bad]
+    cu_k = torch.tensor(wrong, dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k|max_seqlen_k"):
+        ipex_flash.flash_attn_varlen_func(q, k, v, cu, cu_k, 8, 8)
+    assert plan_runs == [True, False]
+
+
+def test_offsets_fit_off_the_cpu_device():
+    """launch_plans.offsets_fit, the check a GPU's plans make from one read of the device."""
+    q, k = torch.empty(20, 2, 16), torch.empty(30, 2, 16)
+    cu = torch.tensor([0, 5, 10], dtype=torch.int32)
+    assert launch_plans.offsets_fit(cu, cu, q, k, 8, 8)
+    for wrong, max_k in (([0, 6, 4], 8), ([0, 10, 31], 30), ([0, 9, 10], 8), ([1, 2, 3], 8)):
+        assert not launch_plans.offsets_fit(cu, torch.tensor(wrong, dtype=torch.int32), q, k, 8,
+                                            max_k)

@@ -69,38 +69,52 @@ def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
 def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float],
                   causal: bool, window: tuple, softcap: float, alibi_slopes: Optional[Tensor],
                   sinks: Optional[Tensor], want_lse: bool,
-                  general: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Optional[Tensor]]:
-    """flash_attn_func's forward without dropout, q (B, Nq, Hq, D): (out, lse in the kernels'
-    exp2 domain, or None unless want_lse) by the plan of this signature, else by general(), the
-    op, which checks."""
-    key = ("flash", softmax_scale, causal, window, softcap, signature(q), signature(k),
-           signature(v), signature(alibi_slopes), signature(sinks))
+                  general: Callable[[], tuple[Tensor, Tensor]],
+                  packed: Optional[tuple] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_func's forward without dropout, q (B, Nq, Hq, D), or flash_attn_varlen_func's
+    with packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), q (total_q, Hq, D):
+    (out, lse in the kernels' exp2 domain, or None unless want_lse) by the plan of this
+    signature, else by general(), the op, which checks. A packed call's offsets are checked on
+    every call (LaunchPlan.run; offsets_fit off the CPU device)."""
+    cu_seqlens, lengths = (None, None), ()
+    if packed is not None:
+        cu_seqlens, lengths = packed[:2], packed[2:]
+    key = ("flash", softmax_scale, causal, window, softcap, lengths, signature(q), signature(k),
+           signature(v), signature(alibi_slopes), signature(sinks), signature(cu_seqlens[0]),
+           signature(cu_seqlens[1]))
     plan = launch_plans.cached(key)
-    if plan:
+    if plan and (packed is None or launch_plans.reads_host_memory(q.device)
+                 or launch_plans.offsets_fit(*cu_seqlens, q, k, *lengths)):
         out = launch.output_like(q, v.shape[-1])
-        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
-                          device=q.device) if want_lse else None
-        if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks):
+        lse = None
+        if want_lse:
+            lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if packed is None \
+                else (q.shape[1], q.shape[0])
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks, cu_seqlens=cu_seqlens):
             return out, lse
     out, lse = general()
     if plan is None:
         launch_plans.remember(key, lambda: _flash_plan(q, k, v, softmax_scale, causal, window,
-                                                       softcap, alibi_slopes, sinks))
+                                                       softcap, alibi_slopes, sinks, packed))
     return out, lse
 
 
-def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, sinks):
-    q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))
+def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, sinks, packed):
+    cu_q, cu_k, max_q, max_k = (None, None, 0, 0) if packed is None else packed
+    q_, k_, v_ = (flash_attn_args.bhnd(t, packed is not None) for t in (q, k, v))
     if (not (plain_layout(q, k, v) and plain_sinks(sinks)) or launch.nothing_to_attend(q_, k_)
             or not (alibi_slopes is None or (alibi_slopes.dtype == torch.float32
-                                             and alibi_slopes.is_contiguous()))):
+                                             and alibi_slopes.is_contiguous()))
+            or not all(t is None or t.is_contiguous() for t in (cu_q, cu_k))):
         return None
-    out, lse = flash_attn_args.forward_outputs(q, v, False)
+    out, lse = flash_attn_args.forward_outputs(q, v, packed is not None)
     options = flash_attn_args.flash_options(
-        None, None, 0, 0, softmax_scale_value(softmax_scale, q.shape[-1]), causal,
+        cu_q, cu_k, max_q, max_k, softmax_scale_value(softmax_scale, q.shape[-1]), causal,
         *check_window("ipex_flash.flash_attn_func", window),
         float(softcap), alibi_slopes, 0.0, None, sinks)
-    return launch_plans.new_plan(q_, k_, v_, out.transpose(1, 2), lse, options)
+    return launch_plans.new_plan(q_, k_, v_, flash_attn_args.bhnd(out, packed is not None), lse,
+                                 options)
 
 
 def _sdpa_plan(q, k, v, attn_mask, causal, scale, sinks, softcap):

@@ -69,18 +69,21 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
         v_new: Optional[Tensor] = None, descales: tuple = (None, None),
         rotary: tuple = (None, None), attn_mask: Optional[Tensor] = None,
-        max_len_k: int = -1) -> bool:
+        cu_seqlens: tuple = (None, None), max_len_k: int = -1) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
     call). lse None: the caller has no use for it (it stays in the plan's scratch). descales:
     an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. rotary: the
     (rotary_cos, rotary_sin) tables. attn_mask: SDPA's mask, read through the strides the plan
-    was built with. max_len_k: see cache_values."""
+    was built with. cu_seqlens: packed sequences' (cu_seqlens_q, cu_seqlens_k), whose values
+    offsets_fit checks on a device that does not share host memory (C++ reads them on the CPU
+    device). max_len_k: see cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
                     address(descales[1]), address(seqlens_k),
                     address(block_table), address(k_start), address(k_new), address(v_new),
-                    address(rotary[0]), address(rotary[1]), address(attn_mask), max_len_k,
+                    address(rotary[0]), address(rotary[1]), address(attn_mask),
+                    address(cu_seqlens[0]), address(cu_seqlens[1]), max_len_k,
                     launch.queue_handle(q.device))
 
 
@@ -108,3 +111,17 @@ def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Opti
     most, fewest, longest, *rest = torch.stack(bounds).tolist()
     fits = fewest >= min_keys and longest <= capacity and all(x >= 0 for x in rest)
     return most if fits else -1
+
+
+def offsets_fit(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, q: Tensor, k: Tensor,
+                max_seqlen_q: int, max_seqlen_k: int) -> bool:
+    """Whether packed sequences' offsets are valid for q (total_q, ...) and k (total_k, ...):
+    from 0, never decreasing, no sequence longer than max_seqlen_q / max_seqlen_k, ending within
+    q and k; from one read of a device that does not share host memory. Where they are not,
+    the general path names the argument."""
+    offsets = torch.cat([cu_seqlens_q, cu_seqlens_k]).tolist()
+    split = len(cu_seqlens_q)
+    return all(cu[0] == 0 and cu[-1] <= total and all(0 <= b - a <= longest
+                                                      for a, b in zip(cu, cu[1:]))
+               for cu, total, longest in ((offsets[:split], q.shape[0], max_seqlen_q),
+                                          (offsets[split:], k.shape[0], max_seqlen_k)))

@@ -144,6 +144,20 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   return true;
 }
 
+bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
+  const int64_t batch = options_.cu_seqlens_q->sizes[0] - 1;
+  const auto fits = [batch](std::uintptr_t address, int64_t total, int64_t longest) {
+    const auto* cu = reinterpret_cast<const int32_t*>(address);
+    if (cu[0] != 0 || cu[batch] > total) return false;
+    for (int64_t b = 0; b < batch; ++b)
+      if (cu[b + 1] < cu[b] || cu[b + 1] - cu[b] > longest) return false;
+    return true;
+  };
+  return fits(at.cu_seqlens_q, q_.sizes[2], options_.max_seqlen_q) &&
+         (!options_.cu_seqlens_k ||
+          fits(at.cu_seqlens_k, k_.sizes[2], options_.max_seqlen_k));
+}
+
 bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle) {
   const std::lock_guard<std::mutex> lock(mutex_);
   q_.data = at.q, k_.data = at.k, v_.data = at.v, out_.data = at.out, lse_.data = at.lse;
@@ -155,6 +169,9 @@ bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t 
   set_address(options_.block_table, at.block_table);
   set_address(options_.k_start, at.k_start);
   set_address(options_.attn_mask, at.attn_mask);
+  set_address(options_.cu_seqlens_q, at.cu_seqlens_q);
+  set_address(options_.cu_seqlens_k, at.cu_seqlens_k);
+  if (options_.cu_seqlens_q && host_readable_ && !offsets_fit(at)) return false;
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
     append_->v_new = reinterpret_cast<const void*>(at.v_new);
@@ -254,7 +271,7 @@ void bind_launch_plan(py::module_& m) {
            "q_positions_advance"_a)
       // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
       // seqlens_k, block_table, k_start, k_new, v_new, rotary_cos, rotary_sin, attn_mask,
-      // max_len_k, queue): keyword parsing would cost more than
+      // cu_seqlens_q, cu_seqlens_k, max_len_k, queue): keyword parsing would cost more than
       // the rest of the crossing.
       .def(
           "run",
@@ -263,11 +280,12 @@ void bind_launch_plan(py::module_& m) {
              std::uintptr_t sinks, std::uintptr_t k_descale, std::uintptr_t v_descale,
              std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
              std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t rotary_cos,
-             std::uintptr_t rotary_sin, std::uintptr_t attn_mask, int64_t max_len_k,
-             std::uintptr_t queue) {
+             std::uintptr_t rotary_sin, std::uintptr_t attn_mask, std::uintptr_t cu_seqlens_q,
+             std::uintptr_t cu_seqlens_k, int64_t max_len_k, std::uintptr_t queue) {
             return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
                                           v_descale, seqlens_k, block_table, k_start, k_new,
-                                          v_new, rotary_cos, rotary_sin, attn_mask},
+                                          v_new, rotary_cos, rotary_sin, attn_mask,
+                                          cu_seqlens_q, cu_seqlens_k},
                             max_len_k, queue);
           },
           py::call_guard<py::gil_scoped_release>());

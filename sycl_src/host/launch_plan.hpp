@@ -27,6 +27,7 @@ struct PlanAddresses {
   std::uintptr_t k_new = 0, v_new = 0;  // keys and values appended to the cache first
   std::uintptr_t rotary_cos = 0, rotary_sin = 0;  // with rotary: the tables
   std::uintptr_t attn_mask = 0;
+  std::uintptr_t cu_seqlens_q = 0, cu_seqlens_k = 0;  // packed sequences (flash-attn's varlen)
 };
 
 // What a plan's calls may ask of the kernels, and the bounds of a KV cache's values.
@@ -61,13 +62,17 @@ class LaunchPlan {
   // of a KV cache attends to, or -1 to read it (with the checks below) from seqlens_k where
   // the device shares host memory (the CPU device). Returns false, with nothing launched,
   // when the cache's values read so are out of range (keys beyond the capacity, pages outside
-  // the cache): the caller's general path then names the argument.
+  // the cache) or packed sequences' offsets are not (cu_seqlens_q, cu_seqlens_k: from 0, never
+  // decreasing, no sequence longer than max_seqlen_q / max_seqlen_k, ending within q and k;
+  // read on the CPU device, checked by the caller on others): the caller's general path then
+  // names the argument.
   bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle);
 
   bool uses_decode_kernel() const { return decode_; }
 
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
+  bool offsets_fit(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
   int64_t lse_scratch_bytes() const;
 
