@@ -153,11 +153,29 @@ def test_varlen_offsets_checked_on_planned_calls(bad, plan_runs):
     assert plan_runs == [True, False]
 
 
-def test_offsets_fit_off_the_cpu_device():
-    """launch_plans.offsets_fit, the check a GPU's plans make from one read of the device."""
+def test_packed_values_off_the_cpu_device():
+    """launch_plans.packed_values, the check a GPU's plans of packed sequences make from one
+    read of the device: the longest sequence's keys, or -1 for offsets out of range and, for a
+    decode step's plan, sequences that are not of its query count or have fewer keys."""
     q, k = torch.empty(20, 2, 16), torch.empty(30, 2, 16)
     cu = torch.tensor([0, 5, 10], dtype=torch.int32)
-    assert launch_plans.offsets_fit(cu, cu, q, k, 8, 8)
+    assert launch_plans.packed_values(cu, cu, q, k, 8, 8) == 5
     for wrong, max_k in (([0, 6, 4], 8), ([0, 10, 31], 30), ([0, 9, 10], 8), ([1, 2, 3], 8)):
-        assert not launch_plans.offsets_fit(cu, torch.tensor(wrong, dtype=torch.int32), q, k, 8,
-                                            max_k)
+        assert launch_plans.packed_values(cu, torch.tensor(wrong, dtype=torch.int32), q, k, 8,
+                                          max_k) == -1
+    uniform = torch.tensor([0, 2, 4], dtype=torch.int32)
+    assert launch_plans.packed_values(uniform, cu, q, k, 2, 8, queries=2) == 5
+    assert launch_plans.packed_values(cu, cu, q, k, 8, 8, queries=2) == -1
+    few_keys = torch.tensor([0, 1, 6], dtype=torch.int32)
+    assert launch_plans.packed_values(uniform, few_keys, q, k, 2, 8, queries=2) == -1
+
+
+def test_functorch_transforms_take_the_dispatcher(plan_runs):
+    """Inside vmap the calls reach the op through the dispatcher (its batching fallback): no
+    plan serves them, and each slice gets its own attention."""
+    q, k, v = (torch.randn(3, 2, 4, 5, 16) for _ in range(3))
+    for _ in range(CALLS):
+        out = torch.func.vmap(ipex_flash.scaled_dot_product_attention)(q, k, v)
+        for i in range(3):
+            check(out[i], sdpa_reference(q[i], k[i], v[i]), torch.float32)
+    assert plan_runs == [] and not launch_plans._PLANS

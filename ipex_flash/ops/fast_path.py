@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torch._C._functorch import is_functorch_wrapped_tensor
+from torch._C._functorch import peek_interpreter_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ipex_flash.ops import attention as attention_ops, flash_attn_args, launch, launch_plans
+from ipex_flash._runtime import C
+from ipex_flash.ops import (
+    attention as attention_ops, flash_attn_args, launch, launch_plans, varlen_decode)
 from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as softmax_scale_value
 
@@ -75,7 +77,7 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float
     with packed = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), q (total_q, Hq, D):
     (out, lse in the kernels' exp2 domain, or None unless want_lse) by the plan of this
     signature, else by general(), the op, which checks. A packed call's offsets are checked on
-    every call (LaunchPlan.run; offsets_fit off the CPU device)."""
+    every call (LaunchPlan.run; packed_values off the CPU device)."""
     cu_seqlens, lengths = (None, None), ()
     if packed is not None:
         cu_seqlens, lengths = packed[:2], packed[2:]
@@ -83,15 +85,19 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float
            signature(v), signature(alibi_slopes), signature(sinks), signature(cu_seqlens[0]),
            signature(cu_seqlens[1]))
     plan = launch_plans.cached(key)
-    if plan and (packed is None or launch_plans.reads_host_memory(q.device)
-                 or launch_plans.offsets_fit(*cu_seqlens, q, k, *lengths)):
+    fits, max_len_k = True, -1  # (C++ reads packed offsets itself on the CPU device)
+    if plan and packed is not None and not launch_plans.reads_host_memory(q.device):
+        max_len_k = launch_plans.packed_values(*cu_seqlens, q, k, *lengths, plan.packed_queries)
+        fits = max_len_k >= 0
+    if plan and fits:
         out = launch.output_like(q, v.shape[-1])
         lse = None
         if want_lse:
             lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if packed is None \
                 else (q.shape[1], q.shape[0])
             lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-        if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks, cu_seqlens=cu_seqlens):
+        if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks, cu_seqlens=cu_seqlens,
+                            max_len_k=max_len_k):
             return out, lse
     out, lse = general()
     if plan is None:
@@ -109,12 +115,24 @@ def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, s
             or not all(t is None or t.is_contiguous() for t in (cu_q, cu_k))):
         return None
     out, lse = flash_attn_args.forward_outputs(q, v, packed is not None)
-    options = flash_attn_args.flash_options(
-        cu_q, cu_k, max_q, max_k, softmax_scale_value(softmax_scale, q.shape[-1]), causal,
-        *check_window("ipex_flash.flash_attn_func", window),
-        float(softcap), alibi_slopes, 0.0, None, sinks)
+
+    def options(cu_q, cu_k):
+        return flash_attn_args.flash_options(
+            cu_q, cu_k, max_q, max_k, softmax_scale_value(softmax_scale, q.shape[-1]), causal,
+            *check_window("ipex_flash.flash_attn_func", window), float(softcap), alibi_slopes,
+            0.0, None, sinks)
+
+    if packed is not None:  # a decode step: the decode kernel, its keys read as a cache
+        views = varlen_decode.decode_views(q, k, v, out, lse, cu_q, max_q)
+        if views is not None and C.flash_decode_supported(
+                *(launch.view(t) for t in views[:3]), launch.queue_handle(q.device)):
+            as_cache = options(None, None)
+            varlen_decode.as_cache(as_cache, cu_k, max_k)
+            plan = launch_plans.new_plan(*views, as_cache, min_keys=max_q)
+            plan.packed_sequences(max_k)
+            return plan
     return launch_plans.new_plan(q_, k_, v_, flash_attn_args.bhnd(out, packed is not None), lse,
-                                 options)
+                                 options(cu_q, cu_k))
 
 
 def _sdpa_plan(q, k, v, attn_mask, causal, scale, sinks, softcap):
@@ -140,11 +158,13 @@ def plain_sinks(sinks: Optional[Tensor]) -> bool:
 
 
 def needs_dispatcher(*tensors: Optional[Tensor]) -> bool:
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    # A functorch transform (vmap, grad) hands the call wrapped tensors: one look at its
+    # interpreter stack costs less than asking each tensor.
+    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or peek_interpreter_stack() is not None):
         return True
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)
-                              or is_functorch_wrapped_tensor(t)):
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
             return True
     return False

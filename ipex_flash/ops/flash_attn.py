@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ipex_flash.ops import launch, score_grads
+from ipex_flash.ops import launch, score_grads, varlen_decode
 from ipex_flash.ops.flash_attn_args import (
     bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
@@ -39,12 +39,18 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                                                                   alibi_slopes)
     out, lse = forward_outputs(q, v, packed)
     sinks32 = launch.float_sinks(sinks)  # read by address: referenced until the launch returns
-    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             resolve_scale(softmax_scale, q.shape[-1], fn), causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
-                             sinks32)
+    scale = resolve_scale(softmax_scale, q.shape[-1], fn)
+    options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                            causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                            dropout_seed, sinks32)
     if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
         launch.fill_unattended(out, lse, sinks32)
+    elif packed and dropout_p == 0.0 and not launch.wants_backward(q, k, v) and varlen_decode.run(
+            q, k, v, out, lse, flash_options(None, None, 0, 0, scale, causal, window_left,
+                                             window_right, softcap, alibi_slopes, 0.0, None,
+                                             sinks32),
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        pass  # a decode step: the decode kernel, the packed keys read as a cache
     elif packed:
         launch.flash_fwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out)), launch.view(lse),
                       options, q.device)

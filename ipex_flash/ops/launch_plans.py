@@ -76,7 +76,7 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     an FP8 cache's (k_descale, v_descale) as fp8_quant.descales gives them. rotary: the
     (rotary_cos, rotary_sin) tables. attn_mask: SDPA's mask, read through the strides the plan
     was built with. cu_seqlens: packed sequences' (cu_seqlens_q, cu_seqlens_k), whose values
-    offsets_fit checks on a device that does not share host memory (C++ reads them on the CPU
+    packed_values checks on a device that does not share host memory (C++ reads them on the CPU
     device). max_len_k: see cache_values."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
@@ -113,15 +113,20 @@ def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Opti
     return most if fits else -1
 
 
-def offsets_fit(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, q: Tensor, k: Tensor,
-                max_seqlen_q: int, max_seqlen_k: int) -> bool:
-    """Whether packed sequences' offsets are valid for q (total_q, ...) and k (total_k, ...):
-    from 0, never decreasing, no sequence longer than max_seqlen_q / max_seqlen_k, ending within
-    q and k; from one read of a device that does not share host memory. Where they are not,
-    the general path names the argument."""
+def packed_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, q: Tensor, k: Tensor,
+                  max_seqlen_q: int, max_seqlen_k: int, queries: int = 0) -> int:
+    """max_len_k for LaunchPlan.run of packed sequences, q (total_q, ...) and k (total_k, ...),
+    on a device that does not share host memory, from one read: the most keys a sequence has,
+    or -1 where the offsets are not valid (from 0, never decreasing, no sequence longer than
+    max_seqlen_q / max_seqlen_k, ending within q and k; the general path then names the
+    argument) or, for a plan of `queries` queries per sequence (LaunchPlan.packed_queries), the
+    sequences are not such or one has fewer keys than queries (the general path serves it)."""
     offsets = torch.cat([cu_seqlens_q, cu_seqlens_k]).tolist()
-    split = len(cu_seqlens_q)
-    return all(cu[0] == 0 and cu[-1] <= total and all(0 <= b - a <= longest
-                                                      for a, b in zip(cu, cu[1:]))
-               for cu, total, longest in ((offsets[:split], q.shape[0], max_seqlen_q),
-                                          (offsets[split:], k.shape[0], max_seqlen_k)))
+    cu_q, cu_k = offsets[:len(cu_seqlens_q)], offsets[len(cu_seqlens_q):]
+    lengths_q, lengths_k = ([b - a for a, b in zip(cu, cu[1:])] for cu in (cu_q, cu_k))
+    fits = (cu_q[0] == 0 == cu_k[0] and cu_q[-1] <= q.shape[0] and cu_k[-1] <= k.shape[0]
+            and all(0 <= n <= max_seqlen_q for n in lengths_q)
+            and all(0 <= n <= max_seqlen_k for n in lengths_k))
+    if queries:
+        fits = fits and all(n == queries for n in lengths_q) and min(lengths_k) >= queries
+    return max(lengths_k) if fits else -1

@@ -158,8 +158,35 @@ bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
           fits(at.cu_seqlens_k, k_.sizes[2], options_.max_seqlen_k));
 }
 
-bool LaunchPlan::run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle) {
+void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
+  if (!options_.seqlens_k || !options_.k_start || options_.block_table || append_ ||
+      k_.strides[0] != 0 || v_.strides[0] != 0)
+    throw std::invalid_argument("ipex_flash: packed sequences need a cache of known lengths and "
+                                "starts, unpaged, seen with batch stride 0");
+  packed_max_keys_ = max_seqlen_k;
+}
+
+bool LaunchPlan::packed_sequences_fit(const PlanAddresses& at) const {
+  const auto* cu_q = reinterpret_cast<const int32_t*>(at.cu_seqlens_q);
+  const auto* cu_k = reinterpret_cast<const int32_t*>(at.cu_seqlens_k);
+  const int64_t batch = q_.sizes[0], queries = q_.sizes[2];
+  if (cu_k[0] != 0) return false;
+  for (int64_t b = 0; b <= batch; ++b)
+    if (cu_q[b] != b * queries) return false;
+  // (cache_values_fit checks the rest: never decreasing, within k, enough keys per query row)
+  for (int64_t b = 0; b < batch; ++b)
+    if (static_cast<int64_t>(cu_k[b + 1]) - cu_k[b] > packed_max_keys_) return false;
+  return true;
+}
+
+bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  PlanAddresses at = given;
+  if (packed_max_keys_ >= 0) {
+    if (host_readable_ && !packed_sequences_fit(at)) return false;
+    at.seqlens_k = at.cu_seqlens_k + sizeof(int32_t);
+    at.k_start = at.cu_seqlens_k;
+  }
   q_.data = at.q, k_.data = at.k, v_.data = at.v, out_.data = at.out, lse_.data = at.lse;
   set_address(options_.alibi_slopes, at.alibi_slopes);
   set_address(options_.sinks, at.sinks);
@@ -266,6 +293,8 @@ void bind_launch_plan(py::module_& m) {
                     PlanLimits, std::uintptr_t>(),
            "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "limits"_a, "queue"_a)
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
+      .def_property_readonly("packed_queries", &LaunchPlan::packed_queries)
+      .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
       .def("rotary", &LaunchPlan::rotary, "cos"_a, "sin"_a, "interleaved"_a,
            "q_positions_advance"_a)

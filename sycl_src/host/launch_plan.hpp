@@ -57,6 +57,14 @@ class LaunchPlan {
   // written to scratch in that layout.
   void rotary(TensorView cos, TensorView sin, bool interleaved, bool q_positions_advance);
 
+  // Runs packed sequences (flash_attn_varlen_func) of the plan's Nq queries each, whose keys
+  // the plan reads as a cache: sequence b's are rows cu_seqlens_k[b]..cu_seqlens_k[b + 1] of k,
+  // seen with batch stride 0 (ops/varlen_decode.py). Each run takes seqlens_k and k_start
+  // from cu_seqlens_k, and checks (on the CPU device) that cu_seqlens_q is 0, Nq, 2 Nq, ...
+  // and that no sequence has more than max_seqlen_k keys.
+  void packed_sequences(int64_t max_seqlen_k);
+  int64_t packed_queries() const { return packed_max_keys_ >= 0 ? q_.sizes[2] : 0; }
+
   // Runs the call at these addresses on this queue (one of the device the plan was made
   // for: the current stream's may change between calls). max_len_k: the most keys a sequence
   // of a KV cache attends to, or -1 to read it (with the checks below) from seqlens_k where
@@ -73,6 +81,7 @@ class LaunchPlan {
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
   bool offsets_fit(const PlanAddresses& at) const;
+  bool packed_sequences_fit(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
   int64_t lse_scratch_bytes() const;
 
@@ -82,6 +91,7 @@ class LaunchPlan {
   std::optional<KvAppendParams> append_;  // with its addresses filled in by each run
   std::string cos_dtype_;                 // with rotary
   int64_t rotary_rows_ = 0;               // positions the tables hold
+  int64_t packed_max_keys_ = -1;          // with packed_sequences: max_seqlen_k
   bool decode_;
   bool host_readable_;  // the device reads host memory: the CPU device
   std::mutex mutex_;    // run fills the views in place: one call of a plan at a time
