@@ -182,12 +182,13 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
     dense = (t for t in (seqlens_k, block_table, k_start, alibi_slopes) if t is not None)
     appended = [t for t in (k_new, v_new) if t is not None]
     cos, sin, interleaved, advance = rotary
-    if (any(t.dtype != k_cache.dtype for t in appended)  # (16-bit into FP8: quantised)
-            or (fp8_quant.is_fp8(k_cache) and descales[0] is None)
+    fp8 = fp8_quant.is_fp8(k_cache)
+    if (any(t.dtype not in (k_cache.dtype, q.dtype if fp8 else k_cache.dtype) for t in appended)
+            or (fp8 and descales[0] is None)
             or (cos is not None and not (
                 q.is_contiguous() and cos.dtype in (torch.float32, q.dtype)
                 and sin.dtype == cos.dtype and cos.stride() == sin.stride()
-                and cos.stride(1) == 1 and not fp8_quant.is_fp8(k_cache)))
+                and cos.stride(1) == 1 and not fp8))
             or not plain_layout(q, k_cache, v_cache, *appended) or not plain_sinks(sinks)
             or not all(t.is_contiguous() for t in dense)
             or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):

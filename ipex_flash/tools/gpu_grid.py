@@ -83,6 +83,8 @@ def _calls(full: bool):
         yield "kv_append", dtype, 64, 0, 1, "auto"
     for dtype in ("float32", "bfloat16"):
         yield "kv_append", dtype, 64, 0, 1, "rotary"
+    for dtype in ("float8_e4m3fn", "float8_e5m2"):  # bfloat16 tokens quantised into the cache
+        yield "kv_append", dtype, 64, 0, 1, "quantise"
 
 
 def plan_target(target: str, full: bool) -> list:

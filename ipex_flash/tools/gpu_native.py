@@ -147,8 +147,11 @@ def compile_module(ocloc: str, work: Path, module_id: str, device: str, out: Pat
 def _short_kernel(name: str) -> str:
     base, _, args = name.partition("<")
     base = base.split("::")[-1].replace("_kernel", "").replace("flash_", "")
-    args = args.rstrip(">").replace("ipex_flash::bfloat16_bits", "bf16").replace(
-        "sycl::half", "fp16").replace("float", "fp32").replace(" ", "")
+    args = re.sub(r"\bfloat\b", "fp32", args.removesuffix(">"))
+    for long, short in (("ipex_flash::bfloat16_bits", "bf16"), ("sycl::half", "fp16"),
+                        ("ipex_flash::float8_", "fp8_"), ("_bits", ""), ("ipex_flash::", ""),
+                        (" ", "")):
+        args = args.replace(long, short)
     return f"{base}<{args}>" if args else base
 
 

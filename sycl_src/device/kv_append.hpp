@@ -1,13 +1,15 @@
 // The append of flash_attn_with_kvcache's new keys and values into the cache, in place: one
 // launch before the attention on the same queue, reading the lengths and pages on the device
-// (a GPU's launch plan never waits for the host). kv_append_kernel copies elements as bits
-// (ELEMENT: an unsigned integer of the dtype's width); kv_append_rotary_kernel also applies
-// the rotary embedding to the new keys and to the queries, in float32 as the general path does.
+// (a GPU's launch plan never waits for the host). kv_append_kernel stores each element through
+// STORE: StoreBits copies it (an unsigned integer of the dtype's width), StoreFp8 quantises a
+// 16-bit one into an FP8 cache; kv_append_rotary_kernel also applies the rotary embedding to
+// the new keys and to the queries, in float32 as the general path does.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
 #include "dtypes.hpp"
+#include "fp8_encode.hpp"
 #include "params.hpp"
 
 namespace ipex_flash {
@@ -39,11 +41,32 @@ inline const ELEMENT* row_at(const void* base, const BhndStrides& s, int64_t bat
   return static_cast<const ELEMENT*>(base) + batch * s.batch + head * s.head + row * s.row;
 }
 
-// One work-item per (sequence, new token, K/V head): copies that head's key and value rows.
-// Work-items 0 .. B - 1 also write the lengths after the append.
 template <typename ELEMENT>
+struct StoreBits {
+  using In = ELEMENT;
+  using Out = ELEMENT;
+  StoreBits(const KvAppendParams&, int64_t, int64_t, bool) {}
+  Out operator()(In x) const { return x; }
+};
+
+// x / descale[b, head] rounded to the cache's FP8, saturating (fp8_quant.quantise's bytes).
+template <typename T, typename FP8>
+struct StoreFp8 {
+  using In = T;
+  using Out = FP8;
+  float descale;
+  StoreFp8(const KvAppendParams& p, int64_t b, int64_t head, bool value)
+      : descale((value ? p.v_descale : p.k_descale)[b * p.heads + head]) {}
+  Out operator()(In x) const { return fp8_from_float<FP8>(to_float(x) / descale); }
+};
+
+// One work-item per (sequence, new token, K/V head): stores that head's key and value rows.
+// Work-items 0 .. B - 1 also write the lengths after the append.
+template <typename STORE>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void kv_append_kernel(KvAppendParams p) {
+  using In = typename STORE::In;
+  using Out = typename STORE::Out;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int64_t index = static_cast<int64_t>(item.get_global_id(0));
   if (index < p.batch) p.seqlens_after[index] = p.seqlens[index] + p.new_tokens;
@@ -51,12 +74,13 @@ void kv_append_kernel(KvAppendParams p) {
   const int64_t head = index % p.heads, token = index / p.heads % p.new_tokens;
   const int64_t b = index / (static_cast<int64_t>(p.heads) * p.new_tokens);
   const AppendSlot at = append_slot(p, b, token);
-  const ELEMENT* k = row_at<ELEMENT>(p.k_new, p.k_new_stride, b, head, token);
-  const ELEMENT* v = row_at<ELEMENT>(p.v_new, p.v_new_stride, b, head, token);
-  ELEMENT* k_out = row_at<ELEMENT>(p.k_cache, p.k_cache_stride, at.slot, head, at.row);
-  ELEMENT* v_out = row_at<ELEMENT>(p.v_cache, p.v_cache_stride, at.slot, head, at.row);
-  for (int d = 0; d < p.head_dim; ++d) k_out[d] = k[d];
-  for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = v[d];
+  const In* k = row_at<In>(p.k_new, p.k_new_stride, b, head, token);
+  const In* v = row_at<In>(p.v_new, p.v_new_stride, b, head, token);
+  Out* k_out = row_at<Out>(p.k_cache, p.k_cache_stride, at.slot, head, at.row);
+  Out* v_out = row_at<Out>(p.v_cache, p.v_cache_stride, at.slot, head, at.row);
+  const STORE store_k(p, b, head, false), store_v(p, b, head, true);
+  for (int d = 0; d < p.head_dim; ++d) k_out[d] = store_k(k[d]);
+  for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = store_v(v[d]);
 }
 
 // A row of head_dim features rotated at `position` into `out`: pairs (2i, 2i + 1) when

@@ -249,6 +249,9 @@ struct KvAppendParams {
   BhndStrides k_new_stride, v_new_stride, k_cache_stride, v_cache_stride;  // in elements
   int64_t table_stride;
   int32_t batch, new_tokens, heads, head_dim, head_dim_v, page_size;
+  // 16-bit k_new, v_new into an FP8 cache (StoreFp8): their descales, (B, Hkv) float32 each.
+  const float* k_descale;
+  const float* v_descale;
   // Rotary embedding (kv_append_rotary_kernel): the new keys' first rotary_dim features are
   // rotated at positions seqlens[b] + i before they are written, and the queries into
   // q_rotated, at seqlens[b] + i (q_positions_advance) or all at seqlens[b].

@@ -10,16 +10,18 @@
 
 namespace ipex_flash {
 
-// The program appending elements of `dtype` (float32, float16, bfloat16, or an FP8 cache's)
-// for a device of these limits: copies, or with rotary tables of dtype cos_dtype (float32 or
-// dtype; "" for none) the rotary kernel.
-KernelProgram kv_append_program(const std::string& dtype, const std::string& cos_dtype,
-                                const DeviceLimits& limits);
+// The program appending elements of new_dtype (float32, float16, bfloat16, or an FP8
+// cache's) into a cache of dtype for a device of these limits: copies, quantised when a 16-bit
+// new_dtype meets an FP8 cache, or with rotary tables of dtype cos_dtype (float32 or dtype;
+// "" for none) the rotary kernel.
+KernelProgram kv_append_program(const std::string& dtype, const std::string& new_dtype,
+                                const std::string& cos_dtype, const DeviceLimits& limits);
 
 // Submits the append described by params (addresses, strides and sizes filled in; rotary
-// when params.rotary_dim > 0) on the queue, after the work already on it; the caller's next
-// launch on the queue runs after it.
+// when params.rotary_dim > 0; the descales when quantising) on the queue, after the work
+// already on it; the caller's next launch on the queue runs after it.
 void kv_append(const KvAppendParams& params, const std::string& dtype,
-               const std::string& cos_dtype, std::uintptr_t queue_handle);
+               const std::string& new_dtype, const std::string& cos_dtype,
+               std::uintptr_t queue_handle);
 
 }  // namespace ipex_flash

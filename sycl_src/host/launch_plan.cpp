@@ -71,11 +71,16 @@ LaunchPlan::LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out,
 }
 
 void LaunchPlan::append(TensorView k_new, TensorView v_new) {
-  if (!options_.seqlens_k || k_new.dtype != k_.dtype || v_new.dtype != v_.dtype ||
+  // 16-bit tokens into an FP8 cache are quantised by its descales.
+  const bool quantised = kv_feature(k_.dtype) != 0 && options_.k_descale &&
+                         (k_new.dtype == "float16" || k_new.dtype == "bfloat16");
+  if (!options_.seqlens_k || (k_new.dtype != k_.dtype && !quantised) ||
+      v_new.dtype != k_new.dtype || v_.dtype != k_.dtype ||
       k_new.sizes != std::vector<int64_t>{q_.sizes[0], k_.sizes[1], k_new.sizes[2], k_.sizes[3]} ||
       v_new.sizes != std::vector<int64_t>{q_.sizes[0], k_.sizes[1], k_new.sizes[2], v_.sizes[3]})
     throw std::invalid_argument("ipex_flash: the appended k, v must be (B, Hkv, Nnew, D) views "
-                                "in the cache's dtype, with a cache of known lengths");
+                                "in the cache's dtype (or 16-bit into an FP8 cache with its "
+                                "descales), with a cache of known lengths");
   KvAppendParams a{};
   a.k_new_stride = bhnd_strides(k_new, "k");
   a.v_new_stride = bhnd_strides(v_new, "v");
@@ -89,6 +94,7 @@ void LaunchPlan::append(TensorView k_new, TensorView v_new) {
   a.head_dim_v = static_cast<int32_t>(v_.sizes[3]);
   a.page_size = options_.page_size;
   append_ = a;
+  append_dtype_ = k_new.dtype;
 }
 
 void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
@@ -209,6 +215,8 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
     append_->q = reinterpret_cast<const void*>(at.q);
     append_->cos = reinterpret_cast<const void*>(at.rotary_cos);
     append_->sin = reinterpret_cast<const void*>(at.rotary_sin);
+    append_->k_descale = reinterpret_cast<const float*>(at.k_descale);
+    append_->v_descale = reinterpret_cast<const float*>(at.v_descale);
   }
   if (!options_.seqlens_k) {
     max_len_k = k_.sizes[2];
@@ -245,7 +253,7 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
         append_->q_rotated = block + lse_bytes + lengths_bytes;
         q_.data = reinterpret_cast<std::uintptr_t>(append_->q_rotated);
       }
-      kv_append(*append_, k_.dtype, cos_dtype_, queue_handle);
+      kv_append(*append_, k_.dtype, append_dtype_, cos_dtype_, queue_handle);
       options_.seqlens_k->data = reinterpret_cast<std::uintptr_t>(append_->seqlens_after);
     }
     return block + before;

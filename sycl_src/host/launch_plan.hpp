@@ -46,9 +46,9 @@ class LaunchPlan {
   LaunchPlan(TensorView q, TensorView k, TensorView v, TensorView out, TensorView lse,
              AttentionOptions options, PlanLimits limits, std::uintptr_t queue_handle);
 
-  // Each run first appends new keys and values (B, Hkv, Nnew, D) views, in the cache's dtype,
-  // at positions seqlens_k[b] + i (flash_attn_with_kvcache's k, v): the attention then reads
-  // seqlens_k + Nnew keys.
+  // Each run first appends new keys and values (B, Hkv, Nnew, D) views, in the cache's dtype
+  // (or 16-bit ones into an FP8 cache, quantised by its descales), at positions seqlens_k[b] +
+  // i (flash_attn_with_kvcache's k, v): the attention then reads seqlens_k + Nnew keys.
   void append(TensorView k_new, TensorView v_new);
 
   // And rotates the new keys and the queries first (after append): cos, sin (seqlen_ro,
@@ -89,6 +89,7 @@ class LaunchPlan {
   AttentionOptions options_;
   PlanLimits limits_;
   std::optional<KvAppendParams> append_;  // with its addresses filled in by each run
+  std::string append_dtype_;              // the appended tokens' (16-bit into FP8: quantised)
   std::string cos_dtype_;                 // with rotary
   int64_t rotary_rows_ = 0;               // positions the tables hold
   int64_t packed_max_keys_ = -1;          // with packed_sequences: max_seqlen_k

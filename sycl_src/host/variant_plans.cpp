@@ -63,7 +63,9 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     variant.cpu_device = limits.is_cpu;
     program.options = program_options(variant);
   } else if (family == "kv_append") {
-    program = kv_append_program(dtype, mode == "rotary" ? dtype : "", limits);
+    // (mode "quantise": bfloat16 keys and values into an FP8 cache of dtype)
+    program = kv_append_program(dtype, mode == "quantise" ? "bfloat16" : dtype,
+                                mode == "rotary" ? dtype : "", limits);
   } else {
     throw std::invalid_argument("ipex_flash: unknown kernel family '" + family + "'");
   }
