@@ -68,11 +68,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
-    if (cache_batch_idx is None and isinstance(cache_seqlens, Tensor)
-            and type(window_size) is tuple and type(num_splits) is int
+    if (isinstance(cache_seqlens, Tensor) and type(window_size) is tuple
+            and type(num_splits) is int
+            and (cache_batch_idx is None or (block_table is None
+                                             and type(cache_batch_idx) is Tensor))
             and not needs_dispatcher(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                     cache_leftpad, alibi_slopes, sinks, k_descale, v_descale,
-                                     rotary_cos, rotary_sin)
+                                     cache_batch_idx, cache_leftpad, alibi_slopes, sinks,
+                                     k_descale, v_descale, rotary_cos, rotary_sin)
             and not (k_cache.requires_grad or v_cache.requires_grad)):
         # A decode step: its launch plan (append included), once a first call of the same
         # signature has been checked and run by the general path.
@@ -80,8 +82,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, softmax_scale,
             causal, window_size, softcap, alibi_slopes, sinks, num_splits, k_descale,
             v_descale, (rotary_cos, rotary_sin, rotary_interleaved), return_softmax_lse,
+            cache_batch_idx=cache_batch_idx,
             general=lambda: _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                     cache_seqlens, None, cache_leftpad, block_table,
+                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                      softmax_scale, causal, window_size, softcap,
                                      rotary_interleaved, alibi_slopes, num_splits, sinks,
                                      k_descale, v_descale))

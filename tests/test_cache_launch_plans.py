@@ -280,3 +280,28 @@ def test_xpu_path_through_a_queue_handle(monkeypatch, plan_runs):
             check(*item, dtype)
         else:
             check_serving(*item, dtype)
+
+
+def test_cache_batch_idx_repeats(plan_runs):
+    """cache_batch_idx: each call's sequences read and append to other cache rows (a new
+    permutation each call); the rows no sequence uses are untouched."""
+    dtype = torch.bfloat16
+    k_cache, v_cache = make_cache(5, 80, 2, 64, dtype)
+    for _ in range(CALLS):
+        rows = torch.randperm(5)[:3].to(torch.int32)
+        lengths = torch.randint(0, 79, (3,), dtype=torch.int32)
+        q, k, v = (torch.randn(3, 1, heads, 64, dtype=dtype) for heads in (8, 2, 2))
+        expected = []
+        for cache, new in ((k_cache, k), (v_cache, v)):
+            want = cache.clone()
+            want[rows.long(), lengths.long()] = new[:, 0]
+            expected.append(want)
+        out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                                 cache_batch_idx=rows)
+        assert torch.equal(k_cache, expected[0]) and torch.equal(v_cache, expected[1])
+        for b in range(3):
+            keys = slice(0, int(lengths[b]) + 1)
+            ref, _ = flash_attn_reference(q[b:b + 1], k_cache[rows[b], keys][None],
+                                          v_cache[rows[b], keys][None])
+            check(out[b:b + 1], ref, dtype)
+    assert plan_runs == [True] * (CALLS - 1)

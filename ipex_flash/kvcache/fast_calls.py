@@ -28,16 +28,22 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], num_splits: int,
                    k_descale: Optional[Tensor], v_descale: Optional[Tensor], rotary: tuple,
-                   want_lse: bool, general: Callable[[], Outputs]) -> Outputs:
+                   want_lse: bool, general: Callable[[], Outputs],
+                   cache_batch_idx: Optional[Tensor] = None) -> Outputs:
     """(out, lse) of q (B, Nq, Hq, D) against the cache, after appending k, v (B, Nnew, Hkv,
     D) when given, by the plan of this signature, else by general() (which checks and runs the
     call); lse in natural log when want_lse, else left in the kernels' domain. rotary:
-    (rotary_cos, rotary_sin, rotary_interleaved), the tables None without."""
+    (rotary_cos, rotary_sin, rotary_interleaved), the tables None without. cache_batch_idx
+    (without block_table): each sequence's cache row, read as the general path reads it, as a
+    table of one page of the whole capacity per sequence."""
     key = ("kvcache", softmax_scale, causal, window, softcap, num_splits, signature(q),
            signature(k_cache), signature(v_cache), signature(k), signature(v),
-           signature(seqlens_k), signature(block_table), signature(k_start),
-           signature(alibi_slopes), signature(sinks), signature(k_descale), signature(v_descale),
+           signature(seqlens_k), signature(block_table), signature(cache_batch_idx),
+           signature(k_start), signature(alibi_slopes), signature(sinks),
+           signature(k_descale), signature(v_descale),
            signature(rotary[0]), signature(rotary[1]), rotary[2])
+    if cache_batch_idx is not None and cache_batch_idx.dim() == 1:  # (others: general raises)
+        block_table = cache_batch_idx.view(-1, 1)
     plan = launch_plans.cached(key)
     if plan:
         descales = _descales(q, k_cache, k_descale, v_descale)
