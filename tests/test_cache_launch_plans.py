@@ -173,6 +173,26 @@ def test_serving_decode_repeats(dtype, new_tokens, plan_runs):
     assert plan_runs == [True] * (CALLS - 1)
 
 
+def test_serving_step_of_other_lengths_takes_the_general_path(plan_runs):
+    """A planned decode step's signature with sequences of unequal new tokens (the last one
+    fewer, q's last row belonging to none) is not run by the plan (C++ checks cu_seqlens_q),
+    and the general path serves it."""
+    for call in range(CALLS):
+        lengths = [(3, int(n)) for n in torch.randint(257, 289, (5,))]
+        q, k_pages, v_pages, table, cu_q, seqused, seqs = paged_batch(lengths, 8, 2, 64, 32,
+                                                                      torch.float32)
+        seqs = list(seqs)
+        if call == CALLS - 1:
+            cu_q = cu_q.clone()
+            cu_q[-1] -= 1
+            q_b, k_b, v_b = seqs[-1]
+            seqs[-1] = (q_b[:2], k_b, v_b)
+        out = ipex_flash.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 3, 400,
+                                                causal=True, block_table=table, seqused_k=seqused)
+        check_serving(out, cu_q, seqs, None, torch.float32)
+    assert plan_runs == [True] * (CALLS - 2) + [False]
+
+
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_serving_decode_repeats(fp8, plan_runs):
     """The serving call's decode step over an FP8 page pool with one descale per tensor."""

@@ -15,6 +15,7 @@ from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options, kvcache_outputs
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.ops.fast_path import plain_layout, plain_sinks
+from ipex_flash.ops.varlen_decode import uniform_sequences
 from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as resolve_scale
 
@@ -77,16 +78,19 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
                        max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
                        k_descale, v_descale)
     plan = launch_plans.cached(key)
-    if not plan or not _uniform(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
+    if not plan:
         return None
-    out, lse = _serving_outputs(q, v_cache, want_lse)
-    max_len_k = -1
+    max_len_k = -1  # (C++ reads the values itself on the CPU device)
     if not launch_plans.reads_host_memory(q.device):
+        if not uniform_sequences(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
+            return None
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
                                               max_seqlen_k, min_keys=max_seqlen_q)
+    out, lse = _serving_outputs(q, v_cache, want_lse)
     descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
-                        block_table, descales=descales, max_len_k=max_len_k):
+                        block_table, descales=descales, cu_seqlens=(cu_seqlens_q, None),
+                        max_len_k=max_len_k):
         return out, lse
     return None
 
@@ -106,17 +110,20 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
 
     def build():
         if not (1 <= max_seqlen_q <= C.max_sliced_decode_tokens(k_cache.shape[2])
-                and q.shape[0] == batch * max_seqlen_q
-                and _uniform(cu_seqlens_q, batch, max_seqlen_q)):
+                and q.shape[0] == batch * max_seqlen_q and cu_seqlens_q.is_contiguous()
+                and uniform_sequences(cu_seqlens_q, batch, max_seqlen_q)):
             return None
         q4 = q.view(batch, max_seqlen_q, *q.shape[1:])
         out, lse = _serving_outputs(q, v_cache)
-        return _plan(q4, k_cache, v_cache, seqused_k, block_table, None, softmax_scale, causal,
+        plan = _plan(q4, k_cache, v_cache, seqused_k, block_table, None, softmax_scale, causal,
                      window, softcap, alibi_slopes, sinks, 0,
                      out.view(batch, max_seqlen_q, *out.shape[1:]),
                      lse.view(lse.shape[0], batch, max_seqlen_q).transpose(0, 1),
                      min_keys=max_seqlen_q, max_keys=max_seqlen_k,
                      descales=_descales(q, k_cache, k_descale, v_descale, batch))
+        if plan:
+            plan.uniform_queries()
+        return plan
 
     launch_plans.remember(key, build)
 
@@ -129,15 +136,6 @@ def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_
             signature(cu_seqlens_q), signature(seqused_k), signature(block_table),
             signature(alibi_slopes), signature(sinks), signature(k_descale),
             signature(v_descale))
-
-
-def _uniform(cu_seqlens: Tensor, batch: int, length: int) -> bool:
-    """cu_seqlens is 0, length, 2 * length, ... (one read of the device off the CPU)."""
-    if launch_plans.reads_host_memory(cu_seqlens.device):
-        return C.uniform_sequences(cu_seqlens.data_ptr(), batch, length)
-    expected = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32,
-                            device=cu_seqlens.device)
-    return bool(torch.equal(cu_seqlens, expected))
 
 
 def _serving_outputs(q: Tensor, v_cache: Tensor, want_lse: bool = True) -> Outputs:

@@ -172,13 +172,18 @@ void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
   packed_max_keys_ = max_seqlen_k;
 }
 
-bool LaunchPlan::packed_sequences_fit(const PlanAddresses& at) const {
+bool LaunchPlan::queries_uniform(const PlanAddresses& at) const {
   const auto* cu_q = reinterpret_cast<const int32_t*>(at.cu_seqlens_q);
-  const auto* cu_k = reinterpret_cast<const int32_t*>(at.cu_seqlens_k);
   const int64_t batch = q_.sizes[0], queries = q_.sizes[2];
-  if (cu_k[0] != 0) return false;
   for (int64_t b = 0; b <= batch; ++b)
     if (cu_q[b] != b * queries) return false;
+  return true;
+}
+
+bool LaunchPlan::packed_sequences_fit(const PlanAddresses& at) const {
+  const auto* cu_k = reinterpret_cast<const int32_t*>(at.cu_seqlens_k);
+  const int64_t batch = q_.sizes[0];
+  if (cu_k[0] != 0 || !queries_uniform(at)) return false;
   // (cache_values_fit checks the rest: never decreasing, within k, enough keys per query row)
   for (int64_t b = 0; b < batch; ++b)
     if (static_cast<int64_t>(cu_k[b + 1]) - cu_k[b] > packed_max_keys_) return false;
@@ -188,6 +193,7 @@ bool LaunchPlan::packed_sequences_fit(const PlanAddresses& at) const {
 bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle) {
   const std::lock_guard<std::mutex> lock(mutex_);
   PlanAddresses at = given;
+  if (uniform_queries_ && host_readable_ && !queries_uniform(at)) return false;
   if (packed_max_keys_ >= 0) {
     if (host_readable_ && !packed_sequences_fit(at)) return false;
     at.seqlens_k = at.cu_seqlens_k + sizeof(int32_t);
@@ -303,6 +309,7 @@ void bind_launch_plan(py::module_& m) {
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
       .def_property_readonly("packed_queries", &LaunchPlan::packed_queries)
       .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
+      .def("uniform_queries", &LaunchPlan::uniform_queries)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
       .def("rotary", &LaunchPlan::rotary, "cos"_a, "sin"_a, "interleaved"_a,
            "q_positions_advance"_a)

@@ -63,6 +63,11 @@ class LaunchPlan {
   // from cu_seqlens_k, and checks (on the CPU device) that cu_seqlens_q is 0, Nq, 2 Nq, ...
   // and that no sequence has more than max_seqlen_k keys.
   void packed_sequences(int64_t max_seqlen_k);
+
+  // Checks on each run (on the CPU device; the caller checks elsewhere) that cu_seqlens_q is
+  // 0, Nq, 2 Nq, ...: the serving call's decode steps, whose queries the plan reads as
+  // (B, Nq) rows.
+  void uniform_queries() { uniform_queries_ = true; }
   int64_t packed_queries() const { return packed_max_keys_ >= 0 ? q_.sizes[2] : 0; }
 
   // Runs the call at these addresses on this queue (one of the device the plan was made
@@ -82,6 +87,7 @@ class LaunchPlan {
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
   bool offsets_fit(const PlanAddresses& at) const;
   bool packed_sequences_fit(const PlanAddresses& at) const;
+  bool queries_uniform(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
   int64_t lse_scratch_bytes() const;
 
@@ -93,6 +99,7 @@ class LaunchPlan {
   std::string cos_dtype_;                 // with rotary
   int64_t rotary_rows_ = 0;               // positions the tables hold
   int64_t packed_max_keys_ = -1;          // with packed_sequences: max_seqlen_k
+  bool uniform_queries_ = false;
   bool decode_;
   bool host_readable_;  // the device reads host memory: the CPU device
   std::mutex mutex_;    // run fills the views in place: one call of a plan at a time
