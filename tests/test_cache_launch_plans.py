@@ -325,3 +325,20 @@ def test_cache_batch_idx_repeats(plan_runs):
                                           v_cache[rows[b], keys][None])
             check(out[b:b + 1], ref, dtype)
     assert plan_runs == [True] * (CALLS - 1)
+
+
+def test_any_num_splits_is_planned(plan_runs):
+    """num_splits past any the keys allow (2^40 here) runs as the most there can be, in the
+    general path as in the plan built after it."""
+    k_cache, v_cache = make_cache(2, 64, 2, 32, torch.float32)
+    for _ in range(CALLS):
+        q = torch.randn(2, 1, 4, 32)
+        lengths = torch.randint(1, 65, (2,), dtype=torch.int32)
+        out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                 num_splits=2**40)
+        for b in range(2):
+            keys = slice(0, int(lengths[b]))
+            ref, _ = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, keys],
+                                          v_cache[b:b + 1, keys])
+            check(out[b:b + 1], ref, torch.float32)
+    assert plan_runs == [True] * (CALLS - 1)

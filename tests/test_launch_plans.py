@@ -179,3 +179,18 @@ def test_functorch_transforms_take_the_dispatcher(plan_runs):
         for i in range(3):
             check(out[i], sdpa_reference(q[i], k[i], v[i]), torch.float32)
     assert plan_runs == [] and not launch_plans._PLANS
+
+
+def test_a_plan_that_cannot_be_built_keeps_the_general_path(monkeypatch, plan_runs):
+    """A plan whose build fails leaves its signature on the general path with one warning;
+    the call that built it, and the later ones, return their results."""
+    def failing(*args, **kwargs):
+        raise RuntimeError("no plan here")
+
+    monkeypatch.setattr(launch_plans, "new_plan", failing)
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="no launch plan.*no plan here"):
+        out = ipex_flash.scaled_dot_product_attention(q, k, v)
+    check(out, sdpa_reference(q, k, v), torch.float32)
+    check(ipex_flash.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), torch.float32)
+    assert plan_runs == [] and list(launch_plans._PLANS.values()) == [False]

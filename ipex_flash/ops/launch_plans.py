@@ -10,6 +10,7 @@ device (cache_values). A plan fixes the kernel (decode or general), not its vari
 launch chooses (IPEX_FLASH_MATRIX included)."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -42,7 +43,13 @@ def remember(key: tuple, build: Callable[[], Optional["C.LaunchPlan"]]) -> None:
     build returns None for a signature the plans do not serve."""
     if len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
-    _PLANS[key] = build() or False  # False: looked at, not served
+    try:
+        _PLANS[key] = build() or False  # False: looked at, not served
+    except (RuntimeError, TypeError, ValueError) as error:
+        # The call itself succeeded: its signature keeps the general path, and says why once.
+        _PLANS[key] = False
+        warnings.warn(f"ipex_flash: no launch plan for a call signature, which keeps the "
+                      f"general path: {error}", RuntimeWarning, stacklevel=3)
 
 
 def clear() -> None:
@@ -55,7 +62,10 @@ def new_plan(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     """A plan for q, out (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D) views (or a cache seen so),
     lse (B, Hq, Nq), and options as the general path builds them."""
     return C.LaunchPlan(launch.view(q), launch.view(k), launch.view(v), launch.view(out),
-                        launch.view(lse), options, C.PlanLimits(num_splits, min_keys, max_keys),
+                        launch.view(lse), options,
+                        # (splits past one per key block are empty: any count above that
+                        # runs as that count, however large)
+                        C.PlanLimits(min(num_splits, 2**31 - 1), min_keys, max_keys),
                         launch.queue_handle(q.device))
 
 
