@@ -47,6 +47,9 @@ def test_decode_step_matches_reference(dtype, queries, options, decode_launches)
     options = dict(options)
     slopes = torch.rand(4, 8) * 0.3 if options.pop("alibi", False) else None
     q, k, v, cu_q, cu_k = step(dtype, [300, 5, 77, 1000], queries, spare_rows=2)
+    if queries == 3:  # one sequence (a batch stride the kernels never use)
+        q, k, v, cu_q, cu_k = step(dtype, [300], queries, spare_rows=2)
+        slopes = None if slopes is None else slopes[:1]
     out, lse, _ = ipex_flash.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, queries, 1000, alibi_slopes=slopes, return_attn_probs=True,
         **options)
@@ -88,3 +91,15 @@ def test_repeated_steps_run_the_decode_plan(dtype, plan_runs):
     (plan,) = launch_plans._PLANS.values()
     assert plan.uses_decode_kernel and plan.packed_queries == 2
     assert plan_runs == [True] * (PLAN_CALLS - 1) + [False]
+
+
+def test_one_sequence_decode_plan(plan_runs):
+    """A single sequence's decode step (its keys' batch stride is never read) is planned too."""
+    for _ in range(PLAN_CALLS):
+        q, _, _, cu_q, cu_k = step(torch.float32, [int(torch.randint(1, 300, ()))], 1)
+        k, v = (torch.randn(300, 2, 64) for _ in range(2))
+        out, lse, _ = ipex_flash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, 300,
+                                                        return_attn_probs=True)
+        check_sequences(out, lse, q, k, v, cu_q, cu_k, torch.float32)
+    (plan,) = launch_plans._PLANS.values()
+    assert plan.uses_decode_kernel and plan_runs == [True] * (PLAN_CALLS - 1)

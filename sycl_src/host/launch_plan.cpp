@@ -166,7 +166,7 @@ bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
 
 void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
   if (!options_.seqlens_k || !options_.k_start || options_.block_table || append_ ||
-      k_.strides[0] != 0 || v_.strides[0] != 0)
+      (q_.sizes[0] > 1 && (k_.strides[0] != 0 || v_.strides[0] != 0)))
     throw std::invalid_argument("ipex_flash: packed sequences need a cache of known lengths and "
                                 "starts, unpaged, seen with batch stride 0");
   packed_max_keys_ = max_seqlen_k;
