@@ -111,6 +111,8 @@ def host_cost_section(data: dict) -> list[str]:
 
     def cell(row):
         host = f", host {row['host_us']:.0f} µs" if "host_us" in row else f" ({row['us']:.0f} µs)"
+        if "host_warm_us" in row:
+            host += f" ({row['host_warm_us']:.0f} warm)"
         return f"{row['vs_torch_sdpa']:.2f}x{host}"
     out += table(["entry point / time against torch SDPA's whole call", *(
         f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
@@ -118,8 +120,11 @@ def host_cost_section(data: dict) -> list[str]:
         [[name, *(cell(results[size]["entry_points"][name]) for size in sizes)]
          for name in names])
     out += ["", "Host: the median time from the Python call to its first kernel's submission, "
-            "from the host module's clock of submissions (the script's docstring says how); the "
-            "JSON also has the kernels launched alone from prepared arguments."]
+            "from the host module's clock of submissions (the script's docstring says how), "
+            "after a call of the same size, whose kernels ran on the same cores; warm: after the "
+            "entry point's tiny call instead, the host path's own cost, with the caches as a "
+            "GPU's kernels leave them. The JSON also has the kernels launched alone from "
+            "prepared arguments."]
     return out
 
 
