@@ -113,7 +113,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     prefills and decodes mixed (kvcache/paged_varlen.py); no dropout, no backward. The cache
     may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
     fn = "ipex_flash.flash_attn_varlen_func"
-    if (block_table is None and dropout_p == 0.0 and type(window_size) is tuple
+    if block_table is not None:  # (it checks what this function checks below)
+        return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 dropout_p, softmax_scale, causal, window_size, softcap,
+                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
+                                 k_descale, v_descale)
+    if (dropout_p == 0.0 and type(window_size) is tuple
             and type(max_seqlen_q) is int and type(max_seqlen_k) is int
             and cu_seqlens_q is not None and cu_seqlens_k is not None
             and seqused_k is None and k_descale is None and v_descale is None
@@ -135,11 +140,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_dropout_p(fn, dropout_p)
     check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)
-    if block_table is not None:
-        return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 dropout_p, softmax_scale, causal, left, right, softcap,
-                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
-                                 k_descale, v_descale)
     if k_descale is not None or v_descale is not None:
         raise ValueError(f"{fn}: k_descale and v_descale are taken with a paged FP8 cache "
                          "(block_table)")

@@ -21,7 +21,8 @@ from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
 from ipex_flash.ops import launch
 from ipex_flash.ops.fast_path import needs_dispatcher
 from ipex_flash.ops.validation import (
-    check_alibi, check_attention_inputs, check_cu_seqlens, check_max_seqlen, check_sinks)
+    check_alibi, check_attention_inputs, check_cu_seqlens, check_dropout_p, check_max_seqlen,
+    check_scale, check_sinks, check_window)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -178,11 +179,35 @@ def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, b
 
 
 def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                      max_seqlen_k, dropout_p, softmax_scale, causal, left, right, softcap,
+                      max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
                       k_descale=None, v_descale=None):
     """flash_attn_varlen_func with a block_table: keys per sequence from seqused_k, or from
-    cu_seqlens_k's differences when seqused_k is None."""
+    cu_seqlens_k's differences when seqused_k is None. A decode step (every sequence the same
+    few new tokens) repeats its launch plan, before any check, once a first call of the same
+    signature has been checked and run by the op."""
+    def planned():
+        if not (dropout_p == 0.0 and type(window_size) is tuple
+                and type(max_seqlen_q) is int and type(max_seqlen_k) is int
+                and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k,
+                                         block_table, alibi_slopes, sinks, k_descale,
+                                         v_descale)):
+            return None, False
+        return fast_calls.serving_decode(*plan_args, return_attn_probs), True
+
+    def finish(out, lse):
+        return (out, lse, None) if return_attn_probs else out
+
+    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+                 k_descale, v_descale)
+    result, fast = planned() if seqused_k is not None else (None, False)
+    if result is not None:
+        return finish(result[0], launch.natural_lse(result[1], in_place=True)
+                      if return_attn_probs else None)
+    check_dropout_p(_FN, dropout_p)
+    check_scale(_FN, softmax_scale)
+    left, right = check_window(_FN, window_size)
     if dropout_p != 0.0:
         raise ValueError(f"{_FN}: dropout is not supported with a paged KV cache (block_table)")
     if seqused_k is None:
@@ -190,22 +215,15 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
         check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-    # A decode step (every sequence the same few new tokens) repeats its launch plan once a
-    # first call of the same signature has been checked and run by the op.
-    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, causal, (left, right), softcap, alibi_slopes, sinks,
-                 k_descale, v_descale)
-    fast = (type(max_seqlen_q) is int and type(max_seqlen_k) is int
-            and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
-                                     alibi_slopes, sinks, k_descale, v_descale))
-    result = fast_calls.serving_decode(*plan_args, return_attn_probs) if fast else None
-    if result is not None:
-        out, lse = result
-        return (out, launch.natural_lse(lse, in_place=True), None) if return_attn_probs else out
+        plan_args = plan_args[:4] + (seqused_k,) + plan_args[5:]
+        result, fast = planned()
+        if result is not None:
+            return finish(result[0], launch.natural_lse(result[1], in_place=True)
+                          if return_attn_probs else None)
     out, lse = torch.ops.ipex_flash.paged_varlen_attention(
         q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
         int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         sinks, k_descale, v_descale)
     if fast:
         fast_calls.remember_serving(*plan_args)
-    return (out, lse, None) if return_attn_probs else out
+    return finish(out, lse)
