@@ -186,25 +186,17 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
     cu_seqlens_k's differences when seqused_k is None. A decode step (every sequence the same
     few new tokens) repeats its launch plan, before any check, once a first call of the same
     signature has been checked and run by the op."""
-    def planned():
-        if not (dropout_p == 0.0 and type(window_size) is tuple
-                and type(max_seqlen_q) is int and type(max_seqlen_k) is int
-                and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k,
-                                         block_table, alibi_slopes, sinks, k_descale,
-                                         v_descale)):
-            return None, False
-        return fast_calls.serving_decode(*plan_args, return_attn_probs), True
-
-    def finish(out, lse):
-        return (out, lse, None) if return_attn_probs else out
-
-    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
-                 k_descale, v_descale)
-    result, fast = planned() if seqused_k is not None else (None, False)
-    if result is not None:
-        return finish(result[0], launch.natural_lse(result[1], in_place=True)
-                      if return_attn_probs else None)
+    fast = (dropout_p == 0.0 and type(window_size) is tuple and type(max_seqlen_q) is int
+            and type(max_seqlen_k) is int
+            and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, cu_seqlens_k,
+                                     block_table, alibi_slopes, sinks, k_descale, v_descale))
+    if fast and seqused_k is not None:
+        result = fast_calls.serving_decode(
+            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+            k_descale, v_descale, return_attn_probs)
+        if result is not None:
+            return _returned(*result, return_attn_probs)
     check_dropout_p(_FN, dropout_p)
     check_scale(_FN, softmax_scale)
     left, right = check_window(_FN, window_size)
@@ -215,15 +207,26 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
         check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-        plan_args = plan_args[:4] + (seqused_k,) + plan_args[5:]
-        result, fast = planned()
+        result = fast_calls.serving_decode(
+            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+            k_descale, v_descale, return_attn_probs) if fast else None
         if result is not None:
-            return finish(result[0], launch.natural_lse(result[1], in_place=True)
-                          if return_attn_probs else None)
+            return _returned(*result, return_attn_probs)
     out, lse = torch.ops.ipex_flash.paged_varlen_attention(
         q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
         int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         sinks, k_descale, v_descale)
     if fast:
-        fast_calls.remember_serving(*plan_args)
-    return finish(out, lse)
+        fast_calls.remember_serving(
+            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+            k_descale, v_descale)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _returned(out, lse, return_attn_probs):
+    """A plan's (out, lse in the kernels' exp2 domain or None) as the caller returns them."""
+    if not return_attn_probs:
+        return out
+    return out, launch.natural_lse(lse, in_place=True), None
