@@ -9,7 +9,7 @@ import torch
 import ipex_flash
 from ipex_flash.reference import flash_attn_reference
 
-from conftest import OUTPUT_TOLERANCE, make_cache
+from conftest import DTYPES, OUTPUT_TOLERANCE, make_cache
 
 
 def rotate64(x, angles, interleaved):
@@ -111,6 +111,34 @@ def test_num_splits(num_splits):
     for b, n in enumerate(seqlens.tolist()):
         want, _ = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n])
         torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_one_split_and_many_with_sinks(dtype, num_splits):
+    """One split writes the output and LSE in the decode kernel itself, more go through the
+    merge kernel: both against float64, with a sink per head and a sequence without keys
+    (zeros, and the sink's logit as its LSE)."""
+    k_cache, v_cache = make_cache(3, 300, 2, 64, dtype)
+    q = torch.randn(3, 2, 8, 64, dtype=dtype)
+    sinks = torch.randn(8)
+    seqlens = torch.tensor([300, 0, 41], dtype=torch.int32)
+    out, lse = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                  num_splits=num_splits, sinks=sinks,
+                                                  return_softmax_lse=True)
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, n in enumerate(seqlens.tolist()):
+        sink = sinks.double()[:, None]  # (H, 1) against lse (H, Nq)
+        if n == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b]))
+            torch.testing.assert_close(lse[b].double(), sink.expand(8, 2), rtol=1e-5, atol=1e-5)
+            continue
+        want, want_lse = flash_attn_reference(q[b:b + 1], k_cache[b:b + 1, :n],
+                                              v_cache[b:b + 1, :n])
+        with_sink = torch.logaddexp(want_lse[0], sink)
+        want = want * torch.exp(want_lse[0] - with_sink).transpose(0, 1)[None, :, :, None]
+        torch.testing.assert_close(out[b:b + 1].double(), want, rtol=rtol, atol=atol)
+        torch.testing.assert_close(lse[b].double(), with_sink, rtol=1e-5, atol=1e-5)
 
 
 def test_positional_order_is_flash_attns():

@@ -15,6 +15,22 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
+// A row's LSE over its splits and sink (exp2 domain), and one split's share of it: what the
+// decode kernel writes itself when it runs one split.
+struct SplitShare {
+  float share, lse;
+};
+
+inline SplitShare split_share(const float* sinks, int h, float split_lse) {
+  const float sink = sinks != nullptr ? sinks[h] * LOG2E : NEG_INF;
+  const float most = sycl::fmax(sink, split_lse);
+  const float safe_max = most == NEG_INF ? 0.f : most;  // no key and no sink: weights 0
+  const float weight = sycl::exp2(split_lse - safe_max);
+  const float total = sycl::exp2(sink - safe_max) + weight;
+  return total > 0.f ? SplitShare{weight / total, safe_max + sycl::log2(total)}
+                     : SplitShare{0.f, NEG_INF};
+}
+
 // Combines the splits of flash_decode_kernel: one work-item per (batch, head, query row).
 template <typename T>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))

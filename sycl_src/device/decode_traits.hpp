@@ -31,6 +31,15 @@ constexpr bool DECODE_STEP_MAJOR = true;
 constexpr bool DECODE_STEP_MAJOR = false;
 #endif
 
+// Whether a call of one split writes its output in the decode kernel, with no merge launch:
+// where registers allow it (the 256-register GPUs, the CPU device). On GPUs with 128 registers
+// that write's code made the 16-bit one-row kernels spill 384-704 B.
+#if defined(IPEX_FLASH_CPU_LOOPS) || defined(IPEX_FLASH_LARGE_GRF)
+constexpr bool DECODE_ONE_SPLIT_WRITES = true;
+#else
+constexpr bool DECODE_ONE_SPLIT_WRITES = false;
+#endif
+
 // Head-dim vectors per P.V pass: the most, up to `wanted`, that split d_vecs into whole passes
 // of whole loads (per_load divides d_vecs).
 constexpr int decode_pv_vecs(int d_vecs, int per_load, int wanted) {

@@ -249,15 +249,20 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       variant.block_n);
 
   const std::vector<sycl::kernel> kernels = get_kernels(queue, decode_program(variant));
-  submit_kernel(queue, kernels[0], params,
-                block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group) *
-                                params.row_slices,
-                            c.num_blocks, kMaxDecodeRows),
-                "flash_decode");
-  const int64_t query_rows = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;
-  sycl::event done = submit_kernel(queue, kernels[1], params,
-                                   block_range(1, ceil_div(query_rows, kMergeGroup), kMergeGroup),
-                                   "flash_decode_merge");
+  sycl::event done = submit_kernel(
+      queue, kernels[0], params,
+      block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group) * params.row_slices,
+                  c.num_blocks, kMaxDecodeRows),
+      "flash_decode");
+  // One split writes the output itself where the kernel is built with the large register file
+  // or for the CPU device (decode_traits.hpp, DECODE_ONE_SPLIT_WRITES).
+  if (c.num_blocks > 1 || !(variant.large_grf || variant.cpu_device)) {
+    const int64_t query_rows =
+        static_cast<int64_t>(c.dims.batch) * c.dims.heads_q * c.dims.len_q;
+    done = submit_kernel(queue, kernels[1], params,
+                         block_range(1, ceil_div(query_rows, kMergeGroup), kMergeGroup),
+                         "flash_decode_merge");
+  }
   finish_launch(queue, queue_handle, done, "flash_decode");
 }
 
