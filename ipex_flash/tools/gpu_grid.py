@@ -24,7 +24,7 @@ FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
 # V's head dim apart from Q's and K's (MLA prefill: D = 192, Dv = 128), in both grids: the
 # forward's register kernel compiles it apart, and its O^T accumulators must fit beside Q^T's
-# reads at D. (D, Dv) pairs, bfloat16 (float16 in the full grid too).
+# reads at D; the vector kernel (float32) compiles it apart too. (D, Dv) pairs.
 VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 160)]}
 # FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
@@ -83,7 +83,7 @@ def _calls(full: bool):
                 yield "forward", dtype, head_dim, features, 1, "auto", 0
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
                     yield "fp8_decode", dtype, head_dim, features, rows, "auto", 0
-        for head_dim, head_dim_v in VALUE_HEAD_DIMS[size] if dtype != "float32" else []:
+        for head_dim, head_dim_v in VALUE_HEAD_DIMS[size]:
             for features in FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v
     yield "dropout_mask", "float32", 64, 0, 1, "auto", 0
@@ -136,7 +136,7 @@ def ocloc_device(target: str) -> str:
     return C.profile_limits(target)["ocloc_device"]
 
 
-# Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>";
+# Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0, 64>";
 # the binary lists the mangled "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64E...".
 # Both reduce to (name, element type, integer arguments; a bool argument counts as 0 or 1;
 # type arguments past the first are left out).

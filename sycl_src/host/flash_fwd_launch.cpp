@@ -15,10 +15,10 @@
 namespace ipex_flash {
 namespace {
 
-size_t fwd_slm_bytes(int head_dim, int block_m, int block_n) {
-  // Q and the output accumulator (d, q), K and V tiles (kv, d), all float32.
-  return sizeof(float) * (2 * static_cast<size_t>(head_dim) * block_m +
-                          2 * static_cast<size_t>(block_n) * head_dim);
+size_t fwd_slm_bytes(int head_dim, int head_dim_v, int block_m, int block_n) {
+  // Q (d, q) and the output accumulator (dv, q), K (kv, d) and V (kv, dv) tiles, all float32.
+  return sizeof(float) * (static_cast<size_t>(head_dim + head_dim_v) * block_m +
+                          static_cast<size_t>(block_n) * (head_dim + head_dim_v));
 }
 
 size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
@@ -85,11 +85,16 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
       split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128);
   // Deeper reduction steps (AMX's shape, emulated) where both head dims take them.
   if (split && (d % tile.k != 0 || d_v % tile.k != 0)) tile.k = 16;
+  // The vector kernel compiles V's head dim apart wherever the two pad differently.
+  const bool vector_split = tile.m == 0 && d != d_v;
+  const SlmBytes vector_slm = [&](int hd, int bm, int bn) {
+    return fwd_slm_bytes(hd, vector_split ? d_v : hd, bm, bn);
+  };
   KernelVariant variant = choose_variant(
-      dtype, split ? head_dim : widest, limits,
+      dtype, split || vector_split ? head_dim : widest, limits,
       registers ? fwd_matrix_registers_slm_bytes
-                : tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
-  if (split) variant.head_dim_v = d_v;
+                : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+  if (split || vector_split) variant.head_dim_v = d_v;
   variant.matrix_registers = registers;
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
@@ -112,7 +117,9 @@ KernelProgram fwd_program(const KernelVariant& variant) {
                  ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
                  std::to_string(variant.value_head_dim()) + ">"},
             program_options(variant)};
-  return {"flash_fwd.hpp", {variant.instantiate("ipex_flash::flash_fwd_kernel")},
+  return {"flash_fwd.hpp",
+          {with_value_dim(variant.instantiate("ipex_flash::flash_fwd_kernel"),
+                          variant.value_head_dim())},
           program_options(variant)};
 }
 
