@@ -22,6 +22,10 @@ ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one pe
 # quick grid's 7 puts every score change in one kernel, the most registers any variant needs.
 FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
+# V's head dim apart from Q's and K's (MLA prefill: D = 192, Dv = 128), in both grids: the
+# forward's register kernel compiles it apart, and its O^T accumulators must fit beside Q^T's
+# reads at D; the vector kernel (float32) compiles it apart too. (D, Dv) pairs.
+VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 160)]}
 # FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
@@ -42,6 +46,7 @@ class Selection:
     large_grf: bool     # asks for the 256-register file (kernel_props.hpp)
     slm_estimate: int   # the host's local-memory estimate for the variant
     slm_limit: int
+    head_dim_v: int = 0  # V's head dim where it differs from head_dim (0: the same)
 
 
 @dataclass
@@ -69,38 +74,41 @@ def _calls(full: bool):
         for head_dim in head_dims:
             for features in FEATURE_SETS[size]:
                 for mode in modes:
-                    yield "forward", dtype, head_dim, features, 1, mode
+                    yield "forward", dtype, head_dim, features, 1, mode, 0
                     for rows in DECODE_ROWS[size]:
-                        yield "decode", dtype, head_dim, features, rows, mode
-                    yield "backward", dtype, head_dim, features, 1, mode
+                        yield "decode", dtype, head_dim, features, rows, mode, 0
+                    yield "backward", dtype, head_dim, features, 1, mode, 0
         for head_dim in head_dims if dtype != "float32" else []:
             for features in FP8_FEATURE_SETS[size]:
-                yield "forward", dtype, head_dim, features, 1, "auto"
+                yield "forward", dtype, head_dim, features, 1, "auto", 0
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
-                    yield "fp8_decode", dtype, head_dim, features, rows, "auto"
-    yield "dropout_mask", "float32", 64, 0, 1, "auto"
+                    yield "fp8_decode", dtype, head_dim, features, rows, "auto", 0
+        for head_dim, head_dim_v in VALUE_HEAD_DIMS[size]:
+            for features in FEATURE_SETS[size]:
+                yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v
+    yield "dropout_mask", "float32", 64, 0, 1, "auto", 0
     for dtype in ("float32", "bfloat16", "float8_e4m3fn"):  # copies bits: 32, 16, 8
-        yield "kv_append", dtype, 64, 0, 1, "auto"
+        yield "kv_append", dtype, 64, 0, 1, "auto", 0
     for dtype in ("float32", "bfloat16"):
-        yield "kv_append", dtype, 64, 0, 1, "rotary"
+        yield "kv_append", dtype, 64, 0, 1, "rotary", 0
     for dtype in ("float8_e4m3fn", "float8_e5m2"):  # bfloat16 tokens quantised into the cache
-        yield "kv_append", dtype, 64, 0, 1, "quantise"
+        yield "kv_append", dtype, 64, 0, 1, "quantise", 0
 
 
 def plan_target(target: str, full: bool) -> list:
     """The distinct programs `target` would build for the grid."""
     limits = C.profile_limits(target)
     programs, seen = [], set()
-    for family, dtype, head_dim, features, rows, mode in _calls(full):
+    for family, dtype, head_dim, features, rows, mode, head_dim_v in _calls(full):
         if family == "fp8_decode":  # C.flash_decode_supported: large register files only
             if not limits["large_grf"]:
                 continue
             family = "decode"
         base = dict(target=target, family=family, dtype=dtype, head_dim=head_dim,
                     features=features, rows=rows, mode=mode,
-                    slm_limit=limits["local_mem_bytes"])
+                    slm_limit=limits["local_mem_bytes"], head_dim_v=head_dim_v)
         try:
-            plan = C.plan(family, target, dtype, head_dim, features, rows, mode)
+            plan = C.plan(family, target, dtype, head_dim, features, rows, mode, head_dim_v)
         except Exception as e:  # a call this GPU cannot serve: a finding, not a crash
             programs.append(Program(variant="", matrix=False, large_grf=False, header="",
                                     kernels=[], options=[],
@@ -130,7 +138,7 @@ def ocloc_device(target: str) -> str:
     return C.profile_limits(target)["ocloc_device"]
 
 
-# Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>";
+# Kernel names: the host registers "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0, 64>";
 # the binary lists the mangled "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64E...".
 # Both reduce to (name, element type, integer arguments; a bool argument counts as 0 or 1;
 # type arguments past the first are left out).

@@ -3,7 +3,10 @@
 //   kv : keys of the K/V block currently in SLM (BLOCK_N)
 //   c  : keys of one register chunk (FWD_KEY_CHUNK)
 //   d  : head dim, padded to the compiled HEAD_DIM (padding columns are zero): Q and K have
-//        dims.head_dim columns, V and O dims.head_dim_v (the P.V product runs over HEAD_DIM)
+//        dims.head_dim columns
+//   dv : V's and O's, dims.head_dim_v padded to HEAD_DIM_V: the host compiles it apart where
+//        the two pad differently (MLA prefill: 192 and 128), so that V's tile, the output
+//        accumulator and P.V are not padded to the larger one
 //
 // One work-group per (batch, query head, Q block); work-item i owns query row i of the block
 // and keeps a FWD_KEY_CHUNK-wide register tile of its scores. Consecutive work-items are SIMD
@@ -33,20 +36,22 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 constexpr int FWD_KEY_CHUNK = 16;  // scores per work-item held in registers at once
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int HEAD_DIM_V>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 IPEX_FLASH_REGISTER_FILE
 void flash_fwd_kernel(FwdParams p) {
   constexpr int KEY_CHUNK = FWD_KEY_CHUNK;
-  static_assert(BLOCK_N % KEY_CHUNK == 0 && HEAD_DIM % D_UNROLL == 0, "tile shape");
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;    // (d, q) * q_prescale
-  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> acc_slm;  // (d, q) unnormalised O
-  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;    // (kv, d)
-  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> v_slm;    // (kv, d)
+  static_assert(BLOCK_N % KEY_CHUNK == 0 && HEAD_DIM % D_UNROLL == 0 &&
+                    HEAD_DIM_V % D_UNROLL == 0,
+                "tile shape");
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;      // (d, q) * q_prescale
+  static syclexp::work_group_static<float[HEAD_DIM_V][BLOCK_M]> acc_slm;  // (dv, q) unnormalised O
+  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM]> k_slm;      // (kv, d)
+  static syclexp::work_group_static<float[BLOCK_N][HEAD_DIM_V]> v_slm;    // (kv, dv)
   float(&q_t)[HEAD_DIM][BLOCK_M] = q_slm;
-  float(&acc_t)[HEAD_DIM][BLOCK_M] = acc_slm;
+  float(&acc_t)[HEAD_DIM_V][BLOCK_M] = acc_slm;
   float(&k_tile)[BLOCK_N][HEAD_DIM] = k_slm;
-  float(&v_tile)[BLOCK_N][HEAD_DIM] = v_slm;
+  float(&v_tile)[BLOCK_N][HEAD_DIM_V] = v_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -68,7 +73,7 @@ void flash_fwd_kernel(FwdParams p) {
   load_tile_transposed<BLOCK_M, HEAD_DIM>(
       q_t, q, p.q_stride.row, static_cast<int>(q_end - q_begin), c.dims.head_dim,
       c.q_prescale * kv_descale<FEATURES>(c, block.batch, block.head_kv).k, lid, BLOCK_M);
-  for (int d = 0; d < HEAD_DIM; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
+  for (int d = 0; d < HEAD_DIM_V; ++d) acc_t[d][lid] = 0.f;  // own column only: no barrier
 
   const BlockMask mask = BlockMask::of(c.mask, seq);
   const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);

@@ -11,8 +11,11 @@
 //   S^T (kv, r) = K (kv, d) . Q^T (d, r)     BLOCK_N / MATRIX_M accumulators, in registers
 //   softmax over kv                          each lane on its own column: no exchange
 //   P^T (kv, r)                              B operands built in registers from the column
-//   O^T (d, r) = rescale * O^T + V^T . P^T   HEAD_DIM / MATRIX_M accumulators, resident for
-//                                            the whole K/V loop
+//   O^T (dv, r) = rescale * O^T + V^T . P^T  HEAD_DIM_V / MATRIX_M accumulators, resident
+//                                            for the whole K/V loop
+// HEAD_DIM is Q's and K's compiled head dim, HEAD_DIM_V V's and O's: the host compiles them
+// apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
+// at V's head dim rather than the larger one; equal otherwise.
 // K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
 // tiles (matrix_block_io.hpp). Q^T is staged once in SLM in the matrix engine's packed B layout
 // and read as whole B tiles (once, up to d = 64; per block above), the only SLM the kernel
@@ -61,21 +64,26 @@ __attribute__((always_inline)) inline void write_output_from_tiles(
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N>
+          int MATRIX_K, int MATRIX_N, int HEAD_DIM_V>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_fwd_matrix_registers_kernel(FwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
-  constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM / M, P_STEPS = BLOCK_N / K;
+  constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM_V / M, P_STEPS = BLOCK_N / K;
+  // The register budget below is sized by the wider of the two head dims: O^T's accumulators
+  // grow with HEAD_DIM_V, and at HEAD_DIM above 64 Q^T is read from SLM per block, costing no
+  // registers that stay.
+  constexpr int WIDEST = HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V;
   // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
   // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
   // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
-  constexpr int A_ROWS = HEAD_DIM > 64 ? 16 : 32;
+  constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
   constexpr bool WIDE =
-      HEAD_DIM <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
+      WIDEST <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
-                    BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0,
+                    BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
+                    HEAD_DIM_V % M == 0,
                 "tile shape");
   static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
   uint32_t(&q_t)[HEAD_DIM / 2][BLOCK_M] = q_slm;
@@ -94,7 +102,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const int64_t row = q_begin + lid;
   const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
   const float score_scale = c.q_prescale * descale.k;
-  using Packed = PackedKv<T, HEAD_DIM, BLOCK_N>;
+  using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
   load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, forward_operands<T>(p, block).q, p.q_stride.row,
@@ -104,7 +112,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
 
   // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
   // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128).
-  constexpr bool Q_IN_REGISTERS = HEAD_DIM <= 64 && HEAD_DIM / K >= 2;
+  constexpr bool Q_IN_REGISTERS = WIDEST <= 64 && HEAD_DIM / K >= 2;
   MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
   if constexpr (Q_IN_REGISTERS) {
 #pragma unroll
@@ -126,14 +134,14 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end;
        kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
-    const MatrixSurface<T> keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                   // K
-    const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM, BLOCK_N, BLOCK_N};  // V^T
+    const MatrixSurface<T> keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
+    const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_N};  // V^T
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 
     // The next block's K and V^T, shared by the sub-groups, asked for while this one computes.
     // Up to d = 64: at 128 the addresses spilled beside the resident accumulators on PVC.
-    if constexpr (HEAD_DIM <= 64) {
+    if constexpr (WIDEST <= 64) {
       if (kv_begin + BLOCK_N < kv_end)
         matrix_prefetch_run<Packed::BLOCK_ELEMENTS, SUB_GROUPS>(
             sg, k_tile + Packed::BLOCK_ELEMENTS, sub_group);

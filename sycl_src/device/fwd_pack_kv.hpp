@@ -22,11 +22,12 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // The packed K/V copy: per K/V head, each sequence's blocks from pack_first_block
-// (pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM x BLOCK_N), in the
-// input dtype.
-template <typename T, int HEAD_DIM, int BLOCK_N>
+// (pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM_V x BLOCK_N), in the
+// input dtype. HEAD_DIM_V is V's compiled head dim where the kernel runs it apart from Q's and
+// K's (MLA: 192 and 128), so that V is not padded to HEAD_DIM.
+template <typename T, int HEAD_DIM, int BLOCK_N, int HEAD_DIM_V = HEAD_DIM>
 struct PackedKv {
-  static constexpr int64_t BLOCK_ELEMENTS = 2 * BLOCK_N * HEAD_DIM;
+  static constexpr int64_t BLOCK_ELEMENTS = static_cast<int64_t>(BLOCK_N) * (HEAD_DIM + HEAD_DIM_V);
 
   // K of block `blk` of (batch, head_kv); its V^T follows at + BLOCK_N * HEAD_DIM, and the
   // sequence's next block at + BLOCK_ELEMENTS. Readers take block 0 once, outside their loops
@@ -42,7 +43,7 @@ struct PackedKv {
 // work-items per block of the pack, gaps included; the K/V rows may be packed (varlen) or
 // paged like the forward's, in T or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2,
 // else 0).
-template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES>
+template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_pack_kv_kernel(FwdParams p) {
   const AttentionCommon& c = p.common;
@@ -54,13 +55,13 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
   const SeqInfo seq = seq_info(c, batch);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
-  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N>::block(p, batch, head_kv, coord.block);
+  T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>::block(p, batch, head_kv, coord.block);
   T* v_block = k_block + BLOCK_N * HEAD_DIM;
   using KV = kv_storage_t<T, KV_FEATURES>;
   load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
                                kv_rows<KV>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
                                rows, c.dims.head_dim, lid, BLOCK_N);
-  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(v_block),
+  load_tile_transposed<BLOCK_N, HEAD_DIM_V>(*reinterpret_cast<T(*)[HEAD_DIM_V][BLOCK_N]>(v_block),
                                           kv_rows<KV>(p.v, p.v_stride, c, seq, batch, head_kv),
                                           kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
 }

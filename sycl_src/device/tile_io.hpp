@@ -174,15 +174,16 @@ inline void load_tile_row_pairs(uint32_t (&dst)[ROWS / 2][COLS], const T* src,
 // One step of streaming K and V through SLM: rows [kv_begin, kv_begin + ROWS) of both, between
 // two barriers (no work-item may still be reading the previous block, and all must see the
 // new one). Rows past len_k, K's columns past head_dim and V's past head_dim_v are zero.
-template <int ROWS, int COLS, typename Dst, typename T>
+// V's tile may be narrower than K's (COLS_V: V's compiled head dim).
+template <int ROWS, int COLS, int COLS_V, typename Dst, typename T>
 inline void load_kv_block(sycl::group<1> group, Dst (&k_tile)[ROWS][COLS],
-                          Dst (&v_tile)[ROWS][COLS], const KvRows<T>& k, const KvRows<T>& v,
+                          Dst (&v_tile)[ROWS][COLS_V], const KvRows<T>& k, const KvRows<T>& v,
                           int64_t kv_begin, int len_k, int head_dim, int head_dim_v, int lid,
                           int group_size) {
   const int rows = static_cast<int>(std::min<int64_t>(ROWS, len_k - kv_begin));
   sycl::group_barrier(group);
   load_tile<ROWS, COLS>(k_tile, k, kv_begin, rows, head_dim, lid, group_size);
-  load_tile<ROWS, COLS>(v_tile, v, kv_begin, rows, head_dim_v, lid, group_size);
+  load_tile<ROWS, COLS_V>(v_tile, v, kv_begin, rows, head_dim_v, lid, group_size);
   sycl::group_barrier(group);
 }
 

@@ -64,6 +64,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<KernelVariant>(m, "KernelVariant")
       .def_readonly("dtype", &KernelVariant::dtype)
       .def_readonly("head_dim", &KernelVariant::head_dim)
+      .def_readonly("head_dim_v", &KernelVariant::head_dim_v)
       .def_readonly("block_m", &KernelVariant::block_m)
       .def_readonly("block_n", &KernelVariant::block_n)
       .def_readonly("matrix_m", &KernelVariant::matrix_m)

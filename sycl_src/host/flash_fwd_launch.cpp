@@ -15,10 +15,10 @@
 namespace ipex_flash {
 namespace {
 
-size_t fwd_slm_bytes(int head_dim, int block_m, int block_n) {
-  // Q and the output accumulator (d, q), K and V tiles (kv, d), all float32.
-  return sizeof(float) * (2 * static_cast<size_t>(head_dim) * block_m +
-                          2 * static_cast<size_t>(block_n) * head_dim);
+size_t fwd_slm_bytes(int head_dim, int head_dim_v, int block_m, int block_n) {
+  // Q (d, q) and the output accumulator (dv, q), K (kv, d) and V (kv, dv) tiles, all float32.
+  return sizeof(float) * (static_cast<size_t>(head_dim + head_dim_v) * block_m +
+                          static_cast<size_t>(block_n) * (head_dim + head_dim_v));
 }
 
 size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
@@ -38,20 +38,26 @@ size_t fwd_matrix_registers_slm_bytes(int head_dim, int block_m, int) {
 int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
                         const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
-  return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * 2 * variant.block_n *
-         variant.head_dim * 2;
+  return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * variant.block_n *
+         (variant.head_dim + variant.value_head_dim()) * 2;
+}
+
+// A kernel's registered name with its trailing HEAD_DIM_V template argument.
+std::string with_value_dim(std::string name, int head_dim_v) {
+  name.insert(name.size() - 1, ", " + std::to_string(head_dim_v));
+  return name;
 }
 
 // The variant fwd_variant picks for the queue's device, or the vector kernel's where the
 // device's compiler cannot build its matrix program (build_guard.hpp).
 KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
-                             int features) {
+                             int head_dim_v, int features) {
   const DeviceLimits& limits = device_limits(queue.get_device());
   return buildable_variant(
       queue,
       [&](const std::string& mode) {
         return layout_verified_variant(queue, limits, [&](const DeviceLimits& verified) {
-          return fwd_variant(dtype, head_dim, features, verified, mode);
+          return fwd_variant(dtype, head_dim, head_dim_v, features, verified, mode);
         });
       },
       fwd_program);
@@ -59,20 +65,36 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
 
 }  // namespace
 
-KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
+KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v, int features,
                           const DeviceLimits& limits, const std::string& mode) {
+  if (head_dim_v <= 0) head_dim_v = head_dim;
+  const int widest = std::max(head_dim, head_dim_v);
+  const int d = padded_head_dim(head_dim), d_v = padded_head_dim(head_dim_v);
   // FP8 caches (kv_quant.hpp) take the matrix kernel too, its K/V pack converting them to T,
   // where the decode kernel serves their decodes (fp8_decode). Elsewhere (DG2, Arrow Lake-H)
   // decodes come here, and the pack would write the whole cache at twice its size per step.
   const bool fp8 = (features & FEATURE_KV_FP8) != 0;
-  const MatrixTile tile = fp8 && !limits.fp8_decode
-                              ? MatrixTile{}
-                              : matrix_tile(limits, dtype, padded_head_dim(head_dim), mode);
-  const bool registers = matrix_tiles_in_registers(tile, limits, padded_head_dim(head_dim), 128);
+  MatrixTile tile = fp8 && !limits.fp8_decode
+                        ? MatrixTile{}
+                        : matrix_tile(limits, dtype, padded_head_dim(widest), mode);
+  // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
+  // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
+  // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
+  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128);
+  const bool registers =
+      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128);
+  // Deeper reduction steps (AMX's shape, emulated) where both head dims take them.
+  if (split && (d % tile.k != 0 || d_v % tile.k != 0)) tile.k = 16;
+  // The vector kernel compiles V's head dim apart wherever the two pad differently.
+  const bool vector_split = tile.m == 0 && d != d_v;
+  const SlmBytes vector_slm = [&](int hd, int bm, int bn) {
+    return fwd_slm_bytes(hd, vector_split ? d_v : hd, bm, bn);
+  };
   KernelVariant variant = choose_variant(
-      dtype, head_dim, limits,
+      dtype, split || vector_split ? head_dim : widest, limits,
       registers ? fwd_matrix_registers_slm_bytes
-                : tile.m > 0 ? fwd_matrix_slm_bytes : fwd_slm_bytes);
+                : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+  if (split || vector_split) variant.head_dim_v = d_v;
   variant.matrix_registers = registers;
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
@@ -85,14 +107,19 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
 KernelProgram fwd_program(const KernelVariant& variant) {
   if (variant.matrix_m > 0)
     return {variant.matrix_registers ? "flash_fwd_matrix_registers.hpp" : "flash_fwd_matrix.hpp",
-            {variant.instantiate(variant.matrix_registers
-                                     ? "ipex_flash::flash_fwd_matrix_registers_kernel"
-                                     : "ipex_flash::flash_fwd_matrix_kernel"),
+            {variant.matrix_registers
+                 ? with_value_dim(
+                       variant.instantiate("ipex_flash::flash_fwd_matrix_registers_kernel"),
+                       variant.value_head_dim())
+                 : variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
                  std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
-                 ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ">"},
+                 ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
+                 std::to_string(variant.value_head_dim()) + ">"},
             program_options(variant)};
-  return {"flash_fwd.hpp", {variant.instantiate("ipex_flash::flash_fwd_kernel")},
+  return {"flash_fwd.hpp",
+          {with_value_dim(variant.instantiate("ipex_flash::flash_fwd_kernel"),
+                          variant.value_head_dim())},
           program_options(variant)};
 }
 
@@ -105,8 +132,8 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   if (c.dims.batch == 0 || c.dims.heads_q == 0 || c.dims.len_q <= 0) return;
 
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant =
-      fwd_variant_on(queue, q.dtype, c.dims.head_dim_max(), features_of(options, k));
+  const KernelVariant variant = fwd_variant_on(queue, q.dtype, c.dims.head_dim,
+                                               c.dims.head_dim_v, features_of(options, k));
   set_forward_tensors(params, q, k, v, out, lse);
   // Packed sequences are found through cu_seqlens, not a batch stride.
   if (options.cu_seqlens_q) params.q_stride.batch = params.out_stride.batch = 0;
@@ -139,14 +166,15 @@ int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
                           const AttentionOptions& options, std::uintptr_t queue_handle) {
   const AttentionDims dims = make_dims(q, k, v, options);
   const KernelVariant variant = fwd_variant_on(queue_from_handle(queue_handle), q.dtype,
-                                               dims.head_dim_max(), features_of(options, k));
+                                               dims.head_dim, dims.head_dim_v,
+                                               features_of(options, k));
   if (variant.matrix_m == 0) return 0;
   return packed_kv_bytes(dims, key_pack_rows(dims, k, options, variant.block_n), variant);
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const KernelVariant variant = fwd_variant_on(queue, dtype, head_dim, 0);
+  const KernelVariant variant = fwd_variant_on(queue, dtype, head_dim, head_dim, 0);
   get_kernels(queue, fwd_program(variant));
   return variant;
 }

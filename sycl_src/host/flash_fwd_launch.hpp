@@ -23,10 +23,11 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
 int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, std::uintptr_t queue_handle);
 
-// The forward variant for a problem (head_dim: the larger of q's and v's) on a device with
-// these limits, under IPEX_FLASH_MATRIX mode `mode` (matrix_path.hpp), and the program
-// holding its kernels.
-KernelVariant fwd_variant(const std::string& dtype, int head_dim, int features,
+// The forward variant for a problem (head_dim: q's and k's, head_dim_v: v's, 0 for the same)
+// on a device with these limits, under IPEX_FLASH_MATRIX mode `mode` (matrix_path.hpp), and
+// the program holding its kernels. The kernels run at the larger of the two padded head dims,
+// but for the register kernel, which compiles V's apart (KernelVariant::head_dim_v).
+KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v, int features,
                           const DeviceLimits& limits, const std::string& mode);
 KernelProgram fwd_program(const KernelVariant& variant);
 

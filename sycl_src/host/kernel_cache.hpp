@@ -14,7 +14,7 @@
 namespace ipex_flash {
 
 // The kernels of `program` (template instantiations such as
-// "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>" from one device header), built together
+// "ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0, 64>" from one device header), built together
 // (one compiler run) for the queue's device, in the program's order. Thread-safe. Throws
 // std::runtime_error carrying the compiler's message and build log when the build fails.
 std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const KernelProgram& program);

@@ -40,16 +40,17 @@ DeviceLimits limits_named(const std::string& profile) {
   return profile.empty() ? device_limits(cpu_queue().get_device()) : profile_limits(profile);
 }
 
-// The variant and program of one kernel family for a problem: "forward", "backward",
+// The variant and program of one kernel family for a problem (head_dim_v: v's head dim where
+// it differs from head_dim, forward only; 0 for the same): "forward", "backward",
 // "decode" (rows = query rows per K/V head), "dropout_mask" or "kv_append" (mode "rotary": with
 // the rotary embedding, tables in the dtype).
 py::dict plan(const std::string& family, const std::string& profile, const std::string& dtype,
-              int head_dim, int features, int rows, const std::string& mode) {
+              int head_dim, int features, int rows, const std::string& mode, int head_dim_v) {
   const DeviceLimits limits = limits_named(profile);
   KernelVariant variant{dtype, 0, 0, 0, features};
   KernelProgram program;
   if (family == "forward") {
-    variant = fwd_variant(dtype, head_dim, features, limits, mode);
+    variant = fwd_variant(dtype, head_dim, head_dim_v, features, limits, mode);
     program = fwd_program(variant);
   } else if (family == "backward") {
     variant = bwd_variant(dtype, head_dim, features, limits, mode);
@@ -85,7 +86,7 @@ void bind_variant_plans(py::module_& m) {
         "queue"_a = 0);
   m.def("set_device_profile", &set_device_profile, "name"_a);
   m.def("plan", &plan, "family"_a, "profile"_a, "dtype"_a, "head_dim"_a = 64, "features"_a = 0,
-        "rows"_a = 1, "mode"_a = "auto");
+        "rows"_a = 1, "mode"_a = "auto", "head_dim_v"_a = 0);
   m.def(
       "layout_probe_program",
       [](const KernelVariant& variant) {

@@ -27,6 +27,10 @@ struct KernelVariant {
   // The backward's dK/dV kernel's too (a narrower range of head dims than dQ's), and the
   // backward's packs in its layout (bwd_packed.hpp).
   bool dkdv_registers = false;
+  // V's and O's padded head dim where the kernel is compiled for it apart from head_dim (the
+  // forward's register kernel with D != Dv, MLA: 192 and 128); 0 where the kernels run both
+  // at head_dim (the larger of D and Dv).
+  int head_dim_v = 0;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
@@ -39,6 +43,8 @@ struct KernelVariant {
   // The same, with the matrix arguments always (matrix_args) or never appended: for a kernel
   // template that takes them whichever products it runs (the decode kernel; 0, 0, 16: vector).
   std::string instantiate(const std::string& kernel, bool matrix_args) const;
+  // The head dim V and O are compiled at.
+  int value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 // Kernels built together from one device header (one compiler run).
