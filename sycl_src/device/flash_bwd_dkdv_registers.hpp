@@ -53,6 +53,21 @@ __attribute__((always_inline)) inline void slab_of_columns(sycl::sub_group sg,
   }
 }
 
+// The lane's column of A (K rows from `row0`, HEAD_DIM deep) . B, B the sub-group's keys' tiles
+// of K^T or V^T (pairs of head-dim rows): S or dP over one slab of rows.
+template <typename T, int M, int K, int N, int HEAD_DIM, int BLOCK_N>
+__attribute__((always_inline)) inline void slab_product_columns(sycl::sub_group sg,
+                                                                const MatrixSurface<T>& a,
+                                                                int row0, const uint32_t* b,
+                                                                float (&column)[K]) {
+  MatrixAcc<M, N> tiles[K / M];
+#pragma unroll
+  for (int t = 0; t < K / M; ++t) matrix_fill(sg, tiles[t], 0.f);
+  matrix_mad_surface<T, M, K, N, HEAD_DIM, K / M, sycl::access::address_space::global_space>(
+      sg, tiles, a, row0, b, BLOCK_N);
+  slab_of_columns<M>(sg, tiles, column);
+}
+
 // Which gradients a walk over the query rows accumulates (dkdv_register_rows).
 enum DkdvGrads : int { DKDV_DV = 1, DKDV_DK = 2, DKDV_BOTH = DKDV_DV | DKDV_DK };
 
@@ -78,9 +93,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                                               MatrixAcc<M, N> (&dv)[TILES]) {
   // One reduction step per slab (16 rows on GPUs): with two, the S and dP tiles beside the
   // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
-  constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK, S_TILES = SLAB / M;
+  constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
   constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
-  constexpr auto GLOBAL = sycl::access::address_space::global_space;
   using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = kb.seq;
@@ -116,15 +130,14 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           lse_lane[c0] = stats.lse_log2;
           delta_lane[c0] = stats.delta;
         }
-        float prob[SLAB], softcap_grad[SLAB];
+        // dK alone: dP first, so that only its column, not S's tiles, waits through the
+        // score changes.
+        float prob[SLAB], softcap_grad[SLAB], grad[SLAB], dropped[SLAB];
+        if constexpr (!DV)
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs, grad);
         {
-          MatrixAcc<M, N> s[S_TILES];
-#pragma unroll
-          for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
-          matrix_mad_surface<T, M, K, N, HEAD_DIM, S_TILES, GLOBAL>(sg, s, q_rows, slab,
-                                                                    kb.k_t_pairs, BLOCK_N);
-          slab_of_columns<M>(sg, s, prob);
-          float lse_log2[SLAB], dropped[SLAB];
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, q_rows, slab, kb.k_t_pairs, prob);
+          float lse_log2[SLAB];
           broadcast_chunks(sg, lse_lane, lse_log2);
           bwd_column_probabilities<FEATURES>(c, score_mod, kb.mask, fully_visible, batch_head,
                                              row0, key, lse_log2, prob, softcap_grad, dropped);
@@ -136,15 +149,16 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           }
         }
         if constexpr (DK) {
-          MatrixAcc<M, N> dp[S_TILES];
-#pragma unroll
-          for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, dp[t], 0.f);
-          matrix_mad_surface<T, M, K, N, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, do_rows, slab,
-                                                                    kb.v_t_pairs, BLOCK_N);
-          float grad[SLAB], delta[SLAB];
-          slab_of_columns<M>(sg, dp, grad);
+          if constexpr (DV)
+            slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
+                                                                grad);
+          float delta[SLAB];
           broadcast_chunks(sg, delta_lane, delta);
-          bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta, grad);
+          if constexpr (DV)
+            bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta,
+                                         grad);
+          else
+            bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
           const MatrixSurface<T> q_cols{rows.q_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
           MatrixBRegisters<T, K, N> ds_b;
           matrix_b_from_floats<K, T>(sg, ds_b, grad);
