@@ -11,7 +11,9 @@
 //   dP (r, kv) = dO (r, d) . V^T (d, kv)        SLAB / MATRIX_M accumulators
 //   dS (r, kv)                                  from P and dP, a B operand
 //   dK^T (d, kv) += Q^T (d, r) . dS (r, kv)     HEAD_DIM / MATRIX_M accumulators, resident
-// (bwd_column_grads.hpp).
+// (bwd_column_grads.hpp). Up to d = 64 in one walk over the rows; past it dK^T and dV^T would
+// take all 256 registers (128 each at d = 128), so the kernel walks the rows twice: S, P and dV
+// with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
 // as B tiles from theirs (bwd_packed.hpp, REGISTERS). The rows' LSE and delta are loaded one per
 // lane and broadcast from the lane that holds them. Deterministic, no atomics.
