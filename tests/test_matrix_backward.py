@@ -109,14 +109,14 @@ def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, a
 
 
 # Head dims in (64, 128]: the register dQ kernel (16-key slabs on the GPUs, one reduction step
-# of its dQ product; 32 in the emulation's 16 x 32 tiles) beside the register dK/dV kernel in
-# two passes, reading the packs in that kernel's layout, under each score change: its per-sub-group mask
-# vote (bool and float masks with a hidden block), softcap and ALiBi with a window, dropout.
-# Default tier: the bool mask, and the options together; the long tier the float mask and
-# dropout. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
+# of its dQ product; 32 in the emulation's 16 x 32 tiles) and the register dK/dV kernel in two
+# passes, under each score change: their per-sub-group mask votes (bool and float masks with a
+# hidden block), softcap and ALiBi with a window, dropout (the dK pass reads its factors off
+# P after dropout). Default tier: the bool mask, the options together and dropout; the long
+# tier the float mask. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
 # long tier of test_transposed_layout_and_scale.)
 @pytest.mark.parametrize("case", tiered(["bool", "float32", "options", "dropout"],
-                                        ["bool", "options"]))
+                                        ["bool", "options", "dropout"]))
 def test_wide_head_dq_in_registers(matrix_backward, case):
     head_dim = 128
     features = {"bool": 4, "float32": 8, "options": 1 | 2, "dropout": 0}[case]

@@ -136,9 +136,11 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
         // score changes.
         float prob[SLAB], softcap_grad[SLAB], grad[SLAB], dropped[SLAB];
         if constexpr (!DV)
-          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs, grad);
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
+                                                              grad);
         {
-          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, q_rows, slab, kb.k_t_pairs, prob);
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, q_rows, slab, kb.k_t_pairs,
+                                                              prob);
           float lse_log2[SLAB];
           broadcast_chunks(sg, lse_lane, lse_log2);
           bwd_column_probabilities<FEATURES>(c, score_mod, kb.mask, fully_visible, batch_head,
@@ -207,7 +209,8 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int key0 = lid - static_cast<int>(sg.get_local_id()[0]);  // the sub-group's first key within the block
+  // The sub-group's first key within the block.
+  const int key0 = lid - static_cast<int>(sg.get_local_id()[0]);
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
@@ -219,7 +222,6 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const typename Packed::Keys keys = Packed::keys(p, b, h_kv, coord.block);
   // What the stores at the end need, taken from the parameters now: kept instead, the
   // parameter block spilled beside the resident accumulators (BMG, softcap + ALiBi + mask).
-  // The block's rows, the same for every lane: per-lane pointers spilled at d = 64 there.
   const struct {
     T *dk, *dv;
     int64_t dk_row, dv_row;
