@@ -43,11 +43,11 @@ def matrix_backward(monkeypatch):
         monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
         name = str(dtype).removeprefix("torch.")
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
-        # emulate: the dQ kernel with its tiles in registers up to head dim 128, the dK/dV
-        # kernel up to 64, as PVC, BMG and Lunar Lake run them.
+        # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
+        # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them.
         padded = plan["variant"].head_dim
         dq_registers = mode == "emulate" and padded <= 128
-        dkdv_registers = mode == "emulate" and padded <= 64
+        dkdv_registers = mode == "emulate" and padded <= 128
         assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "flash_bwd_dq_registers.hpp" if dq_registers
                                   else "flash_bwd_matrix.hpp"), plan
@@ -62,9 +62,9 @@ def dtypes(mode):
     return DTYPES_OF[mode]
 
 
-# Default tier: an odd head dim (both kernels with their tiles in registers) and 128 (dQ in
-# registers, dK/dV SLM-staged); a single row, and Nq > Nk over several blocks. The long tier runs the whole
-# grid.
+# Default tier: an odd head dim (both kernels with their tiles in registers, dK/dV in one pass)
+# and 128 (dK/dV in two passes over the rows); a single row, and Nq > Nk over several blocks.
+# The long tier runs the whole grid.
 @pytest.mark.parametrize("len_q,len_k", tiered(test_backward.LENGTHS, [(1, 1), (200, 77)],
                                                multi=True))
 @pytest.mark.parametrize("head_dim", tiered(test_backward.HEAD_DIMS, [59, 128]))
@@ -109,14 +109,14 @@ def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, a
 
 
 # Head dims in (64, 128]: the register dQ kernel (16-key slabs on the GPUs, one reduction step
-# of its dQ product; 32 in the emulation's 16 x 32 tiles) beside the SLM-staged dK/dV kernel,
-# reading the packs in that kernel's layout, under each score change: its per-sub-group mask
-# vote (bool and float masks with a hidden block), softcap and ALiBi with a window, dropout.
-# Default tier: the bool mask, and the options together; the long tier the float mask and
-# dropout. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
+# of its dQ product; 32 in the emulation's 16 x 32 tiles) and the register dK/dV kernel in two
+# passes, under each score change: their per-sub-group mask votes (bool and float masks with a
+# hidden block), softcap and ALiBi with a window, dropout (the dK pass reads its factors off
+# P after dropout). Default tier: the bool mask, the options together and dropout; the long
+# tier the float mask. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
 # long tier of test_transposed_layout_and_scale.)
 @pytest.mark.parametrize("case", tiered(["bool", "float32", "options", "dropout"],
-                                        ["bool", "options"]))
+                                        ["bool", "options", "dropout"]))
 def test_wide_head_dq_in_registers(matrix_backward, case):
     head_dim = 128
     features = {"bool": 4, "float32": 8, "options": 1 | 2, "dropout": 0}[case]
@@ -162,14 +162,18 @@ def test_varlen(matrix_backward, mode):
     """Packed sequences of lengths 1 to 90 (test_flash_attn_api's varlen gradient check, in
     bfloat16 here: the matrix kernels take 16-bit inputs only)."""
     matrix_backward(mode, torch.bfloat16, 32)
+    check_varlen_gradients(32, torch.bfloat16)
+
+
+def check_varlen_gradients(head_dim, dtype):
     lengths = [(5, 9), (1, 1), (40, 33), (70, 90)]
-    qs, ks, vs = zip(*[(torch.randn(nq, 4, 32, dtype=torch.bfloat16),
-                        torch.randn(nk, 2, 32, dtype=torch.bfloat16),
-                        torch.randn(nk, 2, 32, dtype=torch.bfloat16)) for nq, nk in lengths])
+    qs, ks, vs = zip(*[(torch.randn(nq, 4, head_dim, dtype=dtype),
+                        torch.randn(nk, 2, head_dim, dtype=dtype),
+                        torch.randn(nk, 2, head_dim, dtype=dtype)) for nq, nk in lengths])
     q, cu_q, max_q = test_flash_attn_api.pack(qs)
     k, cu_k, max_k = test_flash_attn_api.pack(ks)
     v, _, _ = test_flash_attn_api.pack(vs)
-    grad_out = torch.randn(q.shape, dtype=torch.bfloat16)
+    grad_out = torch.randn(q.shape, dtype=dtype)
     a, b, c = (t.clone().requires_grad_() for t in (q, k, v))
     ipex_flash.flash_attn_varlen_func(a, b, c, cu_q, cu_k, max_q, max_k,
                                       causal=True).backward(grad_out)
@@ -183,6 +187,20 @@ def test_varlen(matrix_backward, mode):
                           (c.grad[rows_k], c64.grad[0])):
             error = (got.double() - want).abs().max().item()
             assert error <= 1e-2 * max(1.0, want.abs().max().item()), (i, error)
+
+
+# Head dims in (64, 128]: the register dK/dV kernel walks the rows twice (dV, then dK), each
+# pass over every query head of its K/V head (grouped heads) and only the rows its keys' block
+# can see (packed sequences of lengths 1 to 90, causal), in both 16-bit types.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["grouped", "varlen"])
+def test_wide_head_dkdv_in_registers(matrix_backward, case, dtype):
+    head_dim = 128  # the kernels test_gradients_match_reference builds
+    matrix_backward("emulate", dtype, head_dim)
+    if case == "grouped":
+        test_backward.check_gradients(*random_qkv(2, 6, 2, 90, 70, head_dim, dtype), True, dtype)
+    else:
+        check_varlen_gradients(head_dim, dtype)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -198,14 +198,12 @@ def test_matrix_kernels_emulated(monkeypatch, mode, dtype, d, d_v):
     monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
     name = str(dtype).removeprefix("torch.")
     # emulate: the tiles in registers where PVC, BMG and Lunar Lake keep them (head dims up to
-    # 128 for the forward and dQ, 64 for dK/dV), the SLM-staged kernels elsewhere.
+    # 128 for the forward, dQ and dK/dV), the SLM-staged kernels elsewhere.
     for family, registers_header, staged_header, widest in (
             ("forward", "flash_fwd_matrix_registers.hpp", "flash_fwd_matrix.hpp", 128),
-            ("backward", "flash_bwd_dq_registers.hpp", "flash_bwd_matrix.hpp", 128)):
+            ("backward", "flash_bwd_dkdv_registers.hpp", "flash_bwd_matrix.hpp", 128)):
         plan = C.plan(family, "", name, max(d, d_v), 0, 1, mode)
         registers = mode == "emulate" and plan["variant"].head_dim <= widest
-        if family == "backward" and registers and plan["variant"].head_dim <= 64:
-            registers_header = "flash_bwd_dkdv_registers.hpp"  # both kernels in registers
         assert plan["variant"].matrix_m > 0 and plan["variant"].matrix_registers == registers
         assert plan["header"] == (registers_header if registers else staged_header), plan
     q, k, v = qkv(2, 4, 2, 77, 130, d, d_v, dtype)

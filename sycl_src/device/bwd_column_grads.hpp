@@ -34,10 +34,9 @@ inline void bwd_column_probabilities(const AttentionCommon& c, const ScoreMod& s
     dropped[j] = prob[j];
   }
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    float factor[N];  // 1/(1-p) kept, 0 dropped
-    dropout_factors_for_rows(c.dropout, batch_head, row0, key, factor);
+    const uint32_t kept = dropout_kept_rows<N>(c.dropout, batch_head, row0, key);
 #pragma unroll
-    for (int j = 0; j < N; ++j) dropped[j] *= factor[j];
+    for (int j = 0; j < N; ++j) dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
   }
 }
 
@@ -50,10 +49,28 @@ inline void bwd_column_dscores(const AttentionCommon& c, int64_t batch_head, int
                                const float (&softcap_grad)[N], const float (&delta)[N],
                                float (&dp)[N]) {
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    float factor[N];
-    dropout_factors_for_rows(c.dropout, batch_head, row0, key, factor);
+    const uint32_t kept = dropout_kept_rows<N>(c.dropout, batch_head, row0, key);
 #pragma unroll
-    for (int j = 0; j < N; ++j) dp[j] *= factor[j];
+    for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    dp[j] = prob[j] * (dp[j] - delta[j]);
+    if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
+  }
+}
+
+// Step 2 where P after dropout is still at hand (dropped, from step 1): the dropout factors
+// are read off it instead of drawn again (a kept element is P times 1/(1-p), a dropped one 0;
+// where P itself is 0, dS is 0 with either factor). The dK/dV kernel's pass for dK alone does
+// so: drawing them twice there, beside dK^T's 128 registers at d = 128, spilled.
+template <int FEATURES, int N>
+inline void bwd_column_dscores_kept(const AttentionCommon& c, const float (&prob)[N],
+                                    const float (&dropped)[N], const float (&softcap_grad)[N],
+                                    const float (&delta)[N], float (&dp)[N]) {
+  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dp[j] *= dropped[j] != 0.f ? c.dropout.keep_scale : 0.f;
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {

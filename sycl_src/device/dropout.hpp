@@ -70,4 +70,23 @@ inline void dropout_factors_for_rows(const DropoutParams& dropout, int64_t batch
   }
 }
 
+// The same decisions as a mask, bit i for row row0 + i, drawn one row at a time: the register
+// dK/dV kernel's rows, where sixteen Philox calls unrolled side by side beside its resident
+// accumulators spilled (d = 128).
+template <int N>
+inline uint32_t dropout_kept_rows(const DropoutParams& dropout, int64_t batch_head, int64_t row0,
+                                  int64_t key) {
+  static_assert(N <= 32, "one bit per row");
+  uint32_t kept = 0;
+#pragma unroll 1
+  for (int i = 0; i < N; ++i) {
+    uint32_t words[4];
+    dropout_words(dropout, batch_head, row0 + i, key / 4, words);
+    const uint32_t word = (key & 2) != 0 ? ((key & 1) != 0 ? words[3] : words[2])
+                                         : ((key & 1) != 0 ? words[1] : words[0]);
+    kept |= static_cast<uint32_t>(word >= dropout.threshold) << i;
+  }
+  return kept;
+}
+
 }  // namespace ipex_flash

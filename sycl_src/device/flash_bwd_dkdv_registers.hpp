@@ -11,7 +11,9 @@
 //   dP (r, kv) = dO (r, d) . V^T (d, kv)        SLAB / MATRIX_M accumulators
 //   dS (r, kv)                                  from P and dP, a B operand
 //   dK^T (d, kv) += Q^T (d, r) . dS (r, kv)     HEAD_DIM / MATRIX_M accumulators, resident
-// (bwd_column_grads.hpp).
+// (bwd_column_grads.hpp). Up to d = 64 in one walk over the rows; past it dK^T and dV^T would
+// take all 256 registers (128 each at d = 128), so the kernel walks the rows twice: S, P and dV
+// with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
 // as B tiles from theirs (bwd_packed.hpp, REGISTERS). The rows' LSE and delta are loaded one per
 // lane and broadcast from the lane that holds them. Deterministic, no atomics.
@@ -53,6 +55,138 @@ __attribute__((always_inline)) inline void slab_of_columns(sycl::sub_group sg,
   }
 }
 
+// The lane's column of A (K rows from `row0`, HEAD_DIM deep) . B, B the sub-group's keys' tiles
+// of K^T or V^T (pairs of head-dim rows): S or dP over one slab of rows.
+template <typename T, int M, int K, int N, int HEAD_DIM, int BLOCK_N>
+__attribute__((always_inline)) inline void slab_product_columns(sycl::sub_group sg,
+                                                                const MatrixSurface<T>& a,
+                                                                int row0, const uint32_t* b,
+                                                                float (&column)[K]) {
+  MatrixAcc<M, N> tiles[K / M];
+#pragma unroll
+  for (int t = 0; t < K / M; ++t) matrix_fill(sg, tiles[t], 0.f);
+  matrix_mad_surface<T, M, K, N, HEAD_DIM, K / M, sycl::access::address_space::global_space>(
+      sg, tiles, a, row0, b, BLOCK_N);
+  slab_of_columns<M>(sg, tiles, column);
+}
+
+// Which gradients a walk over the query rows accumulates (dkdv_register_rows).
+enum DkdvGrads : int { DKDV_DV = 1, DKDV_DK = 2, DKDV_BOTH = DKDV_DV | DKDV_DK };
+
+// What a walk over the query rows needs of the work-group's key block and the sub-group's keys.
+struct DkdvKeys {
+  SeqInfo seq;
+  BlockMask mask;
+  int batch, head_kv;
+  int64_t kv_begin, kv_end, key;  // key: the lane's
+  int64_t q_first, q_last;        // the query rows that can see any key of the block
+  const uint32_t *k_t_pairs, *v_t_pairs;  // the sub-group's B tiles of K^T and V^T
+};
+
+// Accumulates the GRADS of the lane's key over every query row (and query head of its K/V
+// head) that sees it, SLAB rows at a time: dV^T into dv, dK^T into dk (unscaled). A pass with
+// one gradient reads only its own array; the caller may pass the same one for both.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int M, int K, int N,
+          int GRADS, int TILES>
+__attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg,
+                                                              const BwdParams& p,
+                                                              const DkdvKeys& kb,
+                                                              MatrixAcc<M, N> (&dk)[TILES],
+                                                              MatrixAcc<M, N> (&dv)[TILES]) {
+  // One reduction step per slab (16 rows on GPUs): with two, the S and dP tiles beside the
+  // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
+  constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
+  constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
+  const AttentionCommon& c = p.common;
+  const SeqInfo& seq = kb.seq;
+  const int64_t key = kb.key;
+  const int lane = static_cast<int>(sg.get_local_id()[0]);
+  for (int h = kb.head_kv * c.dims.heads_per_kv; h < (kb.head_kv + 1) * c.dims.heads_per_kv;
+       ++h) {
+    const int64_t batch_head = static_cast<int64_t>(kb.batch) * c.dims.heads_q + h;
+    const ScoreMod score_mod = ScoreMod::of(c, seq, kb.batch, h);
+    const int64_t row_block0 = Packed::first_row_block(p, kb.batch, h);
+    for (int64_t q_begin = kb.q_first; q_begin < kb.q_last; q_begin += BLOCK_M) {
+      const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
+      if (score_mod.attn_mask.hides_lines<FEATURES>(sg, key < kb.kv_end, q_begin, key, 1, 0,
+                                                    q_end - q_begin))
+        continue;
+      const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
+      const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
+          kb.mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N), true);
+      const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
+      const MatrixSurface<T> do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
+#pragma unroll 1
+      for (int slab = 0; slab < BLOCK_M && q_begin + slab < kb.q_last; slab += SLAB) {
+        // P, then dV; dP, then dS and dK, on each lane's column of the slab's rows
+        // (bwd_column_grads.hpp). P and dS are rounded once, into the B operands (single
+        // joint_matrix variables: IGC drops one reached in an array of one). The rows'
+        // statistics: lane j loads row j of each chunk.
+        const int64_t row0 = q_begin + slab;
+        float lse_lane[CHUNKS], delta_lane[CHUNKS];
+#pragma unroll
+        for (int c0 = 0; c0 < CHUNKS; ++c0) {
+          const BwdRowStats stats =
+              BwdRowStats::of(p, seq, kb.batch, h, row0 + c0 * MATRIX_KEY_CHUNK + lane);
+          lse_lane[c0] = stats.lse_log2;
+          delta_lane[c0] = stats.delta;
+        }
+        // dK alone: dP first, so that only its column, not S's tiles, waits through the
+        // score changes.
+        float prob[SLAB], softcap_grad[SLAB], grad[SLAB], dropped[SLAB];
+        if constexpr (!DV)
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
+                                                              grad);
+        {
+          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, q_rows, slab, kb.k_t_pairs,
+                                                              prob);
+          float lse_log2[SLAB];
+          broadcast_chunks(sg, lse_lane, lse_log2);
+          bwd_column_probabilities<FEATURES>(c, score_mod, kb.mask, fully_visible, batch_head,
+                                             row0, key, lse_log2, prob, softcap_grad, dropped);
+          if constexpr (DV) {
+            const MatrixSurface<T> do_cols{rows.do_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
+            MatrixBRegisters<T, K, N> p_b;
+            matrix_b_from_floats<K, T>(sg, p_b, dropped);
+            matrix_mad_surface_step<T, M, K, N, TILES>(sg, dv, do_cols, 0, p_b);
+          }
+        }
+        if constexpr (DK) {
+          if constexpr (DV)
+            slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
+                                                                grad);
+          float delta[SLAB];
+          broadcast_chunks(sg, delta_lane, delta);
+          if constexpr (DV)
+            bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta,
+                                         grad);
+          else
+            bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
+          const MatrixSurface<T> q_cols{rows.q_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
+          MatrixBRegisters<T, K, N> ds_b;
+          matrix_b_from_floats<K, T>(sg, ds_b, grad);
+          matrix_mad_surface_step<T, M, K, N, TILES>(sg, dk, q_cols, 0, ds_b);
+        }
+      }
+    }
+  }
+}
+
+// Writes the lane's key's row of `tiles` (its column of each, HEAD_DIM values), times `scale`,
+// to `out`'s first `cols` columns; lanes past the sequence write nothing.
+template <int M, typename T, typename Acc, int TILES>
+__attribute__((always_inline)) inline void store_key_row(sycl::sub_group sg, Acc (&tiles)[TILES],
+                                                         T* out, int cols, float scale,
+                                                         bool in_sequence) {
+  float row[TILES * M];
+  lane_row_of_tiles<M>(sg, tiles, row);
+  if (!in_sequence) return;
+#pragma unroll
+  for (int d = 0; d < TILES * M; ++d)
+    if (d < cols) out[d] = from_float<T>(row[d] * scale);
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -60,22 +194,23 @@ SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, N = MATRIX_N;
-  // One reduction step per slab (16 rows on GPUs): with two, the S and dP tiles beside the
-  // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
-  constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
-  constexpr int S_TILES = SLAB / M, ACC_TILES = HEAD_DIM / M;
+  constexpr int ACC_TILES = HEAD_DIM / M;
+  // dK^T and dV^T take HEAD_DIM / M x M registers each (fp32 at SIMD16): at d = 128, 128 each,
+  // the whole register file together. Past d = 64 the kernel walks the query rows twice, dV
+  // first, then dK, with one of them resident at a time: S and P are computed twice (a quarter
+  // more products), where holding both would spill.
+  constexpr bool TWO_PASSES = HEAD_DIM > 64;
   static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>() &&
-                    BLOCK_M % SLAB == 0 && BLOCK_N % N == 0 && SLAB % MATRIX_KEY_CHUNK == 0 &&
+                    BLOCK_M % K == 0 && BLOCK_N % N == 0 && K % MATRIX_KEY_CHUNK == 0 &&
                     N == MATRIX_KEY_CHUNK,
                 "tile shape: a chunk of rows is one lane's broadcast of their statistics");
-  constexpr auto GLOBAL = sycl::access::address_space::global_space;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int lane = static_cast<int>(sg.get_local_id()[0]);
-  const int key0 = lid - lane;  // the sub-group's first key within the block
+  // The sub-group's first key within the block.
+  const int key0 = lid - static_cast<int>(sg.get_local_id()[0]);
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
@@ -83,7 +218,6 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   if (kv_begin >= seq.len_k) return;  // the whole work-group leaves together
   const int64_t kv_end = std::min<int64_t>(kv_begin + BLOCK_N, seq.len_k);
-  const int64_t key = kv_begin + lid;
   using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
   const typename Packed::Keys keys = Packed::keys(p, b, h_kv, coord.block);
   // What the stores at the end need, taken from the parameters now: kept instead, the
@@ -99,90 +233,51 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
             (seq.k_row0 + kv_begin) * p.dv_stride.row,
         p.dk_stride.row, p.dv_stride.row, c.scale, c.dims.head_dim, c.dims.head_dim_v,
         static_cast<int>(kv_end - kv_begin)};
-
-  MatrixAcc<M, N> dk[ACC_TILES], dv[ACC_TILES];
-#pragma unroll
-  for (int t = 0; t < ACC_TILES; ++t) {
-    matrix_fill(sg, dk[t], 0.f);
-    matrix_fill(sg, dv[t], 0.f);
-  }
   const BlockMask mask = BlockMask::of(c.mask, seq);
-  const int64_t q_first = mask.first_row(kv_begin) / BLOCK_M * BLOCK_M;
-  const int64_t q_last = mask.end_row(kv_end, seq.len_q);  // rows past it see no key here
-
-  for (int h = h_kv * c.dims.heads_per_kv; h < (h_kv + 1) * c.dims.heads_per_kv; ++h) {
-    const int64_t batch_head = static_cast<int64_t>(b) * c.dims.heads_q + h;
-    const ScoreMod score_mod = ScoreMod::of(c, seq, b, h);
-    const int64_t row_block0 = Packed::first_row_block(p, b, h);
-    for (int64_t q_begin = q_first; q_begin < q_last; q_begin += BLOCK_M) {
-      const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
-      if (score_mod.attn_mask.hides_lines<FEATURES>(sg, key < kv_end, q_begin, key, 1, 0,
-                                                    q_end - q_begin))
-        continue;
-      const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
-      const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-          mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
-      const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
-      const MatrixSurface<T> do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
-#pragma unroll 1
-      for (int slab = 0; slab < BLOCK_M && q_begin + slab < q_last; slab += SLAB) {
-        // P, then dV; dP, then dS and dK, on each lane's column of the slab's rows
-        // (bwd_column_grads.hpp). P and dS are rounded once, into the B operands (single
-        // joint_matrix variables: IGC drops one reached in an array of one). The rows'
-        // statistics: lane j loads row j of each chunk.
-        const int64_t row0 = q_begin + slab;
-        float lse_lane[CHUNKS], delta_lane[CHUNKS];
+  const DkdvKeys kb{seq,
+                    mask,
+                    b,
+                    h_kv,
+                    kv_begin,
+                    kv_end,
+                    kv_begin + lid,
+                    mask.first_row(kv_begin) / BLOCK_M * BLOCK_M,
+                    mask.end_row(kv_end, seq.len_q),
+                    keys.k_t_pairs + key0,
+                    keys.v_t_pairs + key0};
+  using Acc = MatrixAcc<M, N>;
+  if constexpr (TWO_PASSES) {
+    Acc grad[ACC_TILES];
 #pragma unroll
-        for (int c0 = 0; c0 < CHUNKS; ++c0) {
-          const BwdRowStats stats =
-              BwdRowStats::of(p, seq, b, h, row0 + c0 * MATRIX_KEY_CHUNK + lane);
-          lse_lane[c0] = stats.lse_log2;
-          delta_lane[c0] = stats.delta;
-        }
-        const MatrixSurface<T> do_cols{rows.do_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
-        const MatrixSurface<T> q_cols{rows.q_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
-        float prob[SLAB], softcap_grad[SLAB];
-        {
-          MatrixAcc<M, N> s[S_TILES];
+    for (int t = 0; t < ACC_TILES; ++t) matrix_fill(sg, grad[t], 0.f);
+    dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_DV>(sg, p, kb, grad,
+                                                                                   grad);
+    store_key_row<M>(sg, grad, out.dv + lid * out.dv_row, out.head_dim_v, 1.f, lid < out.keys);
 #pragma unroll
-          for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
-          matrix_mad_surface<T, M, K, N, HEAD_DIM, S_TILES, GLOBAL>(sg, s, q_rows, slab,
-                                                                    keys.k_t_pairs + key0, BLOCK_N);
-          slab_of_columns<M>(sg, s, prob);
-          float lse_log2[SLAB], dropped[SLAB];
-          broadcast_chunks(sg, lse_lane, lse_log2);
-          bwd_column_probabilities<FEATURES>(c, score_mod, mask, fully_visible, batch_head, row0,
-                                             key, lse_log2, prob, softcap_grad, dropped);
-          MatrixBRegisters<T, K, N> p_b;
-          matrix_b_from_floats<K, T>(sg, p_b, dropped);
-          matrix_mad_surface_step<T, M, K, N, ACC_TILES>(sg, dv, do_cols, 0, p_b);
-        }
-        MatrixAcc<M, N> dp[S_TILES];
+    for (int t = 0; t < ACC_TILES; ++t) matrix_fill(sg, grad[t], 0.f);
+    dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_DK>(sg, p, kb, grad,
+                                                                                   grad);
+    store_key_row<M>(sg, grad, out.dk + lid * out.dk_row, out.head_dim, out.scale, lid < out.keys);
+  } else {
+    Acc dk[ACC_TILES], dv[ACC_TILES];
 #pragma unroll
-        for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, dp[t], 0.f);
-        matrix_mad_surface<T, M, K, N, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, do_rows, slab,
-                                                                  keys.v_t_pairs + key0, BLOCK_N);
-        float grad[SLAB], delta[SLAB];
-        slab_of_columns<M>(sg, dp, grad);
-        broadcast_chunks(sg, delta_lane, delta);
-        bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta, grad);
-        MatrixBRegisters<T, K, N> ds_b;
-        matrix_b_from_floats<K, T>(sg, ds_b, grad);
-        matrix_mad_surface_step<T, M, K, N, ACC_TILES>(sg, dk, q_cols, 0, ds_b);
-      }
+    for (int t = 0; t < ACC_TILES; ++t) {
+      matrix_fill(sg, dk[t], 0.f);
+      matrix_fill(sg, dv[t], 0.f);
     }
-  }
-
-  float dk_row[HEAD_DIM], dv_row[HEAD_DIM];
-  lane_row_of_tiles<M>(sg, dk, dk_row);
-  lane_row_of_tiles<M>(sg, dv, dv_row);
-  if (lid >= out.keys) return;
-  T* const dk_out = out.dk + lid * out.dk_row;
-  T* const dv_out = out.dv + lid * out.dv_row;
+    dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_BOTH>(sg, p, kb,
+                                                                                     dk, dv);
+    float dk_row[HEAD_DIM], dv_row[HEAD_DIM];
+    lane_row_of_tiles<M>(sg, dk, dk_row);
+    lane_row_of_tiles<M>(sg, dv, dv_row);
+    if (lid >= out.keys) return;
+    T* const dk_out = out.dk + lid * out.dk_row;
+    T* const dv_out = out.dv + lid * out.dv_row;
 #pragma unroll
-  for (int d = 0; d < HEAD_DIM; ++d) {
-    if (d < out.head_dim) dk_out[d] = from_float<T>(dk_row[d] * out.scale);
-    if (d < out.head_dim_v) dv_out[d] = from_float<T>(dv_row[d]);
+    for (int d = 0; d < HEAD_DIM; ++d) {
+      if (d < out.head_dim) dk_out[d] = from_float<T>(dk_row[d] * out.scale);
+      if (d < out.head_dim_v) dv_out[d] = from_float<T>(dv_row[d]);
+    }
   }
 }
 

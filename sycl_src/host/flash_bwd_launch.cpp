@@ -103,10 +103,11 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
-  // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers, dK/dV's two of them
-  // (dK^T, dV^T): 128 at d = 128 beside dQ's score slabs, all 256 for dK/dV.
+  // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers: 128 at d = 128 beside
+  // dQ's score slabs. dK/dV's two (dK^T, dV^T) would take all 256 there: past d = 64 that
+  // kernel holds one at a time, walking the query rows twice (flash_bwd_dkdv_registers.hpp).
   variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
-  variant.dkdv_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 64);
+  variant.dkdv_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
