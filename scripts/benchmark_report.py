@@ -122,9 +122,10 @@ def host_cost_section(data: dict) -> list[str]:
     out += ["", "Host: the median time from the Python call to its first kernel's submission, "
             "from the host module's clock of submissions (the script's docstring says how), "
             "after a call of the same size, whose kernels ran on the same cores; warm: after the "
-            "entry point's tiny call instead, the host path's own cost, with the caches as a "
-            "GPU's kernels leave them. The JSON also has the kernels launched alone from "
-            "prepared arguments."]
+            "entry point's tiny call instead, which brings the host path's code back into the "
+            "caches that the kernels' K/V traffic evicted (a GPU's kernels do not run on the "
+            "host's cores). The JSON also has the kernels launched alone from prepared "
+            "arguments."]
     return out
 
 
