@@ -18,7 +18,7 @@ using namespace pybind11::literals;
 namespace ipex_flash {
 
 void bind_variant_plans(py::module_& m);  // variant_plans.cpp
-void bind_launch_plan(py::module_& m);    // launch_plan.cpp
+void bind_launch_plan(py::module_& m);    // launch_plan_bindings.cpp
 
 namespace {
 
