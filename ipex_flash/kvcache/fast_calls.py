@@ -15,7 +15,6 @@ from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options, kvcache_outputs
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.ops.fast_path import plain_layout, plain_sinks
-from ipex_flash.ops.varlen_decode import uniform_sequences
 from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as resolve_scale
 
@@ -82,7 +81,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
         return None
     max_len_k = -1  # (C++ reads the values itself on the CPU device)
     if not launch_plans.reads_host_memory(q.device):
-        if not uniform_sequences(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
+        if not launch_plans.uniform_sequences(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
             return None
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
                                               max_seqlen_k, min_keys=max_seqlen_q)
@@ -111,7 +110,7 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
     def build():
         if not (1 <= max_seqlen_q <= C.max_sliced_decode_tokens(k_cache.shape[2])
                 and q.shape[0] == batch * max_seqlen_q and cu_seqlens_q.is_contiguous()
-                and uniform_sequences(cu_seqlens_q, batch, max_seqlen_q)):
+                and launch_plans.uniform_sequences(cu_seqlens_q, batch, max_seqlen_q)):
             return None
         q4 = q.view(batch, max_seqlen_q, *q.shape[1:])
         out, lse = _serving_outputs(q, v_cache)

@@ -190,11 +190,11 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             and type(max_seqlen_k) is int
             and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, cu_seqlens_k,
                                      block_table, alibi_slopes, sinks, k_descale, v_descale))
+    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+                 k_descale, v_descale)
     if fast and seqused_k is not None:
-        result = fast_calls.serving_decode(
-            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
-            k_descale, v_descale, return_attn_probs)
+        result = fast_calls.serving_decode(*plan_args, return_attn_probs)
         if result is not None:
             return _returned(*result, return_attn_probs)
     check_dropout_p(_FN, dropout_p)
@@ -207,10 +207,8 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
         check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-        result = fast_calls.serving_decode(
-            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
-            k_descale, v_descale, return_attn_probs) if fast else None
+        plan_args = plan_args[:4] + (seqused_k,) + plan_args[5:]
+        result = fast_calls.serving_decode(*plan_args, return_attn_probs) if fast else None
         if result is not None:
             return _returned(*result, return_attn_probs)
     out, lse = torch.ops.ipex_flash.paged_varlen_attention(
@@ -218,10 +216,7 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
         int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
         sinks, k_descale, v_descale)
     if fast:
-        fast_calls.remember_serving(
-            q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
-            max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
-            k_descale, v_descale)
+        fast_calls.remember_serving(*plan_args)
     return (out, lse, None) if return_attn_probs else out
 
 

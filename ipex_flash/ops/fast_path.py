@@ -12,7 +12,6 @@ import torch
 from torch._C._functorch import peek_interpreter_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ipex_flash._runtime import C
 from ipex_flash.ops import (
     attention as attention_ops, flash_attn_args, launch, launch_plans, varlen_decode)
 from ipex_flash.ops.launch_plans import tensor_signature as signature
@@ -124,8 +123,7 @@ def _flash_plan(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, s
 
     if packed is not None:  # a decode step: the decode kernel, its keys read as a cache
         views = varlen_decode.decode_views(q, k, v, out, lse, cu_q, max_q)
-        if views is not None and C.flash_decode_supported(
-                *(launch.view(t) for t in views[:3]), launch.queue_handle(q.device)):
+        if views is not None:
             as_cache = options(None, None)
             varlen_decode.as_cache(as_cache, cu_k, max_k)
             plan = launch_plans.new_plan(*views, as_cache, min_keys=max_q)

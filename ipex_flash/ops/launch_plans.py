@@ -103,6 +103,16 @@ def reads_host_memory(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def uniform_sequences(cu_seqlens: Tensor, batch: int, length: int) -> bool:
+    """cu_seqlens (contiguous) is 0, length, 2 * length, ...: read by C++ where the device shares
+    host memory, else from one read of the device."""
+    if reads_host_memory(cu_seqlens.device):
+        return C.uniform_sequences(cu_seqlens.data_ptr(), batch, length)
+    expected = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32,
+                            device=cu_seqlens.device)
+    return bool(torch.equal(cu_seqlens, expected))
+
+
 def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
                  pages: int, capacity: int, min_keys: int = 0, appended: int = 0,
                  rotated: int = 0, rotary_rows: int = 0) -> int:

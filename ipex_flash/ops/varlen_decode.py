@@ -13,34 +13,29 @@ from typing import Optional
 import torch
 
 from ipex_flash._runtime import C
-from ipex_flash.ops import launch
+from ipex_flash.ops import launch, launch_plans
 
 Tensor = torch.Tensor
-
-
-def uniform_sequences(cu_seqlens: Tensor, batch: int, length: int) -> bool:
-    """cu_seqlens is 0, length, 2 * length, ... (one read of the device off the CPU)."""
-    if cu_seqlens.device.type == "cpu":
-        return C.uniform_sequences(cu_seqlens.data_ptr(), batch, length)
-    expected = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32,
-                            device=cu_seqlens.device)
-    return bool(torch.equal(cu_seqlens, expected))
 
 
 def decode_views(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  cu_seqlens_q: Tensor, max_seqlen_q: int) -> Optional[tuple[Tensor, ...]]:
     """q, k, v, out (B, H, L, D) and lse (B, Hq, L) views as the decode kernel reads them, of
     packed q, out (total_q, H, D), k, v (total_k, Hkv, D) and lse (Hq, total_q) whose sequences
-    are max_seqlen_q = L rows each; None when they are not (or L is past what the decode kernel
-    serves). cu_seqlens_q contiguous."""
+    are max_seqlen_q = L rows each; None when they are not, or the decode kernel does not serve
+    them (L past what it serves, 16-bit rows not word-aligned). cu_seqlens_q contiguous."""
     batch, length = cu_seqlens_q.shape[0] - 1, max_seqlen_q
     if not (1 <= length <= C.max_sliced_decode_tokens(k.shape[1])
-            and batch * length <= q.shape[0] and uniform_sequences(cu_seqlens_q, batch, length)):
+            and batch * length <= q.shape[0]
+            and launch_plans.uniform_sequences(cu_seqlens_q, batch, length)):
         return None
     rows = batch * length
     q4, out4 = (t[:rows].view(batch, length, *t.shape[1:]).transpose(1, 2) for t in (q, out))
     k4, v4 = (t.expand(batch, *t.shape).transpose(1, 2) for t in (k, v))
     lse4 = lse[:, :rows].view(lse.shape[0], batch, length).transpose(0, 1)
+    if not C.flash_decode_supported(*(launch.view(t) for t in (q4, k4, v4)),
+                                    launch.queue_handle(q.device)):
+        return None
     return q4, k4, v4, out4, lse4
 
 
@@ -59,8 +54,7 @@ def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options: "C.A
     its sequences are such a step and each has at least its L keys (so that every row sees a
     key); otherwise launches nothing and returns False."""
     views = decode_views(q, k, v, out, lse, cu_seqlens_q, max_seqlen_q)
-    if views is None or not C.flash_decode_supported(
-            *(launch.view(t) for t in views[:3]), launch.queue_handle(q.device)):
+    if views is None:
         return False
     if int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).min()) < max_seqlen_q:
         return False

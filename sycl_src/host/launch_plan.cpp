@@ -145,18 +145,31 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   return true;
 }
 
+bool uniform_offsets(const int32_t* cu_seqlens, int64_t batch, int64_t length) {
+  for (int64_t b = 0; b <= batch; ++b)
+    if (cu_seqlens[b] != b * length) return false;
+  return true;
+}
+
+namespace {
+
+// Packed offsets of `batch` sequences (host memory): from 0, never decreasing, ending at most
+// at `total`, no sequence longer than `longest`.
+bool offsets_within(std::uintptr_t address, int64_t batch, int64_t total, int64_t longest) {
+  const auto* cu = reinterpret_cast<const int32_t*>(address);
+  if (cu[0] != 0 || cu[batch] > total) return false;
+  for (int64_t b = 0; b < batch; ++b)
+    if (cu[b + 1] < cu[b] || static_cast<int64_t>(cu[b + 1]) - cu[b] > longest) return false;
+  return true;
+}
+
+}  // namespace
+
 bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
   const int64_t batch = options_.cu_seqlens_q->sizes[0] - 1;
-  const auto fits = [batch](std::uintptr_t address, int64_t total, int64_t longest) {
-    const auto* cu = reinterpret_cast<const int32_t*>(address);
-    if (cu[0] != 0 || cu[batch] > total) return false;
-    for (int64_t b = 0; b < batch; ++b)
-      if (cu[b + 1] < cu[b] || cu[b + 1] - cu[b] > longest) return false;
-    return true;
-  };
-  return fits(at.cu_seqlens_q, q_.sizes[2], options_.max_seqlen_q) &&
+  return offsets_within(at.cu_seqlens_q, batch, q_.sizes[2], options_.max_seqlen_q) &&
          (!options_.cu_seqlens_k ||
-          fits(at.cu_seqlens_k, k_.sizes[2], options_.max_seqlen_k));
+          offsets_within(at.cu_seqlens_k, batch, k_.sizes[2], options_.max_seqlen_k));
 }
 
 void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
@@ -165,32 +178,20 @@ void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
     throw std::invalid_argument("ipex_flash: packed sequences need a cache of known lengths and "
                                 "starts, unpaged, seen with batch stride 0");
   packed_max_keys_ = max_seqlen_k;
-}
-
-bool LaunchPlan::queries_uniform(const PlanAddresses& at) const {
-  const auto* cu_q = reinterpret_cast<const int32_t*>(at.cu_seqlens_q);
-  const int64_t batch = q_.sizes[0], queries = q_.sizes[2];
-  for (int64_t b = 0; b <= batch; ++b)
-    if (cu_q[b] != b * queries) return false;
-  return true;
-}
-
-bool LaunchPlan::packed_sequences_fit(const PlanAddresses& at) const {
-  const auto* cu_k = reinterpret_cast<const int32_t*>(at.cu_seqlens_k);
-  const int64_t batch = q_.sizes[0];
-  if (cu_k[0] != 0 || !queries_uniform(at)) return false;
-  // (cache_values_fit checks the rest: never decreasing, within k, enough keys per query row)
-  for (int64_t b = 0; b < batch; ++b)
-    if (static_cast<int64_t>(cu_k[b + 1]) - cu_k[b] > packed_max_keys_) return false;
-  return true;
+  uniform_queries_ = true;
 }
 
 bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle) {
   const std::lock_guard<std::mutex> lock(mutex_);
   PlanAddresses at = given;
-  if (uniform_queries_ && host_readable_ && !queries_uniform(at)) return false;
+  if (uniform_queries_ && host_readable_ &&
+      !uniform_offsets(reinterpret_cast<const int32_t*>(at.cu_seqlens_q), q_.sizes[0],
+                       q_.sizes[2]))
+    return false;
   if (packed_max_keys_ >= 0) {
-    if (host_readable_ && !packed_sequences_fit(at)) return false;
+    if (host_readable_ &&
+        !offsets_within(at.cu_seqlens_k, q_.sizes[0], k_.sizes[2], packed_max_keys_))
+      return false;
     at.seqlens_k = at.cu_seqlens_k + sizeof(int32_t);
     at.k_start = at.cu_seqlens_k;
   }

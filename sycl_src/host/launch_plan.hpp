@@ -86,8 +86,6 @@ class LaunchPlan {
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
   bool offsets_fit(const PlanAddresses& at) const;
-  bool packed_sequences_fit(const PlanAddresses& at) const;
-  bool queries_uniform(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
   int64_t lse_scratch_bytes() const;
 
@@ -104,6 +102,10 @@ class LaunchPlan {
   bool host_readable_;  // the device reads host memory: the CPU device
   std::mutex mutex_;    // run fills the views in place: one call of a plan at a time
 };
+
+// Whether each of `batch` packed sequences has `length` rows: cu_seqlens (batch + 1 int32, host
+// memory) is 0, length, 2 * length, ...
+bool uniform_offsets(const int32_t* cu_seqlens, int64_t batch, int64_t length);
 
 // Scratch memory on a queue's device, reused by the calling thread's later launches on the
 // same queue (in order, so a launch never overwrites scratch an earlier one still reads).

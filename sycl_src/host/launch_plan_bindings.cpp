@@ -50,13 +50,8 @@ void bind_launch_plan(py::module_& m) {
                             max_len_k, queue);
           },
           py::call_guard<py::gil_scoped_release>());
-  // Whether each of `batch` packed sequences has `length` rows: cu_seqlens (batch + 1 int32,
-  // host memory) is 0, length, 2 * length, ...
   m.def("uniform_sequences", [](std::uintptr_t cu_seqlens, int64_t batch, int64_t length) {
-    const auto* cu = reinterpret_cast<const int32_t*>(cu_seqlens);
-    for (int64_t b = 0; b <= batch; ++b)
-      if (cu[b] != b * length) return false;
-    return true;
+    return uniform_offsets(reinterpret_cast<const int32_t*>(cu_seqlens), batch, length);
   });
   m.def("take_first_submission_ns", &take_first_submission_ns);
   m.def("cpu_queue_handle", [] { return reinterpret_cast<std::uintptr_t>(&cpu_queue()); });
