@@ -29,6 +29,8 @@ VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 
 # FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
+# The decode kernel appending flash_attn_with_kvcache's new tokens itself (FEATURE_APPEND).
+APPEND = 1024
 
 
 @dataclass
@@ -77,12 +79,16 @@ def _calls(full: bool):
                     yield "forward", dtype, head_dim, features, 1, mode, 0
                     for rows in DECODE_ROWS[size]:
                         yield "decode", dtype, head_dim, features, rows, mode, 0
+                        if features == 0:
+                            yield "decode", dtype, head_dim, APPEND, rows, mode, 0
                     yield "backward", dtype, head_dim, features, 1, mode, 0
         for head_dim in head_dims if dtype != "float32" else []:
             for features in FP8_FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", 0
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
                     yield "fp8_decode", dtype, head_dim, features, rows, "auto", 0
+                    if features == 64:  # 16-bit tokens quantised into the cache
+                        yield "fp8_decode", dtype, head_dim, features | APPEND, rows, "auto", 0
         for head_dim, head_dim_v in VALUE_HEAD_DIMS[size]:
             for features in FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v

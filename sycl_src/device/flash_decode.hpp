@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "block_schedule.hpp"
+#include "decode_append.hpp"
 #include "decode_merge.hpp"
 #include "decode_rows.hpp"
 #include "decode_scores.hpp"
@@ -126,6 +127,10 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   const int64_t kv_end = std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q));
+  if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
+    decode_append<Tr>(p, seq, cols, b, head0, group_heads, split_begin, lid);
+    sycl::group_barrier(group);  // the new rows written before any lane reads them
+  }
 
   decode_load_queries<Tr>(group, rows, group_heads, head_dim, lid,
                           DecodeRowState<Tr>{q_all, acc_all, row_max, row_sum, q_t});

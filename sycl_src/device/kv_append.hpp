@@ -1,12 +1,15 @@
 // The append of flash_attn_with_kvcache's new keys and values into the cache, in place: one
 // launch before the attention on the same queue, reading the lengths and pages on the device
-// (a GPU's launch plan never waits for the host). kv_append_kernel stores each element through
+// (a GPU's launch plan never waits for the host), where the decode kernel does not append
+// them itself (decode_append.hpp). kv_append_kernel stores each element through
 // STORE: StoreBits copies it (an unsigned integer of the dtype's width), StoreFp8 quantises a
 // 16-bit one into an FP8 cache; kv_append_rotary_kernel also applies the rotary embedding to
 // the new keys and to the queries, in float32 as the general path does.
 #pragma once
 
 #include <sycl/sycl.hpp>
+
+#include <type_traits>
 
 #include "dtypes.hpp"
 #include "fp8_encode.hpp"
@@ -49,7 +52,15 @@ struct StoreBits {
   Out operator()(In x) const { return x; }
 };
 
-// x / descale[b, head] rounded to the cache's FP8, saturating (fp8_quant.quantise's bytes).
+// An appended element as the cache stores it: itself, or x / descale rounded to the cache's
+// FP8, saturating (fp8_quant.quantise's bytes). Also the decode kernel's (decode_append.hpp).
+template <typename Out, typename In>
+inline Out cache_element(In x, float descale) {
+  if constexpr (std::is_same_v<Out, In>) return x;
+  else return fp8_from_float<Out>(to_float(x) / descale);
+}
+
+// Quantises with descale[b, head].
 template <typename T, typename FP8>
 struct StoreFp8 {
   using In = T;
@@ -57,7 +68,7 @@ struct StoreFp8 {
   float descale;
   StoreFp8(const KvAppendParams& p, int64_t b, int64_t head, bool value)
       : descale((value ? p.v_descale : p.k_descale)[b * p.heads + head]) {}
-  Out operator()(In x) const { return fp8_from_float<FP8>(to_float(x) / descale); }
+  Out operator()(In x) const { return cache_element<FP8>(x, descale); }
 };
 
 // One work-item per (sequence, new token, K/V head): stores that head's key and value rows.

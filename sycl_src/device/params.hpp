@@ -41,6 +41,9 @@ constexpr int FEATURE_VALUE_DIM = 256;
 // The decode kernel on the CPU device reads its keys as streams (decode_streams.hpp); set by
 // the host for caches whose key rows hold the heads side by side.
 constexpr int FEATURE_KEY_STREAMS = 512;
+// The decode kernel first writes flash_attn_with_kvcache's new keys and values into the cache
+// (decode_append.hpp, DecodeParams::append): a decode step that appends is one launch.
+constexpr int FEATURE_APPEND = 1024;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.
@@ -89,6 +92,7 @@ struct SeqLayout {
   const int32_t* k_start;       // (B) or null: a cache's keys are rows k_start[b] .. seqlens_k[b]
   int64_t block_table_stride;   // elements between block_table rows
   int32_t page_size;            // keys per page (a multiple of 16) when paged
+  int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
 };
 
 // Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
@@ -227,6 +231,12 @@ struct DecodeParams {
   int32_t split_keys;        // keys per split, a multiple of the key block
   int32_t heads_per_group;   // K/V heads per work-group (decode_heads_per_group)
   int32_t row_slices;        // work-groups per K/V head group along its query rows
+  // FEATURE_APPEND: common.seq.keys_appended new keys and values (B, Hkv, Nnew, D) views in
+  // T, written into the cache (quantised into an FP8 one) before the attention reads them.
+  const void* k_new;
+  const void* v_new;
+  BhndStrides k_new_stride;
+  BhndStrides v_new_stride;
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

@@ -26,7 +26,7 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
     s.k_row0 = c.seq.cu_seqlens_k[b];
     s.len_k = c.seq.cu_seqlens_k[b + 1] - c.seq.cu_seqlens_k[b];
   }
-  if (c.seq.seqlens_k != nullptr) s.len_k = c.seq.seqlens_k[b];
+  if (c.seq.seqlens_k != nullptr) s.len_k = c.seq.seqlens_k[b] + c.seq.keys_appended;
   if (c.seq.k_start != nullptr) {  // cache_leftpad: key 0 is cache row k_start[b]
     s.k_row0 += c.seq.k_start[b];
     s.len_k -= c.seq.k_start[b];

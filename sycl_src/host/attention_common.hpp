@@ -26,6 +26,11 @@ struct AttentionOptions {
   std::optional<TensorView> seqlens_k;       // (B) int32: keys per sequence of a KV cache
   std::optional<TensorView> block_table;     // (B, max_pages) int32: paged KV cache
   std::optional<TensorView> k_start;         // (B) int32: first key row of each cache (leftpad)
+  // (B, Hkv, Nnew, D) and (B, Hkv, Nnew, Dv) views in q's dtype: new keys and values the decode
+  // kernel appends to the cache at seqlens_k[b] + i before it attends (flash_decode only);
+  // seqlens_k are then the lengths before the append, max_seqlen_k the most after it.
+  std::optional<TensorView> k_new;
+  std::optional<TensorView> v_new;
   // (B + 1) int32 prefix sums of the keys each sequence of a KV cache attends to, and their
   // total (keys_used, read by the caller): the matrix forward packs only those (pack_rows.hpp);
   // without them it packs max_seqlen_k keys per sequence.

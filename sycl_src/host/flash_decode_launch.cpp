@@ -199,7 +199,8 @@ KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, con
   const int head_dim = static_cast<int>(q.size(3)), head_dim_v = static_cast<int>(v.size(3));
   return decode_variant_on(
       queue_from_handle(queue_handle), q.dtype, std::max(head_dim, head_dim_v), rows,
-      features_of(options, k) | (head_dim_v != head_dim ? FEATURE_VALUE_DIM : 0),
+      features_of(options, k) | (head_dim_v != head_dim ? FEATURE_VALUE_DIM : 0) |
+          (options.k_new ? FEATURE_APPEND : 0),
       /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1]);
 }
 
@@ -233,6 +234,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
         std::to_string(k.size(1)) +
         " K/V heads), or a 16-bit or FP8 cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
+  // decode_append.hpp: each new row written by the one work-group that reads it.
+  if (options.k_new && (decode_row_slices(rows) != 1 || !options.v_new || !options.seqlens_k ||
+                        options.k_new->dtype != q.dtype || options.v_new->dtype != q.dtype))
+    throw std::invalid_argument(
+        "ipex_flash: flash_decode appends k_new, v_new in q's dtype to a cache of known "
+        "lengths, with at most " + std::to_string(kMaxDecodeRows) + " query rows per K/V head");
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
   const KernelVariant variant = flash_decode_variant(q, k, v, options, queue_handle);
@@ -241,6 +248,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   params.heads_per_group =
       decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());
   params.row_slices = decode_row_slices(rows);
+  if (options.k_new) {
+    params.k_new = reinterpret_cast<const void*>(options.k_new->data);
+    params.v_new = reinterpret_cast<const void*>(options.v_new->data);
+    params.k_new_stride = bhnd_strides(*options.k_new, "k_new");
+    params.v_new_stride = bhnd_strides(*options.v_new, "v_new");
+  }
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);
   c.num_blocks = static_cast<int32_t>(partial_lse.size(-1));

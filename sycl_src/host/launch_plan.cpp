@@ -90,6 +90,13 @@ void LaunchPlan::append(TensorView k_new, TensorView v_new) {
   a.page_size = options_.page_size;
   append_ = a;
   append_dtype_ = k_new.dtype;
+  // The decode kernel appends them itself where one work-group reads each new row
+  // (decode_append.hpp); rotary (below) takes the append kernel.
+  const int64_t rows = q_.sizes[1] / std::max<int64_t>(k_.sizes[1], 1) * q_.sizes[2];
+  if (decode_ && decode_row_slices(static_cast<int>(rows)) == 1 && k_new.dtype == q_.dtype) {
+    options_.k_new = std::move(k_new);
+    options_.v_new = std::move(v_new);
+  }
 }
 
 void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
@@ -103,6 +110,8 @@ void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
     throw std::invalid_argument("ipex_flash: rotary needs an append, dense (B, Nq, Hq, D) "
                                 "queries and (seqlen_ro, rotary_dim / 2) tables in float32 or "
                                 "q's dtype");
+  options_.k_new.reset();
+  options_.v_new.reset();
   append_->q_stride = append_->q_rotated_stride = bhnd_strides(q_, "q");
   append_->cos_stride = cos.strides[0];
   append_->heads_q = static_cast<int32_t>(q_.sizes[1]);
@@ -206,6 +215,8 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
   set_address(options_.attn_mask, at.attn_mask);
   set_address(options_.cu_seqlens_q, at.cu_seqlens_q);
   set_address(options_.cu_seqlens_k, at.cu_seqlens_k);
+  set_address(options_.k_new, at.k_new);
+  set_address(options_.v_new, at.v_new);
   if (options_.cu_seqlens_q && host_readable_ && !offsets_fit(at)) return false;
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
@@ -242,14 +253,15 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   // The scratch block holds the LSE when the caller has no use for it (address 0), then the
   // kernel's own scratch.
   const int64_t lse_bytes = lse_scratch_bytes();
-  const int64_t lengths_bytes = append_ ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
+  const bool append_kernel = append_ && !options_.k_new;  // else the decode kernel appends
+  const int64_t lengths_bytes = append_kernel ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
   const int64_t rotated_q_bytes =
       rotary_rows_ ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.strides[0]) : 0;
   const int64_t before = lse_bytes + lengths_bytes + rotated_q_bytes;
   const auto scratch_for = [&](int64_t bytes) {
     auto* block = static_cast<char*>(queue_scratch(queue_handle, before + bytes));
     if (lse_bytes) lse_.data = reinterpret_cast<std::uintptr_t>(block);
-    if (append_) {  // the attention reads the lengths after the append, which writes them
+    if (append_kernel) {  // the attention reads the lengths after the append, which writes them
       append_->seqlens_after = reinterpret_cast<int32_t*>(block + lse_bytes);
       if (rotary_rows_) {  // and the rotated queries
         append_->q_rotated = block + lse_bytes + lengths_bytes;
@@ -263,7 +275,7 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   if (!decode_) {
     const int64_t bytes = fwd_scratch_bytes(q_, k_, v_, options_, queue_handle);
     const auto scratch = reinterpret_cast<std::uintptr_t>(
-        bytes || lse_bytes || append_ ? scratch_for(bytes) : nullptr);
+        bytes || lse_bytes || append_kernel ? scratch_for(bytes) : nullptr);
     flash_fwd(q_, k_, v_, out_, lse_, TensorView{scratch, "uint8", {bytes}, {1}}, options_,
               queue_handle);
     return;

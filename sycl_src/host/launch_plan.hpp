@@ -48,7 +48,8 @@ class LaunchPlan {
 
   // Each run first appends new keys and values (B, Hkv, Nnew, D) views, in the cache's dtype
   // (or 16-bit ones into an FP8 cache, quantised by its descales), at positions seqlens_k[b] +
-  // i (flash_attn_with_kvcache's k, v): the attention then reads seqlens_k + Nnew keys.
+  // i (flash_attn_with_kvcache's k, v): the attention then reads seqlens_k + Nnew keys. The
+  // decode kernel does it in the same launch where it can (appends_in_decode).
   void append(TensorView k_new, TensorView v_new);
 
   // And rotates the new keys and the queries first (after append): cos, sin (seqlen_ro,
@@ -82,6 +83,8 @@ class LaunchPlan {
   bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle);
 
   bool uses_decode_kernel() const { return decode_; }
+  // Whether the decode kernel appends the new keys and values itself (one launch a run).
+  bool appends_in_decode() const { return options_.k_new.has_value(); }
 
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;

@@ -24,6 +24,7 @@ void bind_launch_plan(py::module_& m) {
                     PlanLimits, std::uintptr_t>(),
            "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "options"_a, "limits"_a, "queue"_a)
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
+      .def_property_readonly("appends_in_decode", &LaunchPlan::appends_in_decode)
       .def_property_readonly("packed_queries", &LaunchPlan::packed_queries)
       .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
       .def("uniform_queries", &LaunchPlan::uniform_queries)

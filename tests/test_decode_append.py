@@ -1,0 +1,98 @@
+"""flash_attn_with_kvcache's append inside the decode kernel (sycl_src/device/decode_append.hpp):
+a decode step's plan whose query rows per K/V head fit one work-group appends its new keys and
+values in the attention's own launch, the work-group of each new key's split writing it. New
+tokens straddling split boundaries (num_splits forced), contiguous, paged and left-padded
+caches, every dtype, against the float64 reference; past one work-group's rows the append
+kernel runs first, with the same results."""
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.ops import launch_plans
+
+from conftest import DTYPES, PLAN_CALLS, check_against_reference, make_cache, to_paged
+from test_cache_launch_plans import after_append, sequence_rows
+
+
+@pytest.fixture
+def fused_runs(plan_runs, monkeypatch):
+    """Whether each planned run appended in the decode kernel."""
+    fused, real = [], launch_plans.run
+    monkeypatch.setattr(launch_plans, "run",
+                        lambda plan, *a, **kw: fused.append(plan.appends_in_decode)
+                        or real(plan, *a, **kw))
+    return fused
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "paged", "leftpad"])
+@pytest.mark.parametrize("heads_kv,new_tokens", [(2, 3), (4, 1), (1, 3)])
+def test_appends_across_split_boundaries(dtype, layout, heads_kv, new_tokens, fused_runs):
+    """8 query heads: 12 or 2 rows per K/V head append in the decode kernel, 24 (one K/V head,
+    3 new tokens) through the append kernel. About 130 keys in 4 splits make splits of 48 or
+    64 keys (multiples of the kernel's key block): the lengths put 3 new keys across each of
+    their boundaries."""
+    batch, capacity, head_dim = 4, 200, 64
+    for call in range(PLAN_CALLS):
+        k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, dtype)
+        lengths = torch.tensor([46, 62, 94, 126 + call], dtype=torch.int32)
+        q = torch.randn(batch, new_tokens, 8, head_dim, dtype=dtype)
+        k_new, v_new = (torch.randn(batch, new_tokens, heads_kv, head_dim, dtype=dtype)
+                        for _ in range(2))
+        args = dict(cache_seqlens=lengths, causal=True, return_softmax_lse=True, num_splits=4)
+        k_in, v_in, starts, table = k_cache, v_cache, torch.zeros(batch, dtype=torch.int32), None
+        if layout == "paged":
+            k_in, v_in, table = to_paged(k_cache, v_cache, 16)
+            args["block_table"] = table
+        if layout == "leftpad":
+            starts = torch.tensor([0, 5, 40, 7], dtype=torch.int32)
+            args["cache_leftpad"] = starts
+        expected = [after_append(c, table, lengths, n) for c, n in ((k_in, k_new), (v_in, v_new))]
+        out, lse = ipex_flash.flash_attn_with_kvcache(q, k_in, v_in, k_new, v_new, **args)
+        assert torch.equal(k_in, expected[0]) and torch.equal(v_in, expected[1])
+        for b in range(batch):
+            rows = slice(int(starts[b]), int(lengths[b]) + new_tokens)
+            keys, values = (sequence_rows(c, table, b, rows) for c in (k_in, v_in))
+            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], keys[None],
+                                    values[None], [keys.shape[0]], dtype, causal=True)
+    rows_per_head = 8 // heads_kv * new_tokens
+    assert fused_runs == [rows_per_head <= 16] * (PLAN_CALLS - 1)
+
+
+def test_rotary_takes_the_append_kernel(fused_runs):
+    """Rotary rotates the queries before the attention reads them: its plans keep the append
+    kernel, which does both."""
+    batch, capacity, heads_kv, head_dim = 2, 64, 2, 32
+    cos, sin = torch.randn(capacity, head_dim // 2), torch.randn(capacity, head_dim // 2)
+    for _ in range(PLAN_CALLS):
+        k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.float32)
+        q = torch.randn(batch, 1, 4, head_dim)
+        k_new, v_new = (torch.randn(batch, 1, heads_kv, head_dim) for _ in range(2))
+        lengths = torch.randint(1, capacity - 1, (batch,), dtype=torch.int32)
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
+                                           rotary_sin=sin, cache_seqlens=lengths)
+    assert fused_runs == [False] * (PLAN_CALLS - 1)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_cache_appends_in_the_decode_kernel(fp8, fused_runs):
+    """bfloat16 tokens into an FP8 cache: quantised in the decode kernel (the bytes of every
+    bit pattern: test_kv_append_quantise.py), which then reads them back."""
+    batch, capacity, heads_kv, head_dim = 2, 96, 2, 64
+    descales = torch.rand(batch, heads_kv) + 0.5, torch.rand(batch, heads_kv) + 0.5
+    for _ in range(PLAN_CALLS):
+        k_cache, v_cache = (torch.zeros(batch, capacity, heads_kv, head_dim, dtype=fp8)
+                            for _ in range(2))
+        q = torch.randn(batch, 1, 8, head_dim, dtype=torch.bfloat16)
+        k_new, v_new = (torch.randn(batch, 1, heads_kv, head_dim, dtype=torch.bfloat16)
+                        for _ in range(2))
+        lengths = torch.randint(0, capacity - 1, (batch,), dtype=torch.int32)
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                           cache_seqlens=lengths, k_descale=descales[0],
+                                           v_descale=descales[1])
+        for b in range(batch):
+            for cache, new, descale in ((k_cache, k_new, descales[0]), (v_cache, v_new, descales[1])):
+                want = (new[b, 0].float() / descale[b, :, None]).to(fp8)
+                assert torch.equal(cache[b, int(lengths[b])].view(torch.uint8),
+                                   want.view(torch.uint8))
+    assert fused_runs == [True] * (PLAN_CALLS - 1)
