@@ -2,8 +2,10 @@
 a decode step's plan whose query rows per K/V head fit one work-group appends its new keys and
 values in the attention's own launch, the work-group of each new key's split writing it. New
 tokens straddling split boundaries (num_splits forced), contiguous, paged and left-padded
-caches, every dtype, against the float64 reference; past one work-group's rows the append
-kernel runs first, with the same results."""
+caches, every dtype, rotary, FP8 caches, against the float64 reference; past one work-group's
+rows the append kernel runs first, with the same results."""
+import math
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ import ipex_flash
 from ipex_flash.ops import launch_plans
 
 from conftest import DTYPES, PLAN_CALLS, check_against_reference, make_cache, to_paged
-from test_cache_launch_plans import after_append, sequence_rows
+from test_cache_launch_plans import after_append, check, sequence_rows
+from test_kvcache_api import expected as rotary_expected
 
 
 @pytest.fixture
@@ -59,19 +62,28 @@ def test_appends_across_split_boundaries(dtype, layout, heads_kv, new_tokens, fu
     assert fused_runs == [rows_per_head <= 16] * (PLAN_CALLS - 1)
 
 
-def test_rotary_takes_the_append_kernel(fused_runs):
-    """Rotary rotates the queries before the attention reads them: its plans keep the append
-    kernel, which does both."""
-    batch, capacity, heads_kv, head_dim = 2, 64, 2, 32
-    cos, sin = torch.randn(capacity, head_dim // 2), torch.randn(capacity, head_dim // 2)
+@pytest.mark.parametrize("heads_kv,new_tokens", [(2, 3), (1, 3)])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_in_the_decode_kernel(heads_kv, new_tokens, interleaved, fused_runs):
+    """The rotary embedding of the new keys and the queries (rotary_dim 32 of 64, float32
+    tables) in the decode kernel's append; past one work-group's rows in the append kernel."""
+    batch, capacity, head_dim = 2, 96, 64
     for _ in range(PLAN_CALLS):
         k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.float32)
-        q = torch.randn(batch, 1, 4, head_dim)
-        k_new, v_new = (torch.randn(batch, 1, heads_kv, head_dim) for _ in range(2))
-        lengths = torch.randint(1, capacity - 1, (batch,), dtype=torch.int32)
-        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
-                                           rotary_sin=sin, cache_seqlens=lengths)
-    assert fused_runs == [False] * (PLAN_CALLS - 1)
+        before = k_cache.clone(), v_cache.clone()
+        q = torch.randn(batch, new_tokens, 8, head_dim)
+        k_new, v_new = (torch.randn(batch, new_tokens, heads_kv, head_dim) for _ in range(2))
+        lengths = torch.randint(0, capacity - new_tokens + 1, (batch,), dtype=torch.int32)
+        angles = torch.rand(capacity, 16, dtype=torch.float64) * 2 * math.pi
+        cos, sin = angles.cos().float(), angles.sin().float()
+        out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin,
+                                                 lengths, causal=True,
+                                                 rotary_interleaved=interleaved)
+        used = torch.atan2(sin.double(), cos.double())
+        want = rotary_expected(q, *before, k_new, v_new, lengths, [0, 1], True, used,
+                               interleaved)
+        check(out, want, torch.float32)
+    assert fused_runs == [8 // heads_kv * new_tokens <= 16] * (PLAN_CALLS - 1)
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])

@@ -29,8 +29,9 @@ VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 
 # FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
-# The decode kernel appending flash_attn_with_kvcache's new tokens itself (FEATURE_APPEND).
-APPEND = 1024
+# The decode kernel appending flash_attn_with_kvcache's new tokens itself (FEATURE_APPEND),
+# and rotating them and the queries (FEATURE_ROTARY_F32: float32 tables, _INPUT: q's dtype).
+APPEND, ROTARY_F32, ROTARY_INPUT = 1024, 2048, 4096
 
 
 @dataclass
@@ -80,7 +81,9 @@ def _calls(full: bool):
                     for rows in DECODE_ROWS[size]:
                         yield "decode", dtype, head_dim, features, rows, mode, 0
                         if features == 0:
-                            yield "decode", dtype, head_dim, APPEND, rows, mode, 0
+                            rotary = ROTARY_F32 if dtype == "float32" else ROTARY_INPUT
+                            for appending in (APPEND, APPEND | rotary):
+                                yield "decode", dtype, head_dim, appending, rows, mode, 0
                     yield "backward", dtype, head_dim, features, 1, mode, 0
         for head_dim in head_dims if dtype != "float32" else []:
             for features in FP8_FEATURE_SETS[size]:

@@ -6,7 +6,9 @@
 // caller's group barrier orders the two). Every element is written by exactly one work-group:
 // the host fuses the append only where a K/V head group's rows are not sliced across
 // work-groups (flash_decode_launch.cpp). An FP8 cache's new tokens are quantised as
-// kv_append_kernel's are (cache_element), so the attention reads the bytes the cache keeps.
+// kv_append_kernel's are (cache_element), so the attention reads the bytes the cache keeps;
+// with FEATURE_ROTARY the new keys are rotated as kv_append_rotary_kernel's are (rotary.hpp),
+// and so are the queries as they are read (decode_rows.hpp).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -18,17 +20,27 @@
 #include "kv_append.hpp"
 #include "kv_quant.hpp"
 #include "params.hpp"
+#include "rotary.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
 
 namespace ipex_flash {
 
-// One appended row of `columns` elements, lanes along the row.
-template <typename KV, typename T, int LANES>
-inline void append_cache_row(const T* in, const KV* cache_row, int columns, float descale,
-                             int lid) {
-  KV* out = const_cast<KV*>(cache_row);  // a row of the cache the call appends to
-  for (int d = lid; d < columns; d += LANES) out[d] = cache_element<KV>(in[d], descale);
+// One appended row of `columns` elements, lanes along the row; a key rotated at `position`
+// with FEATURE_ROTARY (value rows: position < 0).
+template <class Tr>
+inline void append_cache_row(const DecodeParams& p, const typename Tr::T* in,
+                             const typename Tr::KV* cache_row, int columns, float descale,
+                             int64_t position, int lid) {
+  using T = typename Tr::T;
+  auto* out = const_cast<typename Tr::KV*>(cache_row);  // a row of the cache the call appends to
+  for (int d = lid; d < columns; d += Tr::LANES) {
+    T x = in[d];
+    if constexpr (Tr::ROTARY) {
+      if (position >= 0) x = rotated_element<T, typename Tr::Cos>(p.rotary, in, d, position);
+    }
+    out[d] = cache_element<typename Tr::KV>(x, descale);
+  }
 }
 
 // Writes the new keys and values of split [split_begin, split_begin + p.split_keys) of
@@ -47,13 +59,12 @@ inline void decode_append(const DecodeParams& p, const SeqInfo& seq, const Decod
     for (int hk = 0; hk < group_heads; ++hk) {
       const int h_kv = head0 + hk;
       const KvDescale descale = kv_descale<Tr::FEATURES>(c, b, h_kv);
-      append_cache_row<KV, T, Tr::LANES>(
-          row_at<T>(p.k_new, p.k_new_stride, b, h_kv, token),
-          kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv).row(key), cols.head_dim, descale.k,
-          lid);
-      append_cache_row<KV, T, Tr::LANES>(
-          row_at<T>(p.v_new, p.v_new_stride, b, h_kv, token),
-          kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv).row(key), cols.head_dim_v, descale.v, lid);
+      append_cache_row<Tr>(p, row_at<T>(p.k_new, p.k_new_stride, b, h_kv, token),
+                           kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv).row(key),
+                           cols.head_dim, descale.k, c.seq.seqlens_k[b] + token, lid);
+      append_cache_row<Tr>(p, row_at<T>(p.v_new, p.v_new_stride, b, h_kv, token),
+                           kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv).row(key),
+                           cols.head_dim_v, descale.v, -1, lid);
     }
   }
 }

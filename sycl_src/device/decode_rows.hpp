@@ -13,6 +13,7 @@
 #include "dtypes.hpp"
 #include "online_softmax.hpp"
 #include "params.hpp"
+#include "rotary.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
 
@@ -33,6 +34,17 @@ struct DecodeRows {
     return h_kv * p.common.dims.heads_per_kv + (row0 + r) / seq.len_q;
   }
   int token(int r) const { return (row0 + r) % seq.len_q; }
+  // Element d of Q row r (`row`: rows.q), rotated first with FEATURE_ROTARY (rotary.hpp).
+  template <class Tr>
+  typename Tr::T q_element(const typename Tr::T* row, int r, int d) const {
+    if constexpr (Tr::ROTARY) {
+      const RotaryParams& rotary = p.rotary;
+      const int64_t position =
+          p.common.seq.seqlens_k[b] + (rotary.q_positions_advance ? token(r) : 0);
+      return rotated_element<typename Tr::T, typename Tr::Cos>(rotary, row, d, position);
+    }
+    return row[d];
+  }
   // Row r of the group's K/V head hk in (B, Hq, Nq) order, as the partial buffers index rows.
   int64_t index(int hk, int r) const {
     const AttentionDims& dims = p.common.dims;
@@ -77,7 +89,9 @@ inline void decode_load_queries(sycl::group<1> group, const DecodeRows& rows, in
         const int d = Row::column(i / LANES, lid);
         if constexpr (!Tr::MATRIX)
           state.q[hk][r][i] =
-              row_ok && d < head_dim ? rows.p.common.q_prescale * to_float(q[d]) : 0.f;
+              row_ok && d < head_dim
+                  ? rows.p.common.q_prescale * to_float(rows.q_element<Tr>(q, r, d))
+                  : 0.f;
         state.acc[hk][r][i] = 0.f;
       }
     }
@@ -92,8 +106,9 @@ inline void decode_load_queries(sycl::group<1> group, const DecodeRows& rows, in
       const T* q = rows.q<T>(set * Tr::HEADS_PER_SET + hk, r, col_ok);
       for (int d = 0; d < HEAD_DIM; d += 2)
         state.q_t[set][d / 2][lid] =
-            pack_pair(col_ok && d < head_dim ? q[d] : tile_zero<T>(),
-                      col_ok && d + 1 < head_dim ? q[d + 1] : tile_zero<T>());
+            pack_pair(col_ok && d < head_dim ? rows.q_element<Tr>(q, r, d) : tile_zero<T>(),
+                      col_ok && d + 1 < head_dim ? rows.q_element<Tr>(q, r, d + 1)
+                                                 : tile_zero<T>());
     }
   }
   sycl::group_barrier(group);

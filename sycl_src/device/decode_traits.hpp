@@ -66,6 +66,9 @@ template <typename T_, int HEAD_DIM_, int GROUP_ROWS_, int BLOCK_N_, int FEATURE
 struct DecodeTraits {
   using T = T_;                                      // Q's (and a 16-bit cache's) elements
   using KV = kv_storage_t<T, FEATURES_>;             // the cache's: T, or FP8 (kv_quant.hpp)
+  // FEATURE_ROTARY: the tables' elements (rotary.hpp).
+  using Cos = std::conditional_t<(FEATURES_ & FEATURE_ROTARY_F32) != 0, float, T>;
+  static constexpr bool ROTARY = (FEATURES_ & FEATURE_ROTARY) != 0;
   static constexpr int LANES = DECODE_LANES;
   using Row = RowVectors<KV, LANES>;
   static constexpr int HEAD_DIM = HEAD_DIM_, GROUP_ROWS = GROUP_ROWS_, BLOCK_N = BLOCK_N_;

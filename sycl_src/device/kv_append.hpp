@@ -14,6 +14,7 @@
 #include "dtypes.hpp"
 #include "fp8_encode.hpp"
 #include "params.hpp"
+#include "rotary.hpp"
 
 namespace ipex_flash {
 
@@ -94,22 +95,10 @@ void kv_append_kernel(KvAppendParams p) {
   for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = store_v(v[d]);
 }
 
-// A row of head_dim features rotated at `position` into `out`: pairs (2i, 2i + 1) when
-// interleaved (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX); features past rotary_dim are
-// copied.
+// A row of head_dim features rotated at `position` into `out` (rotary.hpp).
 template <typename T, typename COS>
 inline void rotate_row(const KvAppendParams& p, const T* in, T* out, int64_t position) {
-  const COS* cos = static_cast<const COS*>(p.cos) + position * p.cos_stride;
-  const COS* sin = static_cast<const COS*>(p.sin) + position * p.cos_stride;
-  const int half = p.rotary_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
-    const float x = to_float(in[a]), y = to_float(in[b]);
-    const float c = to_float(cos[i]), s = to_float(sin[i]);
-    out[a] = from_float<T>(x * c - y * s);
-    out[b] = from_float<T>(x * s + y * c);
-  }
-  for (int d = p.rotary_dim; d < p.head_dim; ++d) out[d] = in[d];
+  for (int d = 0; d < p.head_dim; ++d) out[d] = rotated_element<T, COS>(p.rotary, in, d, position);
 }
 
 // kv_append_kernel with the rotary embedding: work-items past the keys' rotate a query row
@@ -139,7 +128,7 @@ void kv_append_rotary_kernel(KvAppendParams p) {
   const int64_t b = index / (static_cast<int64_t>(p.heads_q) * p.len_q);
   rotate_row<T, COS>(p, row_at<T>(p.q, p.q_stride, b, head, token),
                      row_at<T>(p.q_rotated, p.q_rotated_stride, b, head, token),
-                     p.seqlens[b] + (p.q_positions_advance ? token : 0));
+                     p.seqlens[b] + (p.rotary.q_positions_advance ? token : 0));
 }
 
 }  // namespace ipex_flash

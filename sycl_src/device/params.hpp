@@ -44,6 +44,11 @@ constexpr int FEATURE_KEY_STREAMS = 512;
 // The decode kernel first writes flash_attn_with_kvcache's new keys and values into the cache
 // (decode_append.hpp, DecodeParams::append): a decode step that appends is one launch.
 constexpr int FEATURE_APPEND = 1024;
+// With FEATURE_APPEND, the rotary embedding of the new keys and of the queries (rotary.hpp),
+// its tables in float32 or in the queries' dtype.
+constexpr int FEATURE_ROTARY_F32 = 2048;
+constexpr int FEATURE_ROTARY_INPUT = 4096;
+constexpr int FEATURE_ROTARY = FEATURE_ROTARY_F32 | FEATURE_ROTARY_INPUT;
 
 // Work-items of a decode work-group, and so the most query rows (GQA group size x new tokens)
 // one decode work-group serves.
@@ -211,6 +216,18 @@ struct BwdParams {
   PackRows row_pack;
 };
 
+// The rotary embedding flash_attn_with_kvcache applies to new keys and to the queries
+// (rotary.hpp): a row's first rotary_dim features rotated at a position's row of the tables,
+// pairs (2i, 2i + 1) when interleaved (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX). New
+// token i of sequence b is at seqlens[b] + i; query i too when q_positions_advance, else all
+// queries at seqlens[b] (the lengths before the append, left pads included).
+struct RotaryParams {
+  const void* cos;  // (seqlen_ro, rotary_dim / 2), rows contiguous
+  const void* sin;
+  int64_t cos_stride;
+  int32_t rotary_dim, interleaved, q_positions_advance;
+};
+
 // Decoding against a KV cache: a few query rows per sequence. One work-group per
 // (batch, K/V head, split of the keys) serves every query head of the GQA group, so each K/V
 // element is read once for all of them; each split writes a partial output and its LSE, and
@@ -237,6 +254,7 @@ struct DecodeParams {
   const void* v_new;
   BhndStrides k_new_stride;
   BhndStrides v_new_stride;
+  RotaryParams rotary;  // FEATURE_ROTARY: the new keys and the queries rotated first
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).
@@ -262,16 +280,13 @@ struct KvAppendParams {
   // 16-bit k_new, v_new into an FP8 cache (StoreFp8): their descales, (B, Hkv) float32 each.
   const float* k_descale;
   const float* v_descale;
-  // Rotary embedding (kv_append_rotary_kernel): the new keys' first rotary_dim features are
-  // rotated at positions seqlens[b] + i before they are written, and the queries into
-  // q_rotated, at seqlens[b] + i (q_positions_advance) or all at seqlens[b].
+  // Rotary embedding (kv_append_rotary_kernel): the new keys rotated before they are written,
+  // and the queries into q_rotated.
+  RotaryParams rotary;
   const void* q;
   void* q_rotated;
   BhndStrides q_stride, q_rotated_stride;
-  const void* cos;  // (seqlen_ro, rotary_dim / 2), rows contiguous
-  const void* sin;
-  int64_t cos_stride;
-  int32_t heads_q, len_q, rotary_dim, interleaved, q_positions_advance;
+  int32_t heads_q, len_q;
 };
 
 }  // namespace ipex_flash

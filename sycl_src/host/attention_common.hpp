@@ -31,6 +31,12 @@ struct AttentionOptions {
   // seqlens_k are then the lengths before the append, max_seqlen_k the most after it.
   std::optional<TensorView> k_new;
   std::optional<TensorView> v_new;
+  // With k_new: the rotary embedding of the new keys and the queries (RotaryParams), tables
+  // (seqlen_ro, rotary_dim / 2) in float32 or q's dtype.
+  std::optional<TensorView> rotary_cos;
+  std::optional<TensorView> rotary_sin;
+  bool rotary_interleaved = false;
+  bool rotary_q_positions_advance = false;
   // (B + 1) int32 prefix sums of the keys each sequence of a KV cache attends to, and their
   // total (keys_used, read by the caller): the matrix forward packs only those (pack_rows.hpp);
   // without them it packs max_seqlen_k keys per sequence.

@@ -200,7 +200,10 @@ KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, con
   return decode_variant_on(
       queue_from_handle(queue_handle), q.dtype, std::max(head_dim, head_dim_v), rows,
       features_of(options, k) | (head_dim_v != head_dim ? FEATURE_VALUE_DIM : 0) |
-          (options.k_new ? FEATURE_APPEND : 0),
+          (options.k_new ? FEATURE_APPEND : 0) |
+          (!options.rotary_cos                      ? 0
+           : options.rotary_cos->dtype == "float32" ? FEATURE_ROTARY_F32
+                                                    : FEATURE_ROTARY_INPUT),
       /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1]);
 }
 
@@ -240,6 +243,9 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     throw std::invalid_argument(
         "ipex_flash: flash_decode appends k_new, v_new in q's dtype to a cache of known "
         "lengths, with at most " + std::to_string(kMaxDecodeRows) + " query rows per K/V head");
+  if (options.rotary_cos && (!options.k_new || !options.rotary_sin))
+    throw std::invalid_argument("ipex_flash: flash_decode rotates only with an append, and "
+                                "needs both tables");
   if (c.dims.batch == 0 || rows == 0) return;
   sycl::queue& queue = queue_from_handle(queue_handle);
   const KernelVariant variant = flash_decode_variant(q, k, v, options, queue_handle);
@@ -253,6 +259,14 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
     params.v_new = reinterpret_cast<const void*>(options.v_new->data);
     params.k_new_stride = bhnd_strides(*options.k_new, "k_new");
     params.v_new_stride = bhnd_strides(*options.v_new, "v_new");
+  }
+  if (options.rotary_cos) {
+    const TensorView& cos = *options.rotary_cos;
+    params.rotary = RotaryParams{reinterpret_cast<const void*>(cos.data),
+                                 reinterpret_cast<const void*>(options.rotary_sin->data),
+                                 cos.strides.at(0), static_cast<int32_t>(2 * cos.size(1)),
+                                 options.rotary_interleaved,
+                                 options.rotary_q_positions_advance};
   }
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);

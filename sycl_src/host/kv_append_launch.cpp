@@ -39,7 +39,7 @@ void kv_append(const KvAppendParams& params, const std::string& dtype,
                const std::string& new_dtype, const std::string& cos_dtype,
                std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
-  const bool rotary = params.rotary_dim > 0;
+  const bool rotary = params.rotary.rotary_dim > 0;
   const sycl::kernel kernel = get_kernels(
       queue,
       kv_append_program(dtype, new_dtype, rotary ? cos_dtype : "",

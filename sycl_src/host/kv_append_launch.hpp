@@ -18,7 +18,7 @@ KernelProgram kv_append_program(const std::string& dtype, const std::string& new
                                 const std::string& cos_dtype, const DeviceLimits& limits);
 
 // Submits the append described by params (addresses, strides and sizes filled in; rotary
-// when params.rotary_dim > 0; the descales when quantising) on the queue, after the work
+// when params.rotary.rotary_dim > 0; the descales when quantising) on the queue, after the work
 // already on it; the caller's next launch on the queue runs after it.
 void kv_append(const KvAppendParams& params, const std::string& dtype,
                const std::string& new_dtype, const std::string& cos_dtype,

@@ -91,7 +91,7 @@ void LaunchPlan::append(TensorView k_new, TensorView v_new) {
   append_ = a;
   append_dtype_ = k_new.dtype;
   // The decode kernel appends them itself where one work-group reads each new row
-  // (decode_append.hpp); rotary (below) takes the append kernel.
+  // (decode_append.hpp), rotary (below) included.
   const int64_t rows = q_.sizes[1] / std::max<int64_t>(k_.sizes[1], 1) * q_.sizes[2];
   if (decode_ && decode_row_slices(static_cast<int>(rows)) == 1 && k_new.dtype == q_.dtype) {
     options_.k_new = std::move(k_new);
@@ -110,17 +110,20 @@ void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
     throw std::invalid_argument("ipex_flash: rotary needs an append, dense (B, Nq, Hq, D) "
                                 "queries and (seqlen_ro, rotary_dim / 2) tables in float32 or "
                                 "q's dtype");
-  options_.k_new.reset();
-  options_.v_new.reset();
   append_->q_stride = append_->q_rotated_stride = bhnd_strides(q_, "q");
-  append_->cos_stride = cos.strides[0];
+  append_->rotary = RotaryParams{nullptr, nullptr, cos.strides[0],
+                                 static_cast<int32_t>(2 * cos.sizes[1]), interleaved,
+                                 q_positions_advance};
   append_->heads_q = static_cast<int32_t>(q_.sizes[1]);
   append_->len_q = static_cast<int32_t>(q_.sizes[2]);
-  append_->rotary_dim = static_cast<int32_t>(2 * cos.sizes[1]);
-  append_->interleaved = interleaved;
-  append_->q_positions_advance = q_positions_advance;
   cos_dtype_ = cos.dtype;
   rotary_rows_ = cos.sizes[0];
+  if (options_.k_new) {  // the decode kernel appends: it rotates the keys and queries too
+    options_.rotary_cos = std::move(cos);
+    options_.rotary_sin = std::move(sin);
+    options_.rotary_interleaved = interleaved;
+    options_.rotary_q_positions_advance = q_positions_advance;
+  }
 }
 
 bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const {
@@ -142,7 +145,8 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   // With rotary, the last position a table row is read for (keys, or queries that advance).
   const int64_t rotated =
       !rotary_rows_ ? 0
-                    : std::max<int64_t>(appended, append_->q_positions_advance ? q_.sizes[2] : 1);
+                    : std::max<int64_t>(appended,
+                                        append_->rotary.q_positions_advance ? q_.sizes[2] : 1);
   max_len_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t start = starts ? starts[b] : 0, after = keys[b] + appended;
@@ -217,6 +221,8 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
   set_address(options_.cu_seqlens_k, at.cu_seqlens_k);
   set_address(options_.k_new, at.k_new);
   set_address(options_.v_new, at.v_new);
+  set_address(options_.rotary_cos, at.rotary_cos);
+  set_address(options_.rotary_sin, at.rotary_sin);
   if (options_.cu_seqlens_q && host_readable_ && !offsets_fit(at)) return false;
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
@@ -226,8 +232,8 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
     append_->seqlens = reinterpret_cast<const int32_t*>(at.seqlens_k);
     append_->block_table = reinterpret_cast<const int32_t*>(at.block_table);
     append_->q = reinterpret_cast<const void*>(at.q);
-    append_->cos = reinterpret_cast<const void*>(at.rotary_cos);
-    append_->sin = reinterpret_cast<const void*>(at.rotary_sin);
+    append_->rotary.cos = reinterpret_cast<const void*>(at.rotary_cos);
+    append_->rotary.sin = reinterpret_cast<const void*>(at.rotary_sin);
     append_->k_descale = reinterpret_cast<const float*>(at.k_descale);
     append_->v_descale = reinterpret_cast<const float*>(at.v_descale);
   }
@@ -256,7 +262,9 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   const bool append_kernel = append_ && !options_.k_new;  // else the decode kernel appends
   const int64_t lengths_bytes = append_kernel ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
   const int64_t rotated_q_bytes =
-      rotary_rows_ ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.strides[0]) : 0;
+      rotary_rows_ && append_kernel
+          ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.strides[0])
+          : 0;
   const int64_t before = lse_bytes + lengths_bytes + rotated_q_bytes;
   const auto scratch_for = [&](int64_t bytes) {
     auto* block = static_cast<char*>(queue_scratch(queue_handle, before + bytes));
