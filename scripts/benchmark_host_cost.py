@@ -11,6 +11,8 @@ layout of the same keys and values:
     kvcache_paged       flash_attn_with_kvcache, pages of 64 keys in shuffled order
     kvcache_append      flash_attn_with_kvcache appending the step's key and value (the last
                         one, rewritten each call) to the paged cache: a model's decode step
+    kvcache_rotary      the same with rotary tables (of angle 0, so that the attention stays
+                        the same; the new key and the query are rotated all the same)
     paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
     varlen              flash_attn_varlen_func on the keys packed (B * N, H, D), one query per
                         sequence
@@ -74,9 +76,10 @@ SIZES = {"tiny": (1, 4, 1, 1, 16),
          "b1_n256": (1, 256, 32, 8, 128), "b1_n4096": (1, 4096, 32, 8, 128),
          "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
 ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
-                "kvcache_append", "paged_varlen", "varlen", "kvpacked")
+                "kvcache_append", "kvcache_rotary", "paged_varlen", "varlen", "kvpacked")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
-                 "kvcache_paged": "paged", "kvcache_append": "paged", "paged_varlen": "paged"}
+                 "kvcache_paged": "paged", "kvcache_append": "paged",
+                 "kvcache_rotary": "paged", "paged_varlen": "paged"}
 
 
 def interleaved(fns: dict, rounds: int, repeats: int, warmup: int,
@@ -108,6 +111,7 @@ def tensors(batch, keys, heads_q, heads_kv, head_dim):
     t["seqlens"] = torch.full((batch,), keys, dtype=torch.int32)
     t["seqlens_before_last"] = t["seqlens"] - 1  # kvcache_append writes the last key again
     t["k_last"], t["v_last"] = (t[f"{name}_bnhd"][:, -1:].contiguous() for name in ("k", "v"))
+    t["cos"], t["sin"] = torch.ones(keys, head_dim // 2), torch.zeros(keys, head_dim // 2)
     t["kv_stacked"] = torch.stack((t["k_bnhd"], t["v_bnhd"]), dim=2)
     t["k_packed"], t["v_packed"] = (t[f"{n}_bnhd"].view(-1, heads_kv, head_dim) for n in "kv")
     t["cu_q"] = torch.arange(batch + 1, dtype=torch.int32)
@@ -132,6 +136,9 @@ def entry_points(t: dict, keys: int) -> dict:
         "kvcache_append": lambda: ipex_flash.flash_attn_with_kvcache(
             t["q_bnhd"], t["k_pages"], t["v_pages"], t["k_last"], t["v_last"],
             cache_seqlens=t["seqlens_before_last"], block_table=t["block_table"]),
+        "kvcache_rotary": lambda: ipex_flash.flash_attn_with_kvcache(
+            t["q_bnhd"], t["k_pages"], t["v_pages"], t["k_last"], t["v_last"], t["cos"],
+            t["sin"], cache_seqlens=t["seqlens_before_last"], block_table=t["block_table"]),
         "paged_varlen": lambda: ipex_flash.flash_attn_varlen_func(
             t["q_bnhd"].view(batch, heads_q, -1), t["k_pages"], t["v_pages"], t["cu_q"], t["cu_k"],
             1, keys, block_table=t["block_table"], seqused_k=t["seqlens"]),
