@@ -54,7 +54,9 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
 
 // out, lse of q (B, Hq, Nq, D) against a cache (options.seqlens_k, maybe block_table).
 // partial_out (B, Hq, Nq, splits, Dv: v's head dim) and partial_lse (B, Hq, Nq, splits) are float32 scratch;
-// their splits dimension sets the number of splits.
+// their splits dimension sets the number of splits. With options.k_new, v_new (and maybe the
+// rotary tables) the kernel appends them to the cache first (decode_append.hpp): q's dtype,
+// at most kMaxDecodeRows query rows per K/V head.
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,
                   const TensorView& partial_lse, const AttentionOptions& options,
