@@ -3,7 +3,6 @@
 steps, repeated with new data, lengths and pages each call against the float64 reference; the
 cache's values checked on every call; and the XPU path (a queue by handle, the cache's values
 read from the device) through a queue-handle seam on the CPU device."""
-import itertools
 import math
 
 import pytest
@@ -14,35 +13,11 @@ from ipex_flash._runtime import C
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
-from conftest import (DTYPES, OUTPUT_TOLERANCE, PLAN_CALLS as CALLS, check_against_reference,
-                      make_cache, to_paged)
+from cache_checks import after_append, check, check_cache_attention, sequence_rows
+from conftest import DTYPES, PLAN_CALLS as CALLS, make_cache, to_paged
 from test_fp8_kvcache import quantised_cache
 from test_kvcache_api import expected as rotary_expected
 from test_paged_varlen import paged_batch
-
-
-def check(out, ref, dtype):
-    rtol, atol = OUTPUT_TOLERANCE[dtype]
-    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
-
-
-def sequence_rows(cache, table, b, rows):
-    """Sequence b's cache rows `rows` (a slice of positions), through its pages if paged."""
-    return cache[b, rows] if table is None else cache[table[b].long()].flatten(0, 1)[rows]
-
-
-def after_append(cache, table, lengths, new):
-    """The cache with new (B, Nnew, H, D) written at positions lengths[b] + i, and nowhere
-    else."""
-    expected = cache.clone()
-    for b, i in itertools.product(range(new.shape[0]), range(new.shape[1])):
-        position = int(lengths[b]) + i
-        if table is None:
-            expected[b, position] = new[b, i]
-        else:
-            page_size = cache.shape[1]
-            expected[table[b, position // page_size].long(), position % page_size] = new[b, i]
-    return expected
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -72,11 +47,8 @@ def test_kvcache_repeats(dtype, layout, new_tokens, plan_runs):
                     for c, n in ((k_in, "k"), (v_in, "v"))]
         out, lse = ipex_flash.flash_attn_with_kvcache(q, k_in, v_in, **args)
         assert torch.equal(k_in, expected[0]) and torch.equal(v_in, expected[1])
-        for b in range(batch):
-            rows = slice(int(starts[b]), int(lengths[b]) + new_tokens)
-            keys, values = (sequence_rows(c, table, b, rows) for c in (k_in, v_in))
-            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], keys[None],
-                                    values[None], [keys.shape[0]], dtype, causal=True)
+        check_cache_attention(out, lse, q, (k_in, v_in), table, starts, lengths + new_tokens,
+                              dtype)
     assert plan_runs == [True] * (CALLS - 1)
 
 

@@ -12,8 +12,8 @@ import torch
 import ipex_flash
 from ipex_flash.ops import launch_plans
 
-from conftest import DTYPES, PLAN_CALLS, check_against_reference, make_cache, to_paged
-from test_cache_launch_plans import after_append, check, sequence_rows
+from conftest import DTYPES, PLAN_CALLS, make_cache, to_paged
+from cache_checks import after_append, check, check_cache_attention
 from test_kvcache_api import expected as rotary_expected
 
 
@@ -53,11 +53,8 @@ def test_appends_across_split_boundaries(dtype, layout, heads_kv, new_tokens, fu
         expected = [after_append(c, table, lengths, n) for c, n in ((k_in, k_new), (v_in, v_new))]
         out, lse = ipex_flash.flash_attn_with_kvcache(q, k_in, v_in, k_new, v_new, **args)
         assert torch.equal(k_in, expected[0]) and torch.equal(v_in, expected[1])
-        for b in range(batch):
-            rows = slice(int(starts[b]), int(lengths[b]) + new_tokens)
-            keys, values = (sequence_rows(c, table, b, rows) for c in (k_in, v_in))
-            check_against_reference(out[b:b + 1], lse[b:b + 1], q[b:b + 1], keys[None],
-                                    values[None], [keys.shape[0]], dtype, causal=True)
+        check_cache_attention(out, lse, q, (k_in, v_in), table, starts, lengths + new_tokens,
+                              dtype)
     rows_per_head = 8 // heads_kv * new_tokens
     assert fused_runs == [rows_per_head <= 16] * (PLAN_CALLS - 1)
 
