@@ -143,8 +143,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                                               prob);
           float lse_log2[SLAB];
           broadcast_chunks(sg, lse_lane, lse_log2);
-          bwd_column_probabilities<FEATURES>(c, score_mod, kb.mask, fully_visible, batch_head,
-                                             row0, key, lse_log2, prob, softcap_grad, dropped);
+          bwd_column_probabilities<FEATURES>(sg, c, score_mod, kb.mask, fully_visible,
+                                             batch_head, row0, key, lse_log2, prob, softcap_grad,
+                                             dropped);
           if constexpr (DV) {
             const MatrixSurface<T> do_cols{rows.do_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
             MatrixBRegisters<T, K, N> p_b;
@@ -159,7 +160,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           float delta[SLAB];
           broadcast_chunks(sg, delta_lane, delta);
           if constexpr (DV)
-            bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta,
+            bwd_column_dscores<FEATURES>(sg, c, batch_head, row0, key, prob, softcap_grad, delta,
                                          grad);
           else
             bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
