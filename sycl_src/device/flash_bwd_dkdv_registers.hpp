@@ -211,7 +211,7 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
   // The sub-group's first key within the block.
-  const int key0 = lid - static_cast<int>(sg.get_local_id()[0]);
+  const int key0 = sycl::group_broadcast(sg, lid, 0);
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
