@@ -210,7 +210,9 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  // The sub-group's first key within the block.
+  // The sub-group's first key within the block, broadcast from lane 0: IGC then knows it is
+  // the same in every lane (lid minus the lane's index it did not, and held the K^T and V^T
+  // tile pointers below per lane, 64-bit, through both passes: they spilled).
   const int key0 = sycl::group_broadcast(sg, lid, 0);
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
