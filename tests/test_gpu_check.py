@@ -151,17 +151,12 @@ def test_rules_flag_each_defect():
         "spills 576 bytes"]
     assert kernel_violations(report(target="dg2", **{**one_row, "rows": 8})) == [
         "spills 512 bytes"]
-    # The fourth: the register dK/dV kernel at d=128 with softcap, on the large register file.
+    # Any other spill fails: the register dK/dV kernel's at d=128 with softcap among them.
     dkdv = dict(family="backward", kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>",
                 head_dim=128, features=7, spill=512)
-    assert kernel_violations(report(target="pvc", **dkdv)) == []
-    assert kernel_violations(report(target="lnl", **{**dkdv, "features": 1, "spill": 128})) == []
-    assert kernel_violations(report(target="bmg", **{**dkdv, "features": 6})) == [
-        "spills 512 bytes"]
-    assert kernel_violations(report(target="bmg", **{**dkdv, "spill": 576})) == [
-        "spills 576 bytes"]
-    assert kernel_violations(report(target="bmg", **{**dkdv, "head_dim": 64})) == [
-        "spills 512 bytes"]
+    assert kernel_violations(report(target="pvc", **dkdv)) == ["spills 512 bytes"]
+    assert kernel_violations(report(target="lnl", **{**dkdv, "features": 1, "spill": 128})) == [
+        "spills 128 bytes"]
 
 
 ALL_GPUS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]

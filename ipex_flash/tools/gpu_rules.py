@@ -11,10 +11,10 @@
   head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 9.3-11.6
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 13.7-17.8; dK/dV at d = 128 in two passes over the query rows);
+  (they reached 13.6-17.8; dK/dV at d = 128 in two passes over the query rows);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
-Four spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
+Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
 decode kernel serving 8 or more query rows per K/V head with softcap or ALiBi on GPUs without a
 large register file (Arc A-series, Meteor Lake, Arrow Lake-H). It keeps each row's Q slice and
 a 16-wide partial-score tile per lane, and the score changes' code in the step loop takes it
@@ -28,12 +28,7 @@ per K/V head at head dim 128 on GPUs without a large register file spills up to 
 IGC's allocation sits at its edge here and moves with changes elsewhere in the kernel (a
 field made 32-bit once moved a 448-byte spill from one variant to another; splitting the decode
 loop into score and P.V functions moved 512 bytes onto the variant with softcap, ALiBi and a
-mask); with the decode kernel's row slices none of the three spills in either. The fourth:
-the register dK/dV kernel at head dim 128 with softcap (alone, with ALiBi, or with ALiBi and a
-mask) on PVC, BMG and Lunar Lake, 128-512 bytes. Its pass for dK holds dK^T's 128 registers
-and, with softcap, the softcap gradient of each score beside the products; IGC then spills
-values of the outer loops (per query head and query block), none inside the slab loop that
-holds the DPAS. Drawing the dropout bits row by row took it from 896 bytes to 512 (features 7).
+mask); with the decode kernel's row slices none of the three spills in either.
 Any other spill fails.
 """
 from __future__ import annotations
@@ -56,7 +51,7 @@ _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (params.hpp FEATURE
 
 
 def known_spill(r) -> bool:
-    """The four spills described above."""
+    """The three spills described above."""
     decode = (r.family == "decode" and r.dtype != "float32" and r.rows >= 8
               and r.features & (1 | 2) != 0  # softcap or ALiBi
               and r.target in ("dg2", "mtl", "arl-h") and "flash_decode_kernel" in r.kernel)
@@ -66,10 +61,7 @@ def known_spill(r) -> bool:
     fp32_decode = (r.family == "decode" and r.dtype == "float32" and r.rows == 1
                    and r.head_dim == 128 and r.target in ("dg2", "mtl", "arl-h")
                    and "flash_decode_kernel" in r.kernel and r.spill <= 512)
-    dkdv = (r.family == "backward" and r.head_dim == 128 and r.features & 1 != 0  # softcap
-            and r.target in ("pvc", "bmg", "lnl")
-            and "flash_bwd_dkdv_matrix_registers_kernel" in r.kernel and r.spill <= 512)
-    return decode or forward or fp32_decode or dkdv
+    return decode or forward or fp32_decode
 
 
 def kernel_violations(r) -> list:

@@ -10,6 +10,7 @@
 #include "dropout.hpp"
 #include "kernel_props.hpp"
 #include "mask.hpp"
+#include "matrix_tile.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
 
@@ -19,8 +20,9 @@ namespace ipex_flash {
 // softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
 // after dropout (what multiplied V in the forward: dV's factor).
 template <int FEATURES, int N>
-inline void bwd_column_probabilities(const AttentionCommon& c, const ScoreMod& score_mod,
-                                     const BlockMask& mask, bool fully_visible,
+inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& c,
+                                     const ScoreMod& score_mod, const BlockMask& mask,
+                                     bool fully_visible,
                                      int64_t batch_head, int64_t row0, int64_t key,
                                      const float (&lse_log2)[N], float (&prob)[N],
                                      float (&softcap_grad)[N], float (&dropped)[N]) {
@@ -34,7 +36,8 @@ inline void bwd_column_probabilities(const AttentionCommon& c, const ScoreMod& s
     dropped[j] = prob[j];
   }
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    const uint32_t kept = dropout_kept_rows<N>(c.dropout, batch_head, row0, key);
+    const uint32_t kept =
+        dropout_kept_rows<N, MATRIX_KEY_CHUNK>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
     for (int j = 0; j < N; ++j) dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
   }
@@ -44,12 +47,13 @@ inline void bwd_column_probabilities(const AttentionCommon& c, const ScoreMod& s
 // the caller applies the softmax scale once at the end). The dropout factors are drawn again
 // rather than kept across the products.
 template <int FEATURES, int N>
-inline void bwd_column_dscores(const AttentionCommon& c, int64_t batch_head, int64_t row0,
-                               int64_t key, const float (&prob)[N],
+inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int64_t batch_head,
+                               int64_t row0, int64_t key, const float (&prob)[N],
                                const float (&softcap_grad)[N], const float (&delta)[N],
                                float (&dp)[N]) {
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    const uint32_t kept = dropout_kept_rows<N>(c.dropout, batch_head, row0, key);
+    const uint32_t kept =
+        dropout_kept_rows<N, MATRIX_KEY_CHUNK>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
     for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
   }

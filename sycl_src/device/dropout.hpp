@@ -5,6 +5,8 @@
 // consecutive keys of one row.
 #pragma once
 
+#include <sycl/sycl.hpp>
+
 #include <cstdint>
 
 #include "params.hpp"
@@ -70,21 +72,35 @@ inline void dropout_factors_for_rows(const DropoutParams& dropout, int64_t batch
   }
 }
 
-// The same decisions as a mask, bit i for row row0 + i, drawn one row at a time: the register
-// dK/dV kernel's rows, where sixteen Philox calls unrolled side by side beside its resident
-// accumulators spilled (d = 128).
-template <int N>
-inline uint32_t dropout_kept_rows(const DropoutParams& dropout, int64_t batch_head, int64_t row0,
-                                  int64_t key) {
-  static_assert(N <= 32, "one bit per row");
+// The same decisions as a mask for the register dK/dV kernel, whose sub-group's lanes hold
+// consecutive keys from a multiple of 4 (`key`: the lane's): bit i of lane j's mask is row
+// row0 + i against lane j's key. The lanes share the Philox calls: for each run of LANES rows,
+// lane l draws row l's words for all the sub-group's keys (LANES / 4 calls, four keys each)
+// and the bits are transposed across the lanes. A quarter of the calls of each lane drawing
+// its own key row by row, and no per-lane value of the key lives through the caller's loops:
+// those values spilled beside the kernel's resident dK^T at d = 128 (with softcap).
+template <int ROWS, int LANES>
+inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutParams& dropout,
+                                  int64_t batch_head, int64_t row0, int64_t key) {
+  static_assert(ROWS % LANES == 0 && ROWS <= 32 && LANES % 4 == 0 && LANES <= 32,
+                "whole runs of rows, one bit per row, whole Philox calls per sub-group");
+  const int lane = static_cast<int>(sg.get_local_id()[0]);
+  const int64_t first_key4 = sycl::group_broadcast(sg, key, 0) / 4;
   uint32_t kept = 0;
 #pragma unroll 1
-  for (int i = 0; i < N; ++i) {
-    uint32_t words[4];
-    dropout_words(dropout, batch_head, row0 + i, key / 4, words);
-    const uint32_t word = (key & 2) != 0 ? ((key & 1) != 0 ? words[3] : words[2])
-                                         : ((key & 1) != 0 ? words[1] : words[0]);
-    kept |= static_cast<uint32_t>(word >= dropout.threshold) << i;
+  for (int run = 0; run < ROWS; run += LANES) {
+    uint32_t row_keys = 0;  // bit k: row row0 + run + lane against the sub-group's key k
+#pragma unroll 1
+    for (int k4 = 0; k4 < LANES / 4; ++k4) {
+      uint32_t words[4];
+      dropout_words(dropout, batch_head, row0 + run + lane, first_key4 + k4, words);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        row_keys |= static_cast<uint32_t>(words[u] >= dropout.threshold) << (4 * k4 + u);
+    }
+#pragma unroll
+    for (int i = 0; i < LANES; ++i)
+      kept |= (sycl::select_from_group(sg, row_keys, i) >> lane & 1u) << (run + i);
   }
   return kept;
 }

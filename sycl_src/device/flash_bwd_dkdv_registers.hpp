@@ -143,8 +143,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                                               prob);
           float lse_log2[SLAB];
           broadcast_chunks(sg, lse_lane, lse_log2);
-          bwd_column_probabilities<FEATURES>(c, score_mod, kb.mask, fully_visible, batch_head,
-                                             row0, key, lse_log2, prob, softcap_grad, dropped);
+          bwd_column_probabilities<FEATURES>(sg, c, score_mod, kb.mask, fully_visible,
+                                             batch_head, row0, key, lse_log2, prob, softcap_grad,
+                                             dropped);
           if constexpr (DV) {
             const MatrixSurface<T> do_cols{rows.do_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
             MatrixBRegisters<T, K, N> p_b;
@@ -159,7 +160,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           float delta[SLAB];
           broadcast_chunks(sg, delta_lane, delta);
           if constexpr (DV)
-            bwd_column_dscores<FEATURES>(c, batch_head, row0, key, prob, softcap_grad, delta,
+            bwd_column_dscores<FEATURES>(sg, c, batch_head, row0, key, prob, softcap_grad, delta,
                                          grad);
           else
             bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
@@ -209,8 +210,10 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  // The sub-group's first key within the block.
-  const int key0 = lid - static_cast<int>(sg.get_local_id()[0]);
+  // The sub-group's first key within the block, broadcast from lane 0: IGC then knows it is
+  // the same in every lane (lid minus the lane's index it did not, and held the K^T and V^T
+  // tile pointers below per lane, 64-bit, through both passes: they spilled).
+  const int key0 = sycl::group_broadcast(sg, lid, 0);
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        c.dims.heads_kv(), /*reverse_blocks=*/false);
   const int b = coord.batch, h_kv = coord.head;
