@@ -105,3 +105,26 @@ def test_fp8_cache_appends_in_the_decode_kernel(fp8, fused_runs):
                 assert torch.equal(cache[b, int(lengths[b])].view(torch.uint8),
                                    want.view(torch.uint8))
     assert fused_runs == [True] * (PLAN_CALLS - 1)
+
+
+@pytest.mark.parametrize("heads_kv", [2, 1])
+def test_rotary_plan_takes_one_query_from_head_major_memory(heads_kv, fused_runs):
+    """One new token's queries made by transposing (B, Hq, 1, D) memory: torch calls them
+    contiguous though their token stride is D, not Hq * D. The rotary plans take them (one
+    launch, or the append kernel's rotated copy of them past one work-group's rows)."""
+    batch, capacity, heads_q, head_dim = 2, 96, 8 if heads_kv == 2 else 32, 64
+    for _ in range(PLAN_CALLS):
+        k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, torch.float32)
+        before = k_cache.clone(), v_cache.clone()
+        q = torch.randn(batch, heads_q, 1, head_dim).transpose(1, 2).contiguous()
+        assert q.stride(1) == head_dim  # (the layout under test)
+        k_new, v_new = (torch.randn(batch, 1, heads_kv, head_dim) for _ in range(2))
+        lengths = torch.randint(0, capacity - 1, (batch,), dtype=torch.int32)
+        angles = torch.rand(capacity, head_dim // 2, dtype=torch.float64) * 2 * math.pi
+        cos, sin = angles.cos().float(), angles.sin().float()
+        out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin,
+                                                 lengths, causal=True)
+        used = torch.atan2(sin.double(), cos.double())
+        check(out, rotary_expected(q, *before, k_new, v_new, lengths, [0, 1], True, used),
+              torch.float32)
+    assert fused_runs == [heads_q // heads_kv <= 16] * (PLAN_CALLS - 1)

@@ -99,14 +99,25 @@ void LaunchPlan::append(TensorView k_new, TensorView v_new) {
   }
 }
 
+namespace {
+
+// Whether a (B, H, N, D) view is (B, N, H, D) memory, dense; a dimension of size 1 may have
+// any stride (torch's contiguous() leaves it as it was).
+bool dense_bnhd(const TensorView& t) {
+  const int64_t d = t.sizes[3], row = t.sizes[1] * d;
+  const int64_t dense[4] = {row * t.sizes[2], d, row, 1};
+  for (int dim = 0; dim < 4; ++dim)
+    if (t.sizes[dim] > 1 && t.strides[dim] != dense[dim]) return false;
+  return true;
+}
+
+}  // namespace
+
 void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
                         bool q_positions_advance) {
-  const int64_t dense_row = q_.sizes[1] * q_.sizes[3];  // (B, Nq, Hq, D) memory
   if (!append_ || cos.sizes != sin.sizes || cos.strides != sin.strides || cos.dtype != sin.dtype ||
       cos.sizes.size() != 2 || cos.strides[1] != 1 || 2 * cos.sizes[1] > q_.sizes[3] ||
-      (cos.dtype != "float32" && cos.dtype != q_.dtype) || q_.strides[3] != 1 ||
-      q_.strides[1] != q_.sizes[3] || q_.strides[2] != dense_row ||
-      q_.strides[0] != dense_row * q_.sizes[2])
+      (cos.dtype != "float32" && cos.dtype != q_.dtype) || !dense_bnhd(q_))
     throw std::invalid_argument("ipex_flash: rotary needs an append, dense (B, Nq, Hq, D) "
                                 "queries and (seqlen_ro, rotary_dim / 2) tables in float32 or "
                                 "q's dtype");
@@ -262,8 +273,9 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   const bool append_kernel = append_ && !options_.k_new;  // else the decode kernel appends
   const int64_t lengths_bytes = append_kernel ? round_up(sizeof(int32_t) * q_.sizes[0]) : 0;
   const int64_t rotated_q_bytes =
-      rotary_rows_ && append_kernel
-          ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.strides[0])
+      rotary_rows_ && append_kernel  // dense (dense_bnhd): read and written with q's strides
+          ? round_up((q_.dtype == "float32" ? 4 : 2) * q_.sizes[0] * q_.sizes[1] * q_.sizes[2] *
+                     q_.sizes[3])
           : 0;
   const int64_t before = lse_bytes + lengths_bytes + rotated_q_bytes;
   const auto scratch_for = [&](int64_t bytes) {
