@@ -38,6 +38,9 @@ kernels (only XPU work stays asynchronous):
                  which brings the host path's code back into the caches that the kernels' K/V
                  traffic evicted (a GPU's kernels do not run on the host's cores); the call's
                  own tensors and plan stay as the previous call of its size left them
+    host alone us    the same, calls back to back with their kernels submitted but not run
+                 (C.skip_kernels): the host path with the caches as a GPU's kernels leave
+                 them, the measure of the host time target
     kernels us   the same decode kernels launched alone, from views, options and scratch
                  prepared once (C.flash_decode, one per layout: SDPA's, flash-attn's, paged);
                  "whole - kernels" is the rest of the call (host time before and after the
@@ -177,6 +180,15 @@ def kernels_alone(t: dict, keys: int) -> dict:
     return calls
 
 
+def submission_delay_alone(fn, repeats: int, warmup: int) -> float:
+    """submission_delay with the kernels submitted but not run."""
+    skipped = C.skip_kernels(True)
+    try:
+        return submission_delay(fn, repeats, warmup)
+    finally:
+        C.skip_kernels(skipped)
+
+
 def submission_delay(fn, repeats: int, warmup: int, before=None) -> float:
     """Median seconds from calling fn to its first kernel's submission; before(), when given,
     is called (untimed) before each call."""
@@ -215,6 +227,8 @@ def measure(size: str, args) -> dict:
         timed = {n: f for n, f in fns.items() if n != "torch_sdpa"}
         host = interleaved(timed, args.rounds, args.repeats, args.warmup,
                            measure=submission_delay)
+        host_alone = interleaved(timed, args.rounds, args.repeats, args.warmup,
+                                 measure=submission_delay_alone)
         host_warm = host  # (the tiny call follows a tiny call already)
         if size != "tiny":
             tiny = entry_points(tensors(*SIZES["tiny"]), SIZES["tiny"][1])
@@ -226,7 +240,8 @@ def measure(size: str, args) -> dict:
     for name in ENTRY_POINTS:
         row = {"us": 1e6 * seconds[name], "vs_torch_sdpa": seconds[name] / base}
         if name in host:
-            row.update(host_us=1e6 * host[name], host_warm_us=1e6 * host_warm[name])
+            row.update(host_us=1e6 * host[name], host_warm_us=1e6 * host_warm[name],
+                       host_alone_us=1e6 * host_alone[name])
         if name in KERNEL_LAYOUT:
             alone = seconds[f"kernels_{KERNEL_LAYOUT[name]}"]
             row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone))
@@ -237,7 +252,8 @@ def measure(size: str, args) -> dict:
 
 def print_table(results: dict) -> None:
     columns = (("kernels_us", "kernels us"), ("whole_minus_kernels_us", "whole-kernels"),
-               ("host_us", "host us"), ("host_warm_us", "host warm us"))
+               ("host_us", "host us"), ("host_warm_us", "host warm us"),
+               ("host_alone_us", "host alone us"))
     print(f"{'size':<10} {'entry point':<16} {'whole us':>10} {'vs torch':>9} "
           + " ".join(f"{title:>13}" for _, title in columns))
     for size, r in results.items():

@@ -112,7 +112,8 @@ def host_cost_section(data: dict) -> list[str]:
     def cell(row):
         host = f", host {row['host_us']:.0f} µs" if "host_us" in row else f" ({row['us']:.0f} µs)"
         if "host_warm_us" in row:
-            host += f" ({row['host_warm_us']:.0f} warm)"
+            host += f" ({row['host_warm_us']:.0f} warm"
+            host += f", {row['host_alone_us']:.0f} alone)" if "host_alone_us" in row else ")"
         return f"{row['vs_torch_sdpa']:.2f}x{host}"
     out += table(["entry point / time against torch SDPA's whole call", *(
         f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
@@ -124,8 +125,9 @@ def host_cost_section(data: dict) -> list[str]:
             "after a call of the same size, whose kernels ran on the same cores; warm: after the "
             "entry point's tiny call instead, which brings the host path's code back into the "
             "caches that the kernels' K/V traffic evicted (a GPU's kernels do not run on the "
-            "host's cores). The JSON also has the kernels launched alone from prepared "
-            "arguments."]
+            "host's cores); alone: calls back to back with their kernels submitted but not run, "
+            "the host path with the caches as a GPU's kernels leave them. The JSON also has the "
+            "kernels launched alone from prepared arguments."]
     return out
 
 

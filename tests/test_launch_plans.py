@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ipex_flash
+from ipex_flash._runtime import C
 from ipex_flash.ops import launch_plans
 from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
@@ -194,3 +195,27 @@ def test_a_plan_that_cannot_be_built_keeps_the_general_path(monkeypatch, plan_ru
     check(out, sdpa_reference(q, k, v), torch.float32)
     check(ipex_flash.scaled_dot_product_attention(q, k, v), sdpa_reference(q, k, v), torch.float32)
     assert plan_runs == [] and list(launch_plans._PLANS.values()) == [False]
+
+
+def test_skipped_kernels_are_timed_not_run(plan_runs):
+    """The host-cost benchmark's seam (C.skip_kernels): a planned call's kernels are
+    submitted, so its submission is timed, but not run: the cache it would append to stays as
+    it was. Unset, the same call appends and attends."""
+    q = torch.randn(1, 1, 4, 16)
+    k_cache, v_cache = (torch.randn(1, 8, 2, 16) for _ in range(2))
+    k, v = (torch.randn(1, 1, 2, 16) for _ in range(2))
+    lengths = torch.tensor([5], dtype=torch.int32)
+    ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    before = k_cache.clone()
+    C.take_first_submission_ns()
+    assert C.skip_kernels(True) is False
+    try:
+        ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths + 1)
+        assert C.take_first_submission_ns() > 0
+    finally:
+        assert C.skip_kernels(False) is True
+    assert plan_runs == [True] and torch.equal(k_cache, before)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k, v,
+                                             cache_seqlens=lengths + 1)
+    assert torch.equal(k_cache[:, 6], k[:, 0]) and torch.equal(v_cache[:, 6], v[:, 0])
+    check(out, flash_attn_reference(q, k_cache[:, :7], v_cache[:, :7])[0], torch.float32)

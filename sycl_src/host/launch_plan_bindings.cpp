@@ -55,6 +55,9 @@ void bind_launch_plan(py::module_& m) {
     return uniform_offsets(reinterpret_cast<const int32_t*>(cu_seqlens), batch, length);
   });
   m.def("take_first_submission_ns", &take_first_submission_ns);
+  m.def("skip_kernels", [](bool skip) { return kernels_skipped.exchange(skip); },
+        "Time kernel submissions without running the kernels (host-cost benchmark only; outputs "
+        "are left unwritten); returns the previous setting.");
   m.def("cpu_queue_handle", [] { return reinterpret_cast<std::uintptr_t>(&cpu_queue()); });
 }
 
