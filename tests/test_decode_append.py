@@ -11,10 +11,11 @@ import torch
 
 import ipex_flash
 from ipex_flash.ops import launch_plans
+from ipex_flash.reference import flash_attn_reference
 
 from conftest import DTYPES, PLAN_CALLS, make_cache, to_paged
 from cache_checks import after_append, check, check_cache_attention
-from test_kvcache_api import expected as rotary_expected
+from test_kvcache_api import expected as rotary_expected, rotate64
 
 
 @pytest.fixture
@@ -105,6 +106,56 @@ def test_fp8_cache_appends_in_the_decode_kernel(fp8, fused_runs):
                 assert torch.equal(cache[b, int(lengths[b])].view(torch.uint8),
                                    want.view(torch.uint8))
     assert fused_runs == [True] * (PLAN_CALLS - 1)
+
+
+def fp8_order(cache):
+    """An FP8 tensor's bytes as integers in the order of the values (-0 and +0 both 0), so that
+    neighbouring values differ by 1."""
+    bits = cache.view(torch.uint8).int()
+    return torch.where(bits >= 128, 128 - bits, bits)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("heads_kv", [2, 1])
+def test_rotary_into_an_fp8_cache(fp8, heads_kv, fused_runs):
+    """bfloat16 tokens rotated (all 64 features, float32 tables) and quantised into an FP8
+    cache by the decode kernel, which rotates the queries too (12 rows per K/V head): each new
+    key is the float64 rotation quantised, give or take the one FP8 step that rounding it to
+    bfloat16 first may cost, each new value exact, and the attention that of the cache's
+    bytes. 24 rows per K/V head keep the general path: the append kernel rotates only into
+    16-bit and float32 caches."""
+    batch, capacity, head_dim, new_tokens = 2, 96, 64, 3
+    descales = torch.rand(batch, heads_kv) + 0.5, torch.rand(batch, heads_kv) + 0.5
+    for _ in range(PLAN_CALLS):
+        k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, head_dim).to(fp8)
+                            for _ in range(2))
+        q = torch.randn(batch, new_tokens, 8, head_dim, dtype=torch.bfloat16)
+        k_new, v_new = (torch.randn(batch, new_tokens, heads_kv, head_dim, dtype=torch.bfloat16)
+                        for _ in range(2))
+        lengths = torch.randint(0, capacity - new_tokens + 1, (batch,), dtype=torch.int32)
+        angles = torch.rand(capacity, head_dim // 2, dtype=torch.float64) * 2 * math.pi
+        cos, sin = angles.cos().float(), angles.sin().float()
+        used = torch.atan2(sin.double(), cos.double())
+        out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cos, sin,
+                                                 lengths, causal=True, k_descale=descales[0],
+                                                 v_descale=descales[1])
+        for b in range(batch):
+            start = int(lengths[b])
+            positions = torch.arange(start, start + new_tokens)
+            rotated = rotate64(k_new[b].double(), used[positions][:, None, :], True)
+            scale_k, scale_v = (d[b].double()[None, :, None] for d in descales)
+            want_k = (rotated / scale_k).to(fp8)
+            got_k = k_cache[b, start:start + new_tokens]
+            assert (fp8_order(got_k) - fp8_order(want_k)).abs().max() <= 1
+            want_v = (v_new[b].float() / descales[1][b, :, None]).to(fp8)
+            assert torch.equal(v_cache[b, start:start + new_tokens].view(torch.uint8),
+                               want_v.view(torch.uint8))
+            keys = k_cache[b, :start + new_tokens].double() * scale_k
+            values = v_cache[b, :start + new_tokens].double() * scale_v
+            q_b = rotate64(q[b].double(), used[positions][:, None, :], True)
+            ref, _ = flash_attn_reference(q_b[None], keys[None], values[None], True)
+            check(out[b:b + 1], ref, torch.bfloat16)
+    assert fused_runs == [True] * (PLAN_CALLS - 1) if heads_kv == 2 else fused_runs == []
 
 
 @pytest.mark.parametrize("heads_kv", [2, 1])

@@ -191,7 +191,7 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
             or (cos is not None and not (
                 q.is_contiguous() and cos.dtype in (torch.float32, q.dtype)
                 and sin.dtype == cos.dtype and cos.stride() == sin.stride()
-                and cos.stride(1) == 1 and not fp8))
+                and cos.stride(1) == 1))
             or not plain_layout(q, k_cache, v_cache, *appended) or not plain_sinks(sinks)
             or not all(t.is_contiguous() for t in dense)
             or (alibi_slopes is not None and alibi_slopes.dtype != torch.float32)):
@@ -207,5 +207,7 @@ def _plan(q, k_cache, v_cache, seqlens_k, block_table, k_start, softmax_scale, c
     if appended:
         plan.append(*(launch.view(t.transpose(1, 2)) for t in appended))
     if cos is not None:
+        if fp8 and not plan.appends_in_decode:  # (the append kernel rotates into 16-bit caches)
+            return None
         plan.rotary(launch.view(cos), launch.view(sin), bool(interleaved), advance)
     return plan

@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "host/attention_common.hpp"
 #include "host/device_queue.hpp"
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
@@ -117,10 +118,11 @@ void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
                         bool q_positions_advance) {
   if (!append_ || cos.sizes != sin.sizes || cos.strides != sin.strides || cos.dtype != sin.dtype ||
       cos.sizes.size() != 2 || cos.strides[1] != 1 || 2 * cos.sizes[1] > q_.sizes[3] ||
-      (cos.dtype != "float32" && cos.dtype != q_.dtype) || !dense_bnhd(q_))
-    throw std::invalid_argument("ipex_flash: rotary needs an append, dense (B, Nq, Hq, D) "
-                                "queries and (seqlen_ro, rotary_dim / 2) tables in float32 or "
-                                "q's dtype");
+      (cos.dtype != "float32" && cos.dtype != q_.dtype) || !dense_bnhd(q_) ||
+      (kv_feature(k_.dtype) != 0 && !options_.k_new))
+    throw std::invalid_argument("ipex_flash: rotary needs an append (by the decode kernel into "
+                                "an FP8 cache), dense (B, Nq, Hq, D) queries and (seqlen_ro, "
+                                "rotary_dim / 2) tables in float32 or q's dtype");
   append_->q_stride = append_->q_rotated_stride = bhnd_strides(q_, "q");
   append_->rotary = RotaryParams{nullptr, nullptr, cos.strides[0],
                                  static_cast<int32_t>(2 * cos.sizes[1]), interleaved,
