@@ -90,8 +90,10 @@ def _calls(full: bool):
                 yield "forward", dtype, head_dim, features, 1, "auto", 0
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)
                     yield "fp8_decode", dtype, head_dim, features, rows, "auto", 0
-                    if features == 64:  # 16-bit tokens quantised into the cache
-                        yield "fp8_decode", dtype, head_dim, features | APPEND, rows, "auto", 0
+                    if features == 64:  # 16-bit tokens quantised into the cache, rotated
+                        for appending in (APPEND, APPEND | ROTARY_INPUT):
+                            yield ("fp8_decode", dtype, head_dim, features | appending, rows,
+                                   "auto", 0)
         for head_dim, head_dim_v in VALUE_HEAD_DIMS[size]:
             for features in FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v
