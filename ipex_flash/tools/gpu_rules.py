@@ -11,7 +11,7 @@
   head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 9.3-11.6
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 13.6-17.8; dK/dV at d = 128 in two passes over the query rows);
+  (they reached 8.8-17.0; dK/dV at d = 128 in two passes over the query rows);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit

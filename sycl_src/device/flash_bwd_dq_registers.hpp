@@ -7,7 +7,9 @@
 //   dS^T (kv, r)                                each lane on its own column (bwd_score_grads),
 //                                               B operands built in registers
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
-// K, K^T and V are read by coordinates within their block of the packed copy, Q^T and dO^T as
+// K, K^T and V are read by coordinates within their block of the packed copy, 2-D blocks of
+// 16 or 32 rows by 32 columns feeding four or eight DPAS each where the slab's shape allows
+// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
 // B tiles from theirs (bwd_packed.hpp), in either layout of the packs (REGISTER_LAYOUT: the
 // register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). No
 // SLM; deterministic, no atomics.
