@@ -11,10 +11,10 @@
   head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 9.3-11.6
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 13.6-17.8; dK/dV at d = 128 in two passes over the query rows);
+  (they reached 8.8-17.0; dK/dV at d = 128 in two passes over the query rows);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
-Four spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
+Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
 decode kernel serving 8 or more query rows per K/V head with softcap or ALiBi on GPUs without a
 large register file (Arc A-series, Meteor Lake, Arrow Lake-H). It keeps each row's Q slice and
 a 16-wide partial-score tile per lane, and the score changes' code in the step loop takes it
@@ -28,9 +28,7 @@ without a large register file (DG2, Meteor Lake, Arrow Lake-H) spills 3.7-6.3 Ki
 head dims 64 and 128, bfloat16 at 128, every feature set. Checked while gpu-check compiled every
 decode kernel of a target in one module, it spilled at most 512 bytes there: IGC inlined less
 in that module. Built as the runtime builds it (its program alone, gpu_check.group_modules), it
-spills this much; the bound guards the figure. The fourth (found the same way): the register
-dQ kernel at head dim 128 on PVC, BMG and Lunar Lake spills 576-704 bytes (bfloat16, no score
-changes).
+spills this much; the bound guards the figure.
 Any other spill fails.
 """
 from __future__ import annotations
@@ -53,7 +51,7 @@ _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (params.hpp FEATURE
 
 
 def known_spill(r) -> bool:
-    """The four spills described above."""
+    """The three spills described above."""
     decode = (r.family == "decode" and r.dtype != "float32" and r.rows >= 8
               and r.features & (1 | 2) != 0  # softcap or ALiBi
               and r.target in ("dg2", "mtl", "arl-h") and "flash_decode_kernel" in r.kernel)
@@ -63,9 +61,7 @@ def known_spill(r) -> bool:
     one_row_decode = (r.family == "decode" and r.rows == 1
                       and r.target in ("dg2", "mtl", "arl-h")
                       and "flash_decode_kernel" in r.kernel and r.spill <= 6400)
-    dq = (r.family == "backward" and r.head_dim == 128 and r.target in ("pvc", "bmg", "lnl")
-          and "flash_bwd_dq_matrix_registers_kernel" in r.kernel and r.spill <= 768)
-    return decode or forward or one_row_decode or dq
+    return decode or forward or one_row_decode
 
 
 def kernel_violations(r) -> list:

@@ -7,7 +7,9 @@
 //   dS^T (kv, r)                                each lane on its own column (bwd_score_grads),
 //                                               B operands built in registers
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
-// K, K^T and V are read by coordinates within their block of the packed copy, Q^T and dO^T as
+// K, K^T and V are read by coordinates within their block of the packed copy, 2-D blocks of
+// 16 or 32 rows by 32 columns feeding four or eight DPAS each where the slab's shape allows
+// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
 // B tiles from theirs (bwd_packed.hpp), in either layout of the packs (REGISTER_LAYOUT: the
 // register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). No
 // SLM; deterministic, no atomics.
@@ -16,6 +18,7 @@
 #include <sycl/sycl.hpp>
 
 #include "flash_bwd_matrix.hpp"
+#include "matrix_block_io.hpp"
 #include "matrix_registers.hpp"
 
 namespace ipex_flash {
@@ -43,7 +46,10 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
   const int lid = static_cast<int>(item.get_local_id(0));
-  const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);
+  // The sub-group's first row, by a broadcast IGC knows is uniform (lid minus the lane's index
+  // is not to it): Q^T and dO^T tile pointers stay scalar rather than per-lane 64-bit values held
+  // through the key loop.
+  const int r0 = sycl::group_broadcast(sg, lid, 0);
   const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
   if (block.empty) return;
   const SeqInfo& seq = block.seq;
@@ -82,10 +88,10 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
         matrix_fill(sg, s[t], 0.f);
         matrix_fill(sg, dp[t], 0.f);
       }
-      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, s, k_rows, 0, rows.q_t + r0,
-                                                                BLOCK_M);
-      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, v_rows, 0,
-                                                                rows.do_t + r0, BLOCK_M);
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(
+          sg, s, k_rows, 0, rows.q_t + r0, BLOCK_M);
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(
+          sg, dp, v_rows, 0, rows.do_t + r0, BLOCK_M);
 
       // dS for the lane's row, a chunk of keys at a time, in the dtype.
       T ds[SLAB];
@@ -107,7 +113,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
         MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
 #pragma unroll
         for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
-        matrix_mad_surface<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+        matrix_mad_surface_wide<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
       }
     }
   }

@@ -111,21 +111,25 @@ __attribute__((always_inline)) inline void matrix_mad_surface_wide(
   }
 }
 
-// ... or B read two steps at a time in the packed layout (row stride ldb words) from SLM.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
+// ... or B read two steps at a time in the packed layout (row stride ldb words) from B_SPACE,
+// SLM or global memory.
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     const uint32_t* b, int ldb) {
   if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
-    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b, ldb);  // not whole blocks
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b,
+                                                            ldb);  // not whole blocks
   } else {
 #pragma unroll
     for (int k = 0; k < DEPTH; k += 2 * K) {
       MatrixB<T, K, N> b_lo, b_hi;
-      jm::joint_matrix_load(sg, b_lo, matrix_ptr(reinterpret_cast<const T*>(b + k / 2 * ldb)),
-                            2 * ldb);
       jm::joint_matrix_load(
-          sg, b_hi, matrix_ptr(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)), 2 * ldb);
+          sg, b_lo, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
+      jm::joint_matrix_load(
+          sg, b_hi, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)),
+          2 * ldb);
 #pragma unroll
       for (int r = 0; r < STRIPS * M; r += ROWS) {
         MatrixBlock<ROWS> block;
@@ -153,11 +157,12 @@ inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
   matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);
 }
 
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
                                     const MatrixSurface<T>& a, int row0, const uint32_t* b,
                                     int ldb) {
-  matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b, ldb);
+  matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b, ldb);
 }
 
 template <typename T, typename B>
