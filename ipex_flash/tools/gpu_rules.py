@@ -23,12 +23,11 @@ a mask together). The second: the float32
 forward at head dim 128 with every score change at once (softcap, ALiBi and a user mask) on
 Meteor Lake and Arrow Lake-H spills 64-160 bytes at SIMD8. A register tile of 8 keys instead
 of 16 spilled more (224-320 bytes), and so did 32-bit mask offsets; no model we know combines
-all three. The third (cause not found): the decode kernel for one row per K/V head on GPUs
-without a large register file (DG2, Meteor Lake, Arrow Lake-H) spills 3.7-6.3 KiB: float32 at
-head dims 64 and 128, bfloat16 at 128, every feature set. Checked while gpu-check compiled every
-decode kernel of a target in one module, it spilled at most 512 bytes there: IGC inlined less
-in that module. Built as the runtime builds it (its program alone, gpu_check.group_modules), it
-spills this much; the bound guards the figure.
+all three. The third: the float32 decode kernel for one row per K/V head at head dim 128 on
+GPUs without a large register file (DG2, Meteor Lake, Arrow Lake-H) spills 128-512 bytes with
+ALiBi or a mask (none without score changes); the bound guards the figure. (It spilled 3.7-6.3
+KiB, also at d = 64 and in bfloat16, while the V rows' read-ahead held a register per word of
+a step's rows: RowVectors::touch.)
 Any other spill fails.
 """
 from __future__ import annotations
@@ -58,9 +57,9 @@ def known_spill(r) -> bool:
     forward = (r.family == "forward" and r.dtype == "float32" and r.head_dim == 128
                and r.features & _EVERY_SCORE_CHANGE == _EVERY_SCORE_CHANGE
                and r.target in ("mtl", "arl-h") and "flash_fwd_kernel" in r.kernel and r.spill <= 256)
-    one_row_decode = (r.family == "decode" and r.rows == 1
-                      and r.target in ("dg2", "mtl", "arl-h")
-                      and "flash_decode_kernel" in r.kernel and r.spill <= 6400)
+    one_row_decode = (r.family == "decode" and r.rows == 1 and r.dtype == "float32"
+                      and r.head_dim == 128 and r.target in ("dg2", "mtl", "arl-h")
+                      and "flash_decode_kernel" in r.kernel and r.spill <= 512)
     return decode or forward or one_row_decode
 
 

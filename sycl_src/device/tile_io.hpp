@@ -235,13 +235,28 @@ struct RowVectors {
   template <int COLS>
   static inline uint32_t touch(sycl::sub_group sg, const T* row) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(row);
+    constexpr int WORDS = COLS * static_cast<int>(sizeof(T)) / 4;
     uint32_t all = 0;
+#if defined(IPEX_FLASH_CPU_LOOPS)
 #pragma unroll
-    for (int w = 0; w < COLS * static_cast<int>(sizeof(T)) / 4; w += LANES) {
+    for (int w = 0; w < WORDS; w += LANES) {
       uint32_t word;
       sycl::ext::oneapi::experimental::group_load(sg, words + w, word);
       all ^= word;
     }
+#else
+    // GPUs: one word per 64-byte line is enough to bring the line in; each lane reads a line
+    // (the row's last word covers a row that starts mid-line). Reading every word held one
+    // register per word until the xor: 16 keys' V rows made the 128-register GPUs spill
+    // 3.7-6.3 KiB in the one-row kernels.
+    constexpr int LINE_WORDS = 16, LAST_LINE = (WORDS - 1) / LINE_WORDS + 1;
+    const int lane = static_cast<int>(sg.get_local_linear_id());
+#pragma unroll
+    for (int line0 = 0; line0 <= LAST_LINE; line0 += LANES) {
+      const int line = line0 + lane;
+      if (line <= LAST_LINE) all ^= words[std::min(line * LINE_WORDS, WORDS - 1)];
+    }
+#endif
     return all;
   }
 };
