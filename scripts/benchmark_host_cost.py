@@ -49,6 +49,17 @@ kernels (only XPU work stays asynchronous):
 
 torch_sdpa has neither split.
 
+The XPU path, through the queue-handle seam the tests use (a queue by handle, the device taken
+as one that does not share host memory), for the KV-cache calls, each whole call with its
+kernels submitted but not run:
+
+    xpu us       the path an XPU takes: a decode step of flash_attn_with_kvcache reads no
+                 value on the host (a kernel after the attention checks them); the serving
+                 call reads its offsets and cache values (launch_plans.cache_values)
+    xpu sync us  the same with IPEX_FLASH_SYNC_CACHE_CHECKS=1: the host reads the cache's
+                 values each call; on an XPU that read also waits for every kernel queued
+                 before it, which this CPU-device figure cannot show
+
     python scripts/benchmark_host_cost.py [--repeats 21] [--only tiny b1_n256 ...]
 Prints a table and writes benchmarks/host_cost.json (--output to change).
 """
@@ -67,7 +78,7 @@ import torch
 import torch.nn.functional as F
 from ipex_flash._runtime import C
 from ipex_flash.kvcache.cache_ops import cache_options
-from ipex_flash.ops import launch
+from ipex_flash.ops import launch, launch_plans
 from ipex_flash.ops.attention import sdpa_options
 from ipex_flash.ops.flash_attn_args import flash_options
 
@@ -80,6 +91,7 @@ SIZES = {"tiny": (1, 4, 1, 1, 16),
          "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
 ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
                 "kvcache_append", "kvcache_rotary", "paged_varlen", "varlen", "kvpacked")
+XPU_PATH = ("kvcache", "kvcache_paged", "kvcache_append", "kvcache_rotary", "paged_varlen")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
                  "kvcache_paged": "paged", "kvcache_append": "paged",
                  "kvcache_rotary": "paged", "paged_varlen": "paged"}
@@ -189,6 +201,22 @@ def submission_delay_alone(fn, repeats: int, warmup: int) -> float:
         C.skip_kernels(skipped)
 
 
+def whole_call_xpu_path(fn, repeats: int, warmup: int, sync: bool) -> float:
+    """Median seconds of fn's whole call on the XPU path (the queue-handle seam), its kernels
+    submitted but not run; sync: IPEX_FLASH_SYNC_CACHE_CHECKS."""
+    handle = C.cpu_queue_handle()
+    saved = launch.queue_handle, launch_plans.reads_host_memory, launch_plans.SYNC_CACHE_CHECKS
+    launch.queue_handle = lambda device: handle
+    launch_plans.reads_host_memory = lambda device: False
+    launch_plans.SYNC_CACHE_CHECKS = sync
+    skipped = C.skip_kernels(True)
+    try:
+        return median_seconds(fn, repeats, warmup)
+    finally:
+        C.skip_kernels(skipped)
+        launch.queue_handle, launch_plans.reads_host_memory, launch_plans.SYNC_CACHE_CHECKS = saved
+
+
 def submission_delay(fn, repeats: int, warmup: int, before=None) -> float:
     """Median seconds from calling fn to its first kernel's submission; before(), when given,
     is called (untimed) before each call."""
@@ -229,6 +257,10 @@ def measure(size: str, args) -> dict:
                            measure=submission_delay)
         host_alone = interleaved(timed, args.rounds, args.repeats, args.warmup,
                                  measure=submission_delay_alone)
+        xpu = {sync: interleaved(
+            {n: fns[n] for n in XPU_PATH}, args.rounds, args.repeats, args.warmup,
+            measure=lambda fn, r, w, sync=sync: whole_call_xpu_path(fn, r, w, sync))
+            for sync in (False, True)}
         host_warm = host  # (the tiny call follows a tiny call already)
         if size != "tiny":
             tiny = entry_points(tensors(*SIZES["tiny"]), SIZES["tiny"][1])
@@ -242,6 +274,8 @@ def measure(size: str, args) -> dict:
         if name in host:
             row.update(host_us=1e6 * host[name], host_warm_us=1e6 * host_warm[name],
                        host_alone_us=1e6 * host_alone[name])
+        if name in XPU_PATH:
+            row.update(xpu_us=1e6 * xpu[False][name], xpu_sync_us=1e6 * xpu[True][name])
         if name in KERNEL_LAYOUT:
             alone = seconds[f"kernels_{KERNEL_LAYOUT[name]}"]
             row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone))
@@ -253,7 +287,8 @@ def measure(size: str, args) -> dict:
 def print_table(results: dict) -> None:
     columns = (("kernels_us", "kernels us"), ("whole_minus_kernels_us", "whole-kernels"),
                ("host_us", "host us"), ("host_warm_us", "host warm us"),
-               ("host_alone_us", "host alone us"))
+               ("host_alone_us", "host alone us"), ("xpu_us", "xpu us"),
+               ("xpu_sync_us", "xpu sync us"))
     print(f"{'size':<10} {'entry point':<16} {'whole us':>10} {'vs torch':>9} "
           + " ".join(f"{title:>13}" for _, title in columns))
     for size, r in results.items():

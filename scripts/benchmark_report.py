@@ -114,6 +114,8 @@ def host_cost_section(data: dict) -> list[str]:
         if "host_warm_us" in row:
             host += f" ({row['host_warm_us']:.0f} warm"
             host += f", {row['host_alone_us']:.0f} alone)" if "host_alone_us" in row else ")"
+        if "xpu_us" in row:
+            host += f"; XPU path {row['xpu_us']:.0f} µs ({row['xpu_sync_us']:.0f} sync)"
         return f"{row['vs_torch_sdpa']:.2f}x{host}"
     out += table(["entry point / time against torch SDPA's whole call", *(
         f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
@@ -126,7 +128,10 @@ def host_cost_section(data: dict) -> list[str]:
             "entry point's tiny call instead, which brings the host path's code back into the "
             "caches that the kernels' K/V traffic evicted (a GPU's kernels do not run on the "
             "host's cores); alone: calls back to back with their kernels submitted but not run, "
-            "the host path with the caches as a GPU's kernels leave them. The JSON also has the "
+            "the host path with the caches as a GPU's kernels leave them. XPU path: the KV-cache "
+            "calls' whole call through the queue-handle seam (the path an XPU takes), kernels "
+            "submitted but not run; sync: with IPEX_FLASH_SYNC_CACHE_CHECKS=1, whose read of the "
+            "cache's values on an XPU also waits for the device. The JSON also has the "
             "kernels launched alone from prepared arguments."]
     return out
 

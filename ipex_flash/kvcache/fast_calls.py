@@ -3,7 +3,8 @@ attending to a cache it does not append to, and the serving call (flash_attn_var
 a block_table) when every sequence of the step has the same few new tokens, packed one after
 another: the decode step of a served batch. The first call of a signature takes the general
 path (every check, the same errors); its repeats run the plan, with the cache's values (lengths,
-pages, left pads) checked on every call."""
+pages, left pads) checked on every call: on the host where the device shares its memory, else
+on the device (launch_plans.checked_on_device)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -163,8 +164,12 @@ def _rotated(q, k, causal, window) -> int:
 
 def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
          k_start, descales, tables, rotated) -> bool:
-    max_len_k = -1
-    if not launch_plans.reads_host_memory(q.device):
+    max_len_k = -1  # (C++ reads the values itself where the device shares host memory)
+    if launch_plans.reads_host_memory(q.device):
+        pass
+    elif launch_plans.checked_on_device(plan):
+        max_len_k = C.LaunchPlan.CHECK_ON_DEVICE
+    else:
         capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
         max_len_k = launch_plans.cache_values(
             seqlens_k, k_start, block_table, k_cache.shape[0], capacity,

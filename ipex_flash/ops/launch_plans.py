@@ -6,10 +6,13 @@ then built from the same arguments, and later calls of that signature are a look
 outputs' allocation and one crossing into C++ with the tensors' addresses, on the CPU device or
 the XPU stream's queue alike. Checks of values (a KV cache's lengths, its block table) still
 run on every call: in C++ where the device shares host memory, otherwise from one read of the
-device (cache_values). A plan fixes the kernel (decode or general), not its variant, which each
-launch chooses (IPEX_FLASH_MATRIX included)."""
+device (cache_values), except in a flash_attn_with_kvcache decode step there
+(checked_on_device), whose values a kernel checks after the attention without the host waiting
+for the device. A plan fixes the kernel (decode or general), not its variant, which each launch
+chooses (IPEX_FLASH_MATRIX included)."""
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Callable, Optional
 
@@ -95,6 +98,19 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
                     address(rotary[0]), address(rotary[1]), address(attn_mask),
                     address(cu_seqlens[0]), address(cu_seqlens[1]), max_len_k,
                     launch.queue_handle(q.device))
+
+
+# IPEX_FLASH_SYNC_CACHE_CHECKS=1: every decode step reads its cache's values on the host
+# (cache_values) and raises at once, at the cost of waiting for the device each step.
+SYNC_CACHE_CHECKS = os.environ.get("IPEX_FLASH_SYNC_CACHE_CHECKS", "0") == "1"
+
+
+def checked_on_device(plan: "C.LaunchPlan") -> bool:
+    """Whether a run of `plan` where the device does not share host memory leaves its cache's
+    values to the device (LaunchPlan.kCheckOnDevice): the host never waits for the device; a
+    value out of range gives NaN output, and the next call on the device raises the ValueError
+    naming the argument."""
+    return not SYNC_CACHE_CHECKS and plan.checks_on_device
 
 
 def reads_host_memory(device: torch.device) -> bool:

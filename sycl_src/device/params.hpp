@@ -98,6 +98,11 @@ struct SeqLayout {
   int64_t block_table_stride;   // elements between block_table rows
   int32_t page_size;            // keys per page (a multiple of 16) when paged
   int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
+  // A cache's bounds, so that out-of-range values (which a launch plan may leave to the device
+  // to check, cache_check.hpp) never reach memory outside it: a sequence whose length or start
+  // is out of range has no keys, a block_table entry past the pages reads the last page.
+  int32_t key_capacity;         // rows a sequence's keys may reach (0: not a cache)
+  int32_t pages;                // pages of a paged cache (0: not paged)
 };
 
 // Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
@@ -226,6 +231,7 @@ struct RotaryParams {
   const void* sin;
   int64_t cos_stride;
   int32_t rotary_dim, interleaved, q_positions_advance;
+  int32_t rows;     // the tables' rows: positions past them read the last (0: unchecked)
 };
 
 // Decoding against a KV cache: a few query rows per sequence. One work-group per
@@ -287,6 +293,33 @@ struct KvAppendParams {
   void* q_rotated;
   BhndStrides q_stride, q_rotated_stride;
   int32_t heads_q, len_q;
+};
+
+// The check of a KV cache's values on the device (cache_check.hpp).
+// Bits of CacheCheckParams::error: which argument held a value out of range.
+enum CacheCheckError : uint32_t {
+  kSeqlensOutOfRange = 1,   // cache_seqlens < 0, or past the capacity after the append
+  kLeftpadOutOfRange = 2,   // cache_leftpad < 0 or past cache_seqlens
+  kPageOutOfRange = 4,      // a block_table entry that is not a page of the cache
+  kRotaryTooShort = 8,      // rotary tables with fewer rows than the positions read
+};
+
+// A 4-D view (elements), the output's or the LSE's (its last size 1).
+struct FillView {
+  void* data;  // null: nothing to fill
+  int64_t sizes[4], strides[4];
+  int32_t element_bytes;  // 2 or 4
+};
+
+struct CacheCheckParams {
+  const int32_t* seqlens;      // (B)
+  const int32_t* k_start;      // (B) or null
+  const int32_t* block_table;  // (B, table_width) rows table_stride apart, or null
+  int64_t table_stride;
+  int32_t batch, table_width, pages, capacity, appended;
+  int32_t rotated, rotary_rows;  // positions from seqlens[b] read in tables of rotary_rows
+  uint32_t* error;              // host memory: the bits found, or'ed in
+  FillView out, lse;            // set to NaN when a value is out of range
 };
 
 }  // namespace ipex_flash

@@ -37,11 +37,18 @@ struct KvRows {
   const int32_t* pages;   // null: contiguous
   int64_t page_stride;
   int32_t page_size;
+  int32_t page_count = 0;  // paged: entries past the pool read its last page (SeqLayout::pages)
 
   inline const T* row(int64_t r) const {
     if (pages == nullptr) return base + r * row_stride;
-    return base + static_cast<int64_t>(pages[r / page_size]) * page_stride +
-           (r % page_size) * row_stride;
+    return base + static_cast<int64_t>(page(r)) * page_stride + (r % page_size) * row_stride;
+  }
+  int32_t page(int64_t r) const {
+    return std::min(std::max(pages[r / page_size], 0), std::max(page_count - 1, 0));
+  }
+  // Whether row r lies in the cache: its page entry names a page of the pool.
+  bool in_pool(int64_t r) const {
+    return pages == nullptr || (pages[r / page_size] >= 0 && pages[r / page_size] < page_count);
   }
 };
 
@@ -56,7 +63,7 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
   const int64_t offset = (pages != nullptr ? 0 : b * stride.batch) + h_kv * stride.head +
                          seq.k_row0 * stride.row;
   return KvRows<T>{static_cast<const T*>(base) + offset, stride.row, pages, stride.batch,
-                   c.seq.page_size};
+                   c.seq.page_size, c.seq.pages};
 }
 
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows

@@ -266,7 +266,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                                  reinterpret_cast<const void*>(options.rotary_sin->data),
                                  cos.strides.at(0), static_cast<int32_t>(2 * cos.size(1)),
                                  options.rotary_interleaved,
-                                 options.rotary_q_positions_advance};
+                                 options.rotary_q_positions_advance,
+                                 static_cast<int32_t>(cos.size(0))};
   }
   params.partial_out = reinterpret_cast<float*>(partial_out.data);
   params.partial_lse = reinterpret_cast<float*>(partial_lse.data);

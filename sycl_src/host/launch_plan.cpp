@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "host/attention_common.hpp"
+#include "host/cache_check.hpp"
 #include "host/device_queue.hpp"
 #include "host/flash_decode_launch.hpp"
 #include "host/flash_fwd_launch.hpp"
@@ -126,7 +127,7 @@ void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
   append_->q_stride = append_->q_rotated_stride = bhnd_strides(q_, "q");
   append_->rotary = RotaryParams{nullptr, nullptr, cos.strides[0],
                                  static_cast<int32_t>(2 * cos.sizes[1]), interleaved,
-                                 q_positions_advance};
+                                 q_positions_advance, static_cast<int32_t>(cos.sizes[0])};
   append_->heads_q = static_cast<int32_t>(q_.sizes[1]);
   append_->len_q = static_cast<int32_t>(q_.sizes[2]);
   cos_dtype_ = cos.dtype;
@@ -137,65 +138,6 @@ void LaunchPlan::rotary(TensorView cos, TensorView sin, bool interleaved,
     options_.rotary_interleaved = interleaved;
     options_.rotary_q_positions_advance = q_positions_advance;
   }
-}
-
-bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const {
-  const int64_t batch = q_.sizes[0];
-  const auto* keys = reinterpret_cast<const int32_t*>(at.seqlens_k);
-  const auto* starts = reinterpret_cast<const int32_t*>(at.k_start);
-  int64_t capacity = k_.sizes[2];
-  if (options_.block_table) {
-    const TensorView& table = *options_.block_table;
-    capacity = table.sizes[1] * options_.page_size;
-    const auto* pages = reinterpret_cast<const int32_t*>(at.block_table);
-    const int64_t entries = table.sizes[0] * table.sizes[1];
-    if (!std::all_of(pages, pages + entries,
-                     [&](int32_t page) { return page >= 0 && page < k_.sizes[0]; }))
-      return false;
-  }
-  if (limits_.max_keys >= 0) capacity = std::min(capacity, limits_.max_keys);
-  const int64_t appended = append_ ? append_->new_tokens : 0;
-  // With rotary, the last position a table row is read for (keys, or queries that advance).
-  const int64_t rotated =
-      !rotary_rows_ ? 0
-                    : std::max<int64_t>(appended,
-                                        append_->rotary.q_positions_advance ? q_.sizes[2] : 1);
-  max_len_k = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t start = starts ? starts[b] : 0, after = keys[b] + appended;
-    if (keys[b] < 0 || after > capacity || start < 0 || start > keys[b] ||
-        after - start < limits_.min_keys || (rotary_rows_ && keys[b] + rotated > rotary_rows_))
-      return false;
-    max_len_k = std::max<int64_t>(max_len_k, after - start);
-  }
-  return true;
-}
-
-bool uniform_offsets(const int32_t* cu_seqlens, int64_t batch, int64_t length) {
-  for (int64_t b = 0; b <= batch; ++b)
-    if (cu_seqlens[b] != b * length) return false;
-  return true;
-}
-
-namespace {
-
-// Packed offsets of `batch` sequences (host memory): from 0, never decreasing, ending at most
-// at `total`, no sequence longer than `longest`.
-bool offsets_within(std::uintptr_t address, int64_t batch, int64_t total, int64_t longest) {
-  const auto* cu = reinterpret_cast<const int32_t*>(address);
-  if (cu[0] != 0 || cu[batch] > total) return false;
-  for (int64_t b = 0; b < batch; ++b)
-    if (cu[b + 1] < cu[b] || static_cast<int64_t>(cu[b + 1]) - cu[b] > longest) return false;
-  return true;
-}
-
-}  // namespace
-
-bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
-  const int64_t batch = options_.cu_seqlens_q->sizes[0] - 1;
-  return offsets_within(at.cu_seqlens_q, batch, q_.sizes[2], options_.max_seqlen_q) &&
-         (!options_.cu_seqlens_k ||
-          offsets_within(at.cu_seqlens_k, batch, k_.sizes[2], options_.max_seqlen_k));
 }
 
 void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
@@ -250,6 +192,12 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
     append_->k_descale = reinterpret_cast<const float*>(at.k_descale);
     append_->v_descale = reinterpret_cast<const float*>(at.v_descale);
   }
+  const bool device_checks = max_len_k == kCheckOnDevice;
+  if (device_checks) {
+    if (!checks_on_device() || !options_.seqlens_k) return false;
+    raise_cache_check_errors(queue_handle);
+    max_len_k = cache_capacity();
+  }
   if (!options_.seqlens_k) {
     max_len_k = k_.sizes[2];
   } else if (max_len_k < 0) {
@@ -258,6 +206,7 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
   if (max_len_k == 0) return false;  // no key: the general path fills the rows
   if (options_.seqlens_k) options_.max_seqlen_k = static_cast<int32_t>(max_len_k);
   launch(max_len_k, queue_handle);
+  if (device_checks) check_on_device(at, queue_handle);
   return true;
 }
 

@@ -81,6 +81,18 @@ class LaunchPlan {
   // read on the CPU device, checked by the caller on others): the caller's general path then
   // names the argument.
   bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle);
+  // max_len_k for a run that reads no value on the host (checks_on_device): the grid covers
+  // the cache's capacity, the kernels bound each sequence by its own length, and a kernel run
+  // after them checks the values (cache_check.hpp). The run first raises what the previous
+  // check on the device found; what this one finds, the next run raises.
+  static constexpr int64_t kCheckOnDevice = -2;
+  // Whether runs may take kCheckOnDevice: a flash_attn_with_kvcache decode step, whose only
+  // values are the cache's (not packed sequences' offsets, not a serving call's plan-shape
+  // bounds, not an append by a separate kernel, which would write first).
+  bool checks_on_device() const {
+    return decode_ && (!append_ || options_.k_new) && packed_max_keys_ < 0 &&
+           !uniform_queries_ && limits_.min_keys == 0 && limits_.max_keys < 0;
+  }
 
   bool uses_decode_kernel() const { return decode_; }
   // Whether the decode kernel appends the new keys and values itself (one launch a run).
@@ -88,6 +100,9 @@ class LaunchPlan {
 
  private:
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
+  int64_t cache_capacity() const;
+  int64_t rotated_positions() const;
+  void check_on_device(const PlanAddresses& at, std::uintptr_t queue_handle) const;
   bool offsets_fit(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);
   int64_t lse_scratch_bytes() const;
@@ -109,6 +124,10 @@ class LaunchPlan {
 // Whether each of `batch` packed sequences has `length` rows: cu_seqlens (batch + 1 int32, host
 // memory) is 0, length, 2 * length, ...
 bool uniform_offsets(const int32_t* cu_seqlens, int64_t batch, int64_t length);
+
+// Whether packed offsets of `batch` sequences (host memory) start from 0, never decrease, end
+// at most at `total`, and give no sequence more than `longest` rows.
+bool offsets_within(std::uintptr_t address, int64_t batch, int64_t total, int64_t longest);
 
 // Scratch memory on a queue's device, reused by the calling thread's later launches on the
 // same queue (in order, so a launch never overwrites scratch an earlier one still reads).

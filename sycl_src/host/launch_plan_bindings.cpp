@@ -26,6 +26,8 @@ void bind_launch_plan(py::module_& m) {
       .def_property_readonly("uses_decode_kernel", &LaunchPlan::uses_decode_kernel)
       .def_property_readonly("appends_in_decode", &LaunchPlan::appends_in_decode)
       .def_property_readonly("packed_queries", &LaunchPlan::packed_queries)
+      .def_property_readonly("checks_on_device", &LaunchPlan::checks_on_device)
+      .def_readonly_static("CHECK_ON_DEVICE", &LaunchPlan::kCheckOnDevice)
       .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
       .def("uniform_queries", &LaunchPlan::uniform_queries)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)

@@ -1,0 +1,69 @@
+// The check of a KV cache's values on the device, for a launch plan that does not read them
+// on the host (a GPU's decode step: a read would wait for every kernel queued before it).
+// The attention runs first, bounded by the cache whatever the values (seq_info.hpp, KvRows);
+// this kernel then reads the same values, and where one is out of range it records which in a
+// word of host memory, which the next call on the device reports (host/cache_check.cpp), and
+// sets the call's output (and LSE) to NaN, so that an answer computed from out-of-range
+// values is never taken for a real one.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+
+#include "params.hpp"
+
+namespace ipex_flash {
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+inline uint32_t sequence_errors(const CacheCheckParams& p, int64_t b) {
+  const int64_t keys = p.seqlens[b], start = p.k_start != nullptr ? p.k_start[b] : 0;
+  uint32_t bits = 0;
+  if (keys < 0 || keys + p.appended > p.capacity) bits |= kSeqlensOutOfRange;
+  if (start < 0 || start > keys) bits |= kLeftpadOutOfRange;
+  if (p.rotary_rows > 0 && keys + p.rotated > p.rotary_rows) bits |= kRotaryTooShort;
+  return bits;
+}
+
+// NaN of the element's width, as bits (float32, or float16 and bfloat16 alike: 0x7fff is a
+// NaN of both).
+inline void fill_nan(const FillView& view, int64_t index) {
+  int64_t offset = 0;
+  for (int d = 3; d >= 0; --d) {
+    offset += index % view.sizes[d] * view.strides[d];
+    index /= view.sizes[d];
+  }
+  if (view.element_bytes == 4) static_cast<uint32_t*>(view.data)[offset] = 0x7fc00000u;
+  else static_cast<uint16_t*>(view.data)[offset] = 0x7fffu;
+}
+
+inline void fill_view(const FillView& view, int lid, int group) {
+  if (view.data == nullptr) return;
+  const int64_t count = view.sizes[0] * view.sizes[1] * view.sizes[2] * view.sizes[3];
+  for (int64_t i = lid; i < count; i += group) fill_nan(view, i);
+}
+
+// One work-group.
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void cache_check_kernel(CacheCheckParams p) {
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const int group = static_cast<int>(item.get_local_range(0));
+  uint32_t bits = 0;
+  for (int64_t b = lid; b < p.batch; b += group) bits |= sequence_errors(p, b);
+  if (p.block_table != nullptr) {
+    const int64_t entries = static_cast<int64_t>(p.batch) * p.table_width;
+    for (int64_t i = lid; i < entries; i += group) {
+      const int32_t page = p.block_table[i / p.table_width * p.table_stride + i % p.table_width];
+      if (page < 0 || page >= p.pages) bits |= kPageOutOfRange;
+    }
+  }
+  bits = sycl::reduce_over_group(item.get_group(), bits, sycl::bit_or<uint32_t>());
+  if (bits == 0) return;
+  if (lid == 0) *p.error |= bits;
+  fill_view(p.out, lid, group);
+  fill_view(p.lse, lid, group);
+}
+
+}  // namespace ipex_flash

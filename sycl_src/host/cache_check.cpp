@@ -1,0 +1,88 @@
+#include "host/cache_check.hpp"
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "host/attention_common.hpp"
+#include "host/device_limits.hpp"
+#include "host/device_queue.hpp"
+#include "host/launch.hpp"
+
+namespace ipex_flash {
+
+namespace {
+
+constexpr int kGroup = 256;
+
+// One word of host memory per context, written by the check kernel and read by the host
+// without waiting for the device. Never freed: the SYCL runtime may be torn down first.
+uint32_t* error_word(sycl::queue& queue) {
+  static std::mutex mutex;
+  static std::unordered_map<sycl::context, uint32_t*> words;
+  const std::lock_guard<std::mutex> lock(mutex);
+  uint32_t*& word = words[queue.get_context()];
+  if (word == nullptr) {
+    word = sycl::malloc_host<uint32_t>(1, queue);
+    if (word == nullptr) throw std::runtime_error("ipex_flash: no host memory for cache checks");
+    *word = 0;
+  }
+  return word;
+}
+
+std::string describe(uint32_t bits) {
+  std::string text;
+  const auto add = [&](uint32_t bit, const char* what) {
+    if (bits & bit) text += (text.empty() ? "" : "; ") + std::string(what);
+  };
+  add(kSeqlensOutOfRange,
+      "cache_seqlens: a length below 0, or past the cache capacity once the new tokens are "
+      "appended");
+  add(kLeftpadOutOfRange, "cache_leftpad: a start below 0 or past its sequence's length");
+  add(kPageOutOfRange, "block_table: an entry that is not a page index of the cache");
+  add(kRotaryTooShort, "rotary_cos / rotary_sin: fewer rows than the positions read");
+  return text;
+}
+
+}  // namespace
+
+FillView nan_fill_view(const TensorView& view, std::uintptr_t address) {
+  FillView fill{reinterpret_cast<void*>(address), {1, 1, 1, 1}, {0, 0, 0, 0},
+                view.dtype == "float32" ? 4 : 2};
+  const size_t skip = 4 - view.sizes.size();  // (the LSE's three dims: a leading 1)
+  for (size_t d = 0; d < view.sizes.size(); ++d) {
+    fill.sizes[skip + d] = view.sizes[d];
+    fill.strides[skip + d] = view.strides[d];
+  }
+  return fill;
+}
+
+KernelProgram cache_check_program(const DeviceLimits& limits) {
+  KernelVariant variant{"float32", 0, 0, 0, 0};
+  variant.cpu_device = limits.is_cpu;
+  return {"cache_check.hpp", {"ipex_flash::cache_check_kernel"}, program_options(variant)};
+}
+
+void check_cache_values(CacheCheckParams params, std::uintptr_t queue_handle) {
+  sycl::queue& queue = queue_from_handle(queue_handle);
+  params.error = error_word(queue);
+  const sycl::kernel kernel =
+      get_kernels(queue, cache_check_program(device_limits(queue.get_device())))[0];
+  finish_launch(queue, queue_handle,
+                submit_kernel(queue, kernel, params, block_range(1, 1, kGroup), "cache_check"),
+                "cache_check");
+}
+
+void raise_cache_check_errors(std::uintptr_t queue_handle) {
+  uint32_t* word = error_word(queue_from_handle(queue_handle));
+  // (the device writes it: one atomic read-and-clear, no wait)
+  const uint32_t bits = __atomic_exchange_n(word, 0u, __ATOMIC_ACQ_REL);
+  if (bits == 0) return;
+  throw std::invalid_argument(
+      "ipex_flash.flash_attn_with_kvcache: an earlier call on this device had values out of "
+      "range (" + describe(bits) + "); that call's output and LSE were set to NaN, and "
+      "its new tokens were not written where cache_seqlens, cache_leftpad or block_table were");
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,27 @@
+// Host side of the on-device check of a KV cache's values (sycl_src/device/cache_check.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "device/params.hpp"
+#include "host/kernel_cache.hpp"
+#include "host/tensor_view.hpp"
+#include "host/variants.hpp"
+
+namespace ipex_flash {
+
+// The output (B, H, N, D) or LSE (B, H, N) view at `address` (0: none) as the check fills it.
+FillView nan_fill_view(const TensorView& view, std::uintptr_t address);
+
+KernelProgram cache_check_program(const DeviceLimits& limits);
+
+// Submits the check of params' values (params.error is filled in: the word of the queue's
+// context) on the queue, after the work already on it.
+void check_cache_values(CacheCheckParams params, std::uintptr_t queue_handle);
+
+// Raises std::invalid_argument (Python's ValueError) naming the arguments that an earlier
+// check on this queue's context found out of range, and clears the record: the next call
+// after the one that had them reports them.
+void raise_cache_check_errors(std::uintptr_t queue_handle);
+
+}  // namespace ipex_flash
