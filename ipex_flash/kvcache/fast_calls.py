@@ -82,10 +82,11 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
         return None
     max_len_k = -1  # (C++ reads the values itself on the CPU device)
     if not launch_plans.reads_host_memory(q.device):
-        if not launch_plans.uniform_sequences(cu_seqlens_q, block_table.shape[0], max_seqlen_q):
-            return None
         max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
-                                              max_seqlen_k, min_keys=max_seqlen_q)
+                                              max_seqlen_k, min_keys=max_seqlen_q,
+                                              uniform_queries=(cu_seqlens_q, max_seqlen_q))
+        if max_len_k < 0:
+            return None
     out, lse = _serving_outputs(q, v_cache, want_lse)
     descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,

@@ -131,13 +131,21 @@ def uniform_sequences(cu_seqlens: Tensor, batch: int, length: int) -> bool:
 
 def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
                  pages: int, capacity: int, min_keys: int = 0, appended: int = 0,
-                 rotated: int = 0, rotary_rows: int = 0) -> int:
+                 rotated: int = 0, rotary_rows: int = 0,
+                 uniform_queries: Optional[tuple] = None) -> int:
     """max_len_k for LaunchPlan.run on a device that does not share host memory, from one read:
     the most keys a sequence attends to (after `appended` new ones), or -1 when a value is out
     of range (the run then returns False, and the general path names the argument). rotated:
-    positions from seqlens_k[b] on that read rows of rotary tables of rotary_rows rows."""
+    positions from seqlens_k[b] on that read rows of rotary tables of rotary_rows rows.
+    uniform_queries: (cu_seqlens_q, length), whose sequences must have `length` queries each
+    (uniform_sequences, in the same read), else -1 too (the general path serves them)."""
     keys = seqlens_k + appended - (0 if k_start is None else k_start)
     bounds = [keys.max(), keys.min(), seqlens_k.max() + appended, seqlens_k.min()]
+    if uniform_queries is not None:
+        cu_seqlens_q, length = uniform_queries
+        expected = torch.arange(0, len(cu_seqlens_q) * length, length, dtype=cu_seqlens_q.dtype,
+                                device=cu_seqlens_q.device)
+        bounds.append(-torch.ne(cu_seqlens_q, expected).sum().to(seqlens_k.dtype))
     if rotated:
         bounds.append(rotary_rows - rotated - seqlens_k.max())
     if k_start is not None:
