@@ -100,7 +100,7 @@ struct SeqLayout {
   int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
   // A cache's bounds, so that out-of-range values (which a launch plan may leave to the device
   // to check, cache_check.hpp) never reach memory outside it: a sequence whose length or start
-  // is out of range has no keys, a block_table entry past the pages reads the last page.
+  // is out of range has no keys, a block_table entry outside the pages reads the nearest one.
   int32_t key_capacity;         // rows a sequence's keys may reach (0: not a cache)
   int32_t pages;                // pages of a paged cache (0: not paged)
 };
@@ -231,7 +231,7 @@ struct RotaryParams {
   const void* sin;
   int64_t cos_stride;
   int32_t rotary_dim, interleaved, q_positions_advance;
-  int32_t rows;     // the tables' rows: positions past them read the last (0: unchecked)
+  int32_t rows;     // the tables' rows: positions past them read the nearest (0: unchecked)
 };
 
 // Decoding against a KV cache: a few query rows per sequence. One work-group per

@@ -20,7 +20,8 @@ inline T rotated_element(const RotaryParams& r, const T* row, int d, int64_t pos
   const int i = r.interleaved ? d / 2 : d % half;  // the pair's table column
   const int a = r.interleaved ? 2 * i : i, b = r.interleaved ? 2 * i + 1 : i + half;
   const float x = to_float(row[a]), y = to_float(row[b]);
-  if (r.rows > 0) position = std::min<int64_t>(std::max<int64_t>(position, 0), r.rows - 1);  // (cache_check.hpp)
+  // (a position past the tables, which cache_check.hpp reports, reads their nearest row)
+  if (r.rows > 0) position = std::min<int64_t>(std::max<int64_t>(position, 0), r.rows - 1);
   const float c = to_float(static_cast<const COS*>(r.cos)[position * r.cos_stride + i]);
   const float s = to_float(static_cast<const COS*>(r.sin)[position * r.cos_stride + i]);
   return from_float<T>(d == a ? x * c - y * s : x * s + y * c);

@@ -37,7 +37,7 @@ struct KvRows {
   const int32_t* pages;   // null: contiguous
   int64_t page_stride;
   int32_t page_size;
-  int32_t page_count = 0;  // paged: entries past the pool read its last page (SeqLayout::pages)
+  int32_t page_count = 0;  // paged: an entry outside the pool reads its nearest page
 
   inline const T* row(int64_t r) const {
     if (pages == nullptr) return base + r * row_stride;
