@@ -53,12 +53,13 @@ The XPU path, through the queue-handle seam the tests use (a queue by handle, th
 as one that does not share host memory), for the KV-cache calls, each whole call with its
 kernels submitted but not run:
 
-    xpu us       the path an XPU takes: a decode step of flash_attn_with_kvcache reads no
-                 value on the host (a kernel after the attention checks them); the serving
-                 call reads its offsets and cache values (launch_plans.cache_values)
-    xpu sync us  the same with IPEX_FLASH_SYNC_CACHE_CHECKS=1: the host reads the cache's
-                 values each call; on an XPU that read also waits for every kernel queued
-                 before it, which this CPU-device figure cannot show
+    xpu us       the path an XPU takes: a decode step of flash_attn_with_kvcache waits for
+                 nothing (a kernel after the attention checks the cache's values); the serving
+                 call waits for a kernel that reads its offsets and values first (skipped
+                 here, so that wait is not in the figure)
+    xpu waits    the reads per call the host waits for on that path (C.cache_value_reads,
+                 counted over calls with their kernels run): on an XPU each waits for every
+                 kernel queued before it
 
     python scripts/benchmark_host_cost.py [--repeats 21] [--only tiny b1_n256 ...]
 Prints a table and writes benchmarks/host_cost.json (--output to change).
@@ -201,20 +202,37 @@ def submission_delay_alone(fn, repeats: int, warmup: int) -> float:
         C.skip_kernels(skipped)
 
 
-def whole_call_xpu_path(fn, repeats: int, warmup: int, sync: bool) -> float:
-    """Median seconds of fn's whole call on the XPU path (the queue-handle seam), its kernels
-    submitted but not run; sync: IPEX_FLASH_SYNC_CACHE_CHECKS."""
-    handle = C.cpu_queue_handle()
-    saved = launch.queue_handle, launch_plans.reads_host_memory, launch_plans.SYNC_CACHE_CHECKS
-    launch.queue_handle = lambda device: handle
-    launch_plans.reads_host_memory = lambda device: False
-    launch_plans.SYNC_CACHE_CHECKS = sync
+def on_xpu_path(measure):
+    """measure(fn, repeats, warmup) with calls on the XPU path (the queue-handle seam)."""
+    def measured(fn, repeats: int, warmup: int):
+        handle = C.cpu_queue_handle()
+        saved = launch.queue_handle, launch_plans.reads_host_memory
+        launch.queue_handle = lambda device: handle
+        launch_plans.reads_host_memory = lambda device: False
+        try:
+            return measure(fn, repeats, warmup)
+        finally:
+            launch.queue_handle, launch_plans.reads_host_memory = saved
+    return measured
+
+
+def whole_call_alone(fn, repeats: int, warmup: int) -> float:
+    """Median seconds of fn's whole call, its kernels submitted but not run."""
     skipped = C.skip_kernels(True)
     try:
         return median_seconds(fn, repeats, warmup)
     finally:
         C.skip_kernels(skipped)
-        launch.queue_handle, launch_plans.reads_host_memory, launch_plans.SYNC_CACHE_CHECKS = saved
+
+
+def waits_per_call(fn, repeats: int, warmup: int) -> float:
+    """Reads of the cache's values the host waited for, per call."""
+    for _ in range(warmup):
+        fn()
+    before = C.cache_value_reads()
+    for _ in range(repeats):
+        fn()
+    return (C.cache_value_reads() - before) / repeats
 
 
 def submission_delay(fn, repeats: int, warmup: int, before=None) -> float:
@@ -257,10 +275,10 @@ def measure(size: str, args) -> dict:
                            measure=submission_delay)
         host_alone = interleaved(timed, args.rounds, args.repeats, args.warmup,
                                  measure=submission_delay_alone)
-        xpu = {sync: interleaved(
-            {n: fns[n] for n in XPU_PATH}, args.rounds, args.repeats, args.warmup,
-            measure=lambda fn, r, w, sync=sync: whole_call_xpu_path(fn, r, w, sync))
-            for sync in (False, True)}
+        xpu_fns = {n: fns[n] for n in XPU_PATH}
+        xpu = interleaved(xpu_fns, args.rounds, args.repeats, args.warmup,
+                          measure=on_xpu_path(whole_call_alone))
+        xpu_waits = {n: on_xpu_path(waits_per_call)(f, 3, 1) for n, f in xpu_fns.items()}
         host_warm = host  # (the tiny call follows a tiny call already)
         if size != "tiny":
             tiny = entry_points(tensors(*SIZES["tiny"]), SIZES["tiny"][1])
@@ -275,7 +293,7 @@ def measure(size: str, args) -> dict:
             row.update(host_us=1e6 * host[name], host_warm_us=1e6 * host_warm[name],
                        host_alone_us=1e6 * host_alone[name])
         if name in XPU_PATH:
-            row.update(xpu_us=1e6 * xpu[False][name], xpu_sync_us=1e6 * xpu[True][name])
+            row.update(xpu_us=1e6 * xpu[name], xpu_waits=xpu_waits[name])
         if name in KERNEL_LAYOUT:
             alone = seconds[f"kernels_{KERNEL_LAYOUT[name]}"]
             row.update(kernels_us=1e6 * alone, whole_minus_kernels_us=1e6 * (seconds[name] - alone))
@@ -288,7 +306,7 @@ def print_table(results: dict) -> None:
     columns = (("kernels_us", "kernels us"), ("whole_minus_kernels_us", "whole-kernels"),
                ("host_us", "host us"), ("host_warm_us", "host warm us"),
                ("host_alone_us", "host alone us"), ("xpu_us", "xpu us"),
-               ("xpu_sync_us", "xpu sync us"))
+               ("xpu_waits", "xpu waits"))
     print(f"{'size':<10} {'entry point':<16} {'whole us':>10} {'vs torch':>9} "
           + " ".join(f"{title:>13}" for _, title in columns))
     for size, r in results.items():

@@ -115,7 +115,7 @@ def host_cost_section(data: dict) -> list[str]:
             host += f" ({row['host_warm_us']:.0f} warm"
             host += f", {row['host_alone_us']:.0f} alone)" if "host_alone_us" in row else ")"
         if "xpu_us" in row:
-            host += f"; XPU path {row['xpu_us']:.0f} µs ({row['xpu_sync_us']:.0f} sync)"
+            host += f"; XPU path {row['xpu_us']:.0f} µs, {row['xpu_waits']:.0f} waits"
         return f"{row['vs_torch_sdpa']:.2f}x{host}"
     out += table(["entry point / time against torch SDPA's whole call", *(
         f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
@@ -130,8 +130,8 @@ def host_cost_section(data: dict) -> list[str]:
             "host's cores); alone: calls back to back with their kernels submitted but not run, "
             "the host path with the caches as a GPU's kernels leave them. XPU path: the KV-cache "
             "calls' whole call through the queue-handle seam (the path an XPU takes), kernels "
-            "submitted but not run; sync: with IPEX_FLASH_SYNC_CACHE_CHECKS=1, whose read of the "
-            "cache's values on an XPU also waits for the device. The JSON also has the "
+            "submitted but not run, and the reads of the cache's values per call it waits for "
+            "(on an XPU each waits for all work queued before it). The JSON also has the "
             "kernels launched alone from prepared arguments."]
     return out
 

@@ -1,9 +1,10 @@
 """flash_attn_with_kvcache's decode steps where the device does not share host memory (an XPU),
 through the queue-handle seam on the CPU device: the plan reads no value of the cache on the
-host (the host never waits for the device); the kernels stay within the cache whatever the
+host and the host never waits for the device; the kernels stay within the cache whatever the
 values; a check kernel after the attention sets the output to NaN where a value is out of
 range, and the next call on the device raises the ValueError naming the argument. With
-IPEX_FLASH_SYNC_CACHE_CHECKS=1 the values are read on the host and raise at once."""
+IPEX_FLASH_SYNC_CACHE_CHECKS=1 a kernel reads them before the attention, the host waits, and
+the call raises at once."""
 import pytest
 import torch
 
@@ -15,23 +16,22 @@ from cache_checks import after_append, check_cache_attention
 from conftest import DTYPES, make_cache, to_paged
 
 BATCH, CAPACITY, PAGE = 3, 192, 32
-HOST_READ = launch_plans.cache_values
 
 
 @pytest.fixture
 def device_seam(monkeypatch, plan_runs):
-    """Calls after the first take the XPU path; cache_values (the host read) must not run."""
+    """Calls after enter() take the XPU path; reads of the cache's values that the host waits
+    for (C.cache_value_reads) must not happen unless IPEX_FLASH_SYNC_CACHE_CHECKS is set."""
     handle = C.cpu_queue_handle()
+    reads = C.cache_value_reads()
 
     def enter():
         monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
         monkeypatch.setattr(launch_plans, "reads_host_memory", lambda device: False)
-        monkeypatch.setattr(launch_plans, "cache_values", host_read)
 
-    def host_read(*args, **kwargs):
-        raise AssertionError("a cache value was read on the host")
-
-    return enter, plan_runs
+    yield enter, plan_runs
+    if not launch_plans.SYNC_CACHE_CHECKS:
+        assert C.cache_value_reads() == reads, "the host waited for a read of the cache's values"
 
 
 def step(q_heads, dtype, caches, table, lengths, new_tokens, starts=None):
@@ -122,19 +122,20 @@ def test_out_of_range_values_give_nan_then_raise(bad, device_seam):
 
 
 def test_sync_checks_raise_at_once(monkeypatch, device_seam):
-    """IPEX_FLASH_SYNC_CACHE_CHECKS=1: the host reads the values (cache_values), and the step
-    with a length past the capacity raises itself, through the general path."""
-    enter, _ = device_seam
+    """IPEX_FLASH_SYNC_CACHE_CHECKS=1: each step reads the values on the device and waits
+    (READ_ON_DEVICE), and the step with a length past the capacity raises itself, through
+    the general path."""
+    enter, plan_runs = device_seam
     dtype = torch.float32
     caches = make_cache(BATCH, CAPACITY, 2, 64, dtype)
     lengths = torch.tensor([30, 50, 70], dtype=torch.int32)
     step(8, dtype, caches, None, lengths, 0)
     enter()
-    host_reads = []
     monkeypatch.setattr(launch_plans, "SYNC_CACHE_CHECKS", True)
-    monkeypatch.setattr(launch_plans, "cache_values",
-                        lambda *a, **kw: host_reads.append(1) or HOST_READ(*a, **kw))
-    step(8, dtype, caches, None, lengths, 0)
+    reads = C.cache_value_reads()
+    q, _, (out, lse) = step(8, dtype, caches, None, lengths, 0)
+    check_cache_attention(out, lse, q, caches, None, torch.zeros(BATCH, dtype=torch.int32),
+                          lengths, dtype)
     with pytest.raises(ValueError, match="exceeds the cache capacity"):
         step(8, dtype, caches, None, lengths.index_fill(0, torch.tensor([0]), CAPACITY + 1), 0)
-    assert host_reads == [1, 1]
+    assert C.cache_value_reads() - reads == 2 and plan_runs == [True, False]

@@ -52,7 +52,7 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
                           device=q.device) if want_lse else None
         if _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k,
-                block_table, k_start, descales, rotary[:2], _rotated(q, k, causal, window)):
+                block_table, k_start, descales, rotary[:2]):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
     out, lse = general()
     if plan is None:
@@ -80,13 +80,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
     plan = launch_plans.cached(key)
     if not plan:
         return None
-    max_len_k = -1  # (C++ reads the values itself on the CPU device)
-    if not launch_plans.reads_host_memory(q.device):
-        max_len_k = launch_plans.cache_values(seqused_k, None, block_table, k_cache.shape[0],
-                                              max_seqlen_k, min_keys=max_seqlen_q,
-                                              uniform_queries=(cu_seqlens_q, max_seqlen_q))
-        if max_len_k < 0:
-            return None
+    max_len_k = launch_plans.cache_values_mode(plan, q.device)  # (and the queries' offsets)
     out, lse = _serving_outputs(q, v_cache, want_lse)
     descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
@@ -156,27 +150,9 @@ def _descales(q, k_cache, k_descale, v_descale, batch=None) -> tuple:
                               q.shape[0] if batch is None else batch, k_cache.shape[2], q.device)
 
 
-def _rotated(q, k, causal, window) -> int:
-    """Positions from cache_seqlens[b] on whose rotary table rows the call reads: the new
-    keys', and the queries' when they advance (causal or local masks, as in flash-attn)."""
-    local = causal or tuple(window) != (-1, -1)
-    return max(0 if k is None else k.shape[1], q.shape[1] if local else 1)
-
-
 def _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k, block_table,
-         k_start, descales, tables, rotated) -> bool:
-    max_len_k = -1  # (C++ reads the values itself where the device shares host memory)
-    if launch_plans.reads_host_memory(q.device):
-        pass
-    elif launch_plans.checked_on_device(plan):
-        max_len_k = C.LaunchPlan.CHECK_ON_DEVICE
-    else:
-        capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[1])
-        max_len_k = launch_plans.cache_values(
-            seqlens_k, k_start, block_table, k_cache.shape[0], capacity,
-            appended=0 if k is None else k.shape[1],
-            rotated=rotated if tables[0] is not None else 0,
-            rotary_rows=0 if tables[0] is None else tables[0].shape[0])
+         k_start, descales, tables) -> bool:
+    max_len_k = launch_plans.cache_values_mode(plan, q.device)
     return launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqlens_k,
                             block_table, k_start, k, v, descales, tables, max_len_k=max_len_k)
 

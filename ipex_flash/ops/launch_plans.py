@@ -5,11 +5,10 @@ alignments, flags) goes through its general path, whose checks raise the errors;
 then built from the same arguments, and later calls of that signature are a lookup, the
 outputs' allocation and one crossing into C++ with the tensors' addresses, on the CPU device or
 the XPU stream's queue alike. Checks of values (a KV cache's lengths, its block table) still
-run on every call: in C++ where the device shares host memory, otherwise from one read of the
-device (cache_values), except in a flash_attn_with_kvcache decode step there
-(checked_on_device), whose values a kernel checks after the attention without the host waiting
-for the device. A plan fixes the kernel (decode or general), not its variant, which each launch
-chooses (IPEX_FLASH_MATRIX included)."""
+run on every call: in C++ where the device shares host memory; elsewhere by a kernel, after
+the attention without the host waiting (a flash_attn_with_kvcache decode step), or before it
+as one read the host waits for (cache_values_mode). A plan fixes the kernel (decode or
+general), not its variant, which each launch chooses (IPEX_FLASH_MATRIX included)."""
 from __future__ import annotations
 
 import os
@@ -90,7 +89,7 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     (rotary_cos, rotary_sin) tables. attn_mask: SDPA's mask, read through the strides the plan
     was built with. cu_seqlens: packed sequences' (cu_seqlens_q, cu_seqlens_k), whose values
     packed_values checks on a device that does not share host memory (C++ reads them on the CPU
-    device). max_len_k: see cache_values."""
+    device). max_len_k: see cache_values_mode."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
                     address(descales[1]), address(seqlens_k),
@@ -100,22 +99,27 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
                     launch.queue_handle(q.device))
 
 
-# IPEX_FLASH_SYNC_CACHE_CHECKS=1: every decode step reads its cache's values on the host
-# (cache_values) and raises at once, at the cost of waiting for the device each step.
+# IPEX_FLASH_SYNC_CACHE_CHECKS=1: every decode step reads its cache's values before launching
+# (READ_ON_DEVICE) and raises at once, at the cost of waiting for the device each step.
 SYNC_CACHE_CHECKS = os.environ.get("IPEX_FLASH_SYNC_CACHE_CHECKS", "0") == "1"
 
 
-def checked_on_device(plan: "C.LaunchPlan") -> bool:
-    """Whether a run of `plan` where the device does not share host memory leaves its cache's
-    values to the device (LaunchPlan.kCheckOnDevice): the host never waits for the device; a
-    value out of range gives NaN output, and the next call on the device raises the ValueError
-    naming the argument."""
-    return not SYNC_CACHE_CHECKS and plan.checks_on_device
+def cache_values_mode(plan: "C.LaunchPlan", device: torch.device) -> int:
+    """max_len_k for LaunchPlan.run of a KV-cache plan: -1 where C++ reads the cache's values
+    from host memory (the CPU device); elsewhere CHECK_ON_DEVICE where the plan allows it (a
+    flash_attn_with_kvcache decode step: the host never waits for the device; a value out of
+    range gives NaN output, and the next call on the device raises the ValueError naming the
+    argument), else READ_ON_DEVICE (one kernel reads them, and the host waits for it)."""
+    if reads_host_memory(device):
+        return -1
+    if not SYNC_CACHE_CHECKS and plan.checks_on_device:
+        return C.LaunchPlan.CHECK_ON_DEVICE
+    return C.LaunchPlan.READ_ON_DEVICE
 
 
 def reads_host_memory(device: torch.device) -> bool:
     """Whether the kernels' device shares host memory, so that C++ reads a cache's lengths
-    itself (the SYCL CPU device); on a GPU cache_values reads them."""
+    itself (the SYCL CPU device); on a GPU a kernel does (cache_values_mode)."""
     return device.type == "cpu"
 
 
@@ -127,34 +131,6 @@ def uniform_sequences(cu_seqlens: Tensor, batch: int, length: int) -> bool:
     expected = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32,
                             device=cu_seqlens.device)
     return bool(torch.equal(cu_seqlens, expected))
-
-
-def cache_values(seqlens_k: Tensor, k_start: Optional[Tensor], block_table: Optional[Tensor],
-                 pages: int, capacity: int, min_keys: int = 0, appended: int = 0,
-                 rotated: int = 0, rotary_rows: int = 0,
-                 uniform_queries: Optional[tuple] = None) -> int:
-    """max_len_k for LaunchPlan.run on a device that does not share host memory, from one read:
-    the most keys a sequence attends to (after `appended` new ones), or -1 when a value is out
-    of range (the run then returns False, and the general path names the argument). rotated:
-    positions from seqlens_k[b] on that read rows of rotary tables of rotary_rows rows.
-    uniform_queries: (cu_seqlens_q, length), whose sequences must have `length` queries each
-    (uniform_sequences, in the same read), else -1 too (the general path serves them)."""
-    keys = seqlens_k + appended - (0 if k_start is None else k_start)
-    bounds = [keys.max(), keys.min(), seqlens_k.max() + appended, seqlens_k.min()]
-    if uniform_queries is not None:
-        cu_seqlens_q, length = uniform_queries
-        expected = torch.arange(0, len(cu_seqlens_q) * length, length, dtype=cu_seqlens_q.dtype,
-                                device=cu_seqlens_q.device)
-        bounds.append(-torch.ne(cu_seqlens_q, expected).sum().to(seqlens_k.dtype))
-    if rotated:
-        bounds.append(rotary_rows - rotated - seqlens_k.max())
-    if k_start is not None:
-        bounds += [k_start.min(), (seqlens_k - k_start).min()]
-    if block_table is not None and block_table.numel():
-        bounds += [block_table.min(), pages - 1 - block_table.max()]
-    most, fewest, longest, *rest = torch.stack(bounds).tolist()
-    fits = fewest >= min_keys and longest <= capacity and all(x >= 0 for x in rest)
-    return most if fits else -1
 
 
 def packed_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, q: Tensor, k: Tensor,

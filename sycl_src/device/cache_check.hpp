@@ -1,10 +1,13 @@
-// The check of a KV cache's values on the device, for a launch plan that does not read them
-// on the host (a GPU's decode step: a read would wait for every kernel queued before it).
-// The attention runs first, bounded by the cache whatever the values (seq_info.hpp, KvRows);
-// this kernel then reads the same values, and where one is out of range it records which in a
-// word of host memory, which the next call on the device reports (host/cache_check.cpp), and
-// sets the call's output (and LSE) to NaN, so that an answer computed from out-of-range
-// values is never taken for a real one.
+// The check of a KV cache's values on the device, for a launch plan on a device that does not
+// share host memory (a GPU), in one of two ways:
+// - after the attention, which the host does not wait for (a flash_attn_with_kvcache decode
+//   step): the attention ran bounded by the cache whatever the values (seq_info.hpp, KvRows);
+//   where a value is out of range this kernel records which in a word of host memory, which
+//   the next call on the device reports (host/cache_check.cpp), and sets the call's output (and
+//   LSE) to NaN, so that an answer computed from out-of-range values is never taken for real;
+// - before it, as the one read the host waits for (the serving call's decode step, whose plan
+//   needs to know first whether its kernel serves the step): the bits and the most keys a
+//   sequence attends to, written to host memory.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -17,12 +20,18 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-inline uint32_t sequence_errors(const CacheCheckParams& p, int64_t b) {
+// The bits of sequence b's values; `attended`: the keys it attends to.
+inline uint32_t sequence_errors(const CacheCheckParams& p, int64_t b, int64_t& attended) {
   const int64_t keys = p.seqlens[b], start = p.k_start != nullptr ? p.k_start[b] : 0;
+  attended = keys + p.appended - start;
   uint32_t bits = 0;
   if (keys < 0 || keys + p.appended > p.capacity) bits |= kSeqlensOutOfRange;
   if (start < 0 || start > keys) bits |= kLeftpadOutOfRange;
   if (p.rotary_rows > 0 && keys + p.rotated > p.rotary_rows) bits |= kRotaryTooShort;
+  if (attended < p.min_keys) bits |= kFewerKeysThanMin;
+  if (p.cu_seqlens_q != nullptr &&
+      (p.cu_seqlens_q[b] != b * p.queries || p.cu_seqlens_q[b + 1] != (b + 1) * p.queries))
+    bits |= kQueriesNotUniform;
   return bits;
 }
 
@@ -51,7 +60,12 @@ void cache_check_kernel(CacheCheckParams p) {
   const int lid = static_cast<int>(item.get_local_id(0));
   const int group = static_cast<int>(item.get_local_range(0));
   uint32_t bits = 0;
-  for (int64_t b = lid; b < p.batch; b += group) bits |= sequence_errors(p, b);
+  int64_t most = 0;
+  for (int64_t b = lid; b < p.batch; b += group) {
+    int64_t attended;
+    bits |= sequence_errors(p, b, attended);
+    most = sycl::max(most, attended);
+  }
   if (p.block_table != nullptr) {
     const int64_t entries = static_cast<int64_t>(p.batch) * p.table_width;
     for (int64_t i = lid; i < entries; i += group) {
@@ -60,6 +74,15 @@ void cache_check_kernel(CacheCheckParams p) {
     }
   }
   bits = sycl::reduce_over_group(item.get_group(), bits, sycl::bit_or<uint32_t>());
+  if (p.report != nullptr) {  // read before the attention
+    most = sycl::reduce_over_group(item.get_group(), most, sycl::maximum<int64_t>());
+    if (lid == 0) {
+      p.report[0] = static_cast<int32_t>(bits);
+      p.report[1] = static_cast<int32_t>(most);
+    }
+    return;
+  }
+  bits &= kSeqlensOutOfRange | kLeftpadOutOfRange | kPageOutOfRange | kRotaryTooShort;
   if (bits == 0) return;
   if (lid == 0) *p.error |= bits;
   fill_view(p.out, lid, group);

@@ -302,6 +302,9 @@ enum CacheCheckError : uint32_t {
   kLeftpadOutOfRange = 2,   // cache_leftpad < 0 or past cache_seqlens
   kPageOutOfRange = 4,      // a block_table entry that is not a page of the cache
   kRotaryTooShort = 8,      // rotary tables with fewer rows than the positions read
+  // Not errors: values a plan's kernel does not serve (the general path does).
+  kFewerKeysThanMin = 16,   // a sequence with fewer keys than PlanLimits::min_keys
+  kQueriesNotUniform = 32,  // cu_seqlens_q is not 0, queries, 2 queries, ...
 };
 
 // A 4-D view (elements), the output's or the LSE's (its last size 1).
@@ -318,8 +321,16 @@ struct CacheCheckParams {
   int64_t table_stride;
   int32_t batch, table_width, pages, capacity, appended;
   int32_t rotated, rotary_rows;  // positions from seqlens[b] read in tables of rotary_rows
-  uint32_t* error;              // host memory: the bits found, or'ed in
-  FillView out, lse;            // set to NaN when a value is out of range
+  int32_t min_keys;             // kFewerKeysThanMin below it
+  const int32_t* cu_seqlens_q;  // (B + 1) or null: kQueriesNotUniform unless b * queries
+  int32_t queries;
+  // Check after the attention: host memory where the bits found are or'ed in; the output and
+  // LSE are set to NaN when a value is out of range.
+  uint32_t* error;
+  FillView out, lse;
+  // Or read before it (error null): host memory that receives the bits and the most keys a
+  // sequence attends to, {bits, most}.
+  int32_t* report;
 };
 
 }  // namespace ipex_flash

@@ -152,12 +152,13 @@ void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
 bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle) {
   const std::lock_guard<std::mutex> lock(mutex_);
   PlanAddresses at = given;
-  if (uniform_queries_ && host_readable_ &&
+  const bool host_reads = host_readable_ && max_len_k == -1;  // (else the caller or the device)
+  if (uniform_queries_ && host_reads &&
       !uniform_offsets(reinterpret_cast<const int32_t*>(at.cu_seqlens_q), q_.sizes[0],
                        q_.sizes[2]))
     return false;
   if (packed_max_keys_ >= 0) {
-    if (host_readable_ &&
+    if (host_reads &&
         !offsets_within(at.cu_seqlens_k, q_.sizes[0], k_.sizes[2], packed_max_keys_))
       return false;
     at.seqlens_k = at.cu_seqlens_k + sizeof(int32_t);
@@ -178,7 +179,7 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
   set_address(options_.v_new, at.v_new);
   set_address(options_.rotary_cos, at.rotary_cos);
   set_address(options_.rotary_sin, at.rotary_sin);
-  if (options_.cu_seqlens_q && host_readable_ && !offsets_fit(at)) return false;
+  if (options_.cu_seqlens_q && host_reads && !offsets_fit(at)) return false;
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
     append_->v_new = reinterpret_cast<const void*>(at.v_new);
@@ -197,11 +198,16 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
     if (!checks_on_device() || !options_.seqlens_k) return false;
     raise_cache_check_errors(queue_handle);
     max_len_k = cache_capacity();
+  } else if (max_len_k == kReadOnDevice) {
+    if (!options_.seqlens_k) return false;
+    const CacheValues read = read_cache_values(cache_check_params(at), queue_handle);
+    if (read.bits != 0) return false;
+    max_len_k = read.most_keys;
   }
   if (!options_.seqlens_k) {
     max_len_k = k_.sizes[2];
   } else if (max_len_k < 0) {
-    if (!host_readable_ || !cache_values_fit(at, max_len_k)) return false;
+    if (!host_reads || !cache_values_fit(at, max_len_k)) return false;
   }
   if (max_len_k == 0) return false;  // no key: the general path fills the rows
   if (options_.seqlens_k) options_.max_seqlen_k = static_cast<int32_t>(max_len_k);

@@ -86,6 +86,11 @@ class LaunchPlan {
   // after them checks the values (cache_check.hpp). The run first raises what the previous
   // check on the device found; what this one finds, the next run raises.
   static constexpr int64_t kCheckOnDevice = -2;
+  // max_len_k for a run that reads the values with one kernel on the device and waits for it
+  // (cache_check.hpp), then goes on as a host read would: a device that does not share host
+  // memory, where the run must know before launching (the serving call's decode steps,
+  // IPEX_FLASH_SYNC_CACHE_CHECKS).
+  static constexpr int64_t kReadOnDevice = -3;
   // Whether runs may take kCheckOnDevice: a flash_attn_with_kvcache decode step, whose only
   // values are the cache's (not packed sequences' offsets, not a serving call's plan-shape
   // bounds, not an append by a separate kernel, which would write first).
@@ -102,6 +107,7 @@ class LaunchPlan {
   bool cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) const;
   int64_t cache_capacity() const;
   int64_t rotated_positions() const;
+  CacheCheckParams cache_check_params(const PlanAddresses& at) const;
   void check_on_device(const PlanAddresses& at, std::uintptr_t queue_handle) const;
   bool offsets_fit(const PlanAddresses& at) const;
   void launch(int64_t max_len_k, std::uintptr_t queue_handle);

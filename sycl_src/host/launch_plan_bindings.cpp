@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "host/cache_check.hpp"
 #include "host/device_queue.hpp"
 #include "host/launch.hpp"
 #include "host/launch_plan.hpp"
@@ -28,6 +29,7 @@ void bind_launch_plan(py::module_& m) {
       .def_property_readonly("packed_queries", &LaunchPlan::packed_queries)
       .def_property_readonly("checks_on_device", &LaunchPlan::checks_on_device)
       .def_readonly_static("CHECK_ON_DEVICE", &LaunchPlan::kCheckOnDevice)
+      .def_readonly_static("READ_ON_DEVICE", &LaunchPlan::kReadOnDevice)
       .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
       .def("uniform_queries", &LaunchPlan::uniform_queries)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
@@ -60,6 +62,8 @@ void bind_launch_plan(py::module_& m) {
   m.def("skip_kernels", [](bool skip) { return kernels_skipped.exchange(skip); },
         "Time kernel submissions without running the kernels (host-cost benchmark only; outputs "
         "are left unwritten); returns the previous setting.");
+  m.def("cache_value_reads", &cache_value_reads,
+        "Reads of a KV cache's values on the device the host waited for, in this process.");
   m.def("cpu_queue_handle", [] { return reinterpret_cast<std::uintptr_t>(&cpu_queue()); });
 }
 

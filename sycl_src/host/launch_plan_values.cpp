@@ -71,7 +71,7 @@ bool LaunchPlan::offsets_fit(const PlanAddresses& at) const {
           offsets_within(at.cu_seqlens_k, batch, k_.sizes[2], options_.max_seqlen_k));
 }
 
-void LaunchPlan::check_on_device(const PlanAddresses& at, std::uintptr_t queue_handle) const {
+CacheCheckParams LaunchPlan::cache_check_params(const PlanAddresses& at) const {
   const std::optional<TensorView>& table = options_.block_table;
   CacheCheckParams params{};
   params.seqlens = reinterpret_cast<const int32_t*>(at.seqlens_k);
@@ -85,6 +85,16 @@ void LaunchPlan::check_on_device(const PlanAddresses& at, std::uintptr_t queue_h
   params.appended = append_ ? append_->new_tokens : 0;
   params.rotated = static_cast<int32_t>(rotated_positions());
   params.rotary_rows = static_cast<int32_t>(rotary_rows_);
+  params.min_keys = static_cast<int32_t>(limits_.min_keys);
+  if (uniform_queries_) {
+    params.cu_seqlens_q = reinterpret_cast<const int32_t*>(at.cu_seqlens_q);
+    params.queries = static_cast<int32_t>(q_.sizes[2]);
+  }
+  return params;
+}
+
+void LaunchPlan::check_on_device(const PlanAddresses& at, std::uintptr_t queue_handle) const {
+  CacheCheckParams params = cache_check_params(at);
   params.out = nan_fill_view(out_, at.out);
   params.lse = nan_fill_view(lse_, at.lse);  // (0: the caller has no LSE)
   check_cache_values(params, queue_handle);
