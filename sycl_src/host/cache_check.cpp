@@ -46,6 +46,19 @@ std::string describe(uint32_t bits) {
   return text;
 }
 
+std::atomic<int64_t> reads{0};
+
+// Per thread and context: the report of a read, which its thread waits for.
+int32_t* report_words(sycl::queue& queue) {
+  thread_local std::unordered_map<sycl::context, int32_t*> words;
+  int32_t*& report = words[queue.get_context()];
+  if (report == nullptr) {
+    report = sycl::malloc_host<int32_t>(2, queue);
+    if (report == nullptr) throw std::runtime_error("ipex_flash: no host memory for cache checks");
+  }
+  return report;
+}
+
 }  // namespace
 
 FillView nan_fill_view(const TensorView& view, std::uintptr_t address) {
@@ -75,23 +88,6 @@ void check_cache_values(CacheCheckParams params, std::uintptr_t queue_handle) {
                 submit_kernel(queue, kernel, params, block_range(1, 1, kGroup), "cache_check"),
                 "cache_check");
 }
-
-namespace {
-
-std::atomic<int64_t> reads{0};
-
-// Per thread and context: the report of a read, which its thread waits for.
-int32_t* report_words(sycl::queue& queue) {
-  thread_local std::unordered_map<sycl::context, int32_t*> words;
-  int32_t*& report = words[queue.get_context()];
-  if (report == nullptr) {
-    report = sycl::malloc_host<int32_t>(2, queue);
-    if (report == nullptr) throw std::runtime_error("ipex_flash: no host memory for cache checks");
-  }
-  return report;
-}
-
-}  // namespace
 
 CacheValues read_cache_values(CacheCheckParams params, std::uintptr_t queue_handle) {
   sycl::queue& queue = queue_from_handle(queue_handle);
