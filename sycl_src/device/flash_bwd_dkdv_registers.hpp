@@ -66,8 +66,9 @@ __attribute__((always_inline)) inline void slab_product_columns(sycl::sub_group 
   MatrixAcc<M, N> tiles[K / M];
 #pragma unroll
   for (int t = 0; t < K / M; ++t) matrix_fill(sg, tiles[t], 0.f);
-  matrix_mad_surface<T, M, K, N, HEAD_DIM, K / M, sycl::access::address_space::global_space>(
-      sg, tiles, a, row0, b, BLOCK_N);
+  matrix_mad_surface_wide<T, M, K, N, HEAD_DIM, K / M, K,
+                          sycl::access::address_space::global_space>(sg, tiles, a, row0, b,
+                                                                     BLOCK_N);
   slab_of_columns<M>(sg, tiles, column);
 }
 

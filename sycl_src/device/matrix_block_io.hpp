@@ -171,26 +171,17 @@ __attribute__((always_inline)) inline void matrix_mad_surface_step_wide(
     int col0, MatrixB<T, K, N>& b) {
   using E = typename MatrixElement<T>::type;
   static_assert(K == 16 && STRIPS * M % ROWS == 0, "whole 16-wide blocks of 16 or 32 rows");
-  if constexpr (ROWS == M) {  // tile by tile, at the coordinates (one descriptor still)
-    MatrixA<T, M, K> a_tile;
 #pragma unroll
-    for (int s = 0; s < STRIPS; ++s) {
-      matrix_load_a(sg, a_tile, a, row0 + s * M, col0);
-      jm::joint_matrix_mad(sg, acc[s], a_tile, b, acc[s]);
-    }
-  } else {
+  for (int r = 0; r < STRIPS * M; r += ROWS) {
+    MatrixBlock<ROWS, 1> block;
+    matrix_block_load<ROWS, 1>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, col0);
 #pragma unroll
-    for (int r = 0; r < STRIPS * M; r += ROWS) {
-      MatrixBlock<ROWS, 1> block;
-      matrix_block_load<ROWS, 1>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, col0);
+    for (int t = 0; t < ROWS / M; ++t) {
+      MatrixA<T, M, K> a_tile;
+      auto data = sycl::ext::oneapi::detail::get_wi_data(sg, a_tile);
 #pragma unroll
-      for (int t = 0; t < ROWS / M; ++t) {
-        MatrixA<T, M, K> a_tile;
-        auto data = sycl::ext::oneapi::detail::get_wi_data(sg, a_tile);
-#pragma unroll
-        for (int i = 0; i < M; ++i) data[i] = sycl::bit_cast<E>(block.values[t * M + i]);
-        jm::joint_matrix_mad(sg, acc[r / M + t], a_tile, b, acc[r / M + t]);
-      }
+      for (int i = 0; i < M; ++i) data[i] = sycl::bit_cast<E>(block.values[t * M + i]);
+      jm::joint_matrix_mad(sg, acc[r / M + t], a_tile, b, acc[r / M + t]);
     }
   }
 }
