@@ -15,8 +15,9 @@
 // take all 256 registers (128 each at d = 128), so the kernel walks the rows twice: S, P and dV
 // with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
-// as B tiles from theirs (bwd_packed.hpp, REGISTERS). The rows' LSE and delta are loaded one per
-// lane and broadcast from the lane that holds them. Deterministic, no atomics.
+// as B tiles from theirs (bwd_packed.hpp, REGISTERS); the A operands in 2-D blocks of four DPAS
+// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS). The rows' LSE and delta
+// are loaded one per lane and broadcast from the lane that holds them. Deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -99,6 +100,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
   constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
   constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
+  // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors
+  // stay put across slabs), but at d = 128 with score changes, where descriptors held through
+  // the slab loop spilled (64 bytes on BMG): there the slab's columns are a surface of their own.
   constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0;
   using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
   const AttentionCommon& c = p.common;
@@ -120,7 +124,6 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           kb.mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N), true);
       const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
       const MatrixSurface<T> do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
-      // Q^T and dO^T: the whole block's columns, each slab at its column (one descriptor).
       const MatrixSurface<T> q_cols{rows.q_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
       const MatrixSurface<T> do_cols{rows.do_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
 #pragma unroll 1
@@ -159,7 +162,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           if constexpr (DV) {
             MatrixBRegisters<T, K, N> p_b;
             matrix_b_from_floats<K, T>(sg, p_b, dropped);
-            matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dv, slab_cols(do_cols), 0, col, p_b);
+            matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dv, slab_cols(do_cols), 0, col,
+                                                            p_b);
           }
         }
         if constexpr (DK) {
@@ -175,7 +179,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
             bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
           MatrixBRegisters<T, K, N> ds_b;
           matrix_b_from_floats<K, T>(sg, ds_b, grad);
-          matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), 0, col, ds_b);
+          matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), 0, col,
+                                                          ds_b);
         }
       }
     }
