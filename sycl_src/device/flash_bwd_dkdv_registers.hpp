@@ -15,14 +15,16 @@
 // take all 256 registers (128 each at d = 128), so the kernel walks the rows twice: S, P and dV
 // with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
-// as B tiles from theirs (bwd_packed.hpp, REGISTERS). The rows' LSE and delta are loaded one per
-// lane and broadcast from the lane that holds them. Deterministic, no atomics.
+// as B tiles from theirs (bwd_packed.hpp, REGISTERS); the A operands in 2-D blocks of four DPAS
+// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS). The rows' LSE and delta
+// are loaded one per lane and broadcast from the lane that holds them. Deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
 
 #include "bwd_column_grads.hpp"
 #include "flash_bwd_dq_registers.hpp"
+#include "matrix_block_io.hpp"
 #include "matrix_registers.hpp"
 
 namespace ipex_flash {
@@ -65,8 +67,9 @@ __attribute__((always_inline)) inline void slab_product_columns(sycl::sub_group 
   MatrixAcc<M, N> tiles[K / M];
 #pragma unroll
   for (int t = 0; t < K / M; ++t) matrix_fill(sg, tiles[t], 0.f);
-  matrix_mad_surface<T, M, K, N, HEAD_DIM, K / M, sycl::access::address_space::global_space>(
-      sg, tiles, a, row0, b, BLOCK_N);
+  matrix_mad_surface_wide<T, M, K, N, HEAD_DIM, K / M, K,
+                          sycl::access::address_space::global_space>(sg, tiles, a, row0, b,
+                                                                     BLOCK_N);
   slab_of_columns<M>(sg, tiles, column);
 }
 
@@ -97,6 +100,10 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
   constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
   constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
+  // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors
+  // stay put across slabs), but at d = 128 with score changes, where descriptors held through
+  // the slab loop spilled (64 bytes on BMG): there the slab's columns are a surface of their own.
+  constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0;
   using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = kb.seq;
@@ -117,6 +124,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           kb.mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N), true);
       const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
       const MatrixSurface<T> do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
+      const MatrixSurface<T> q_cols{rows.q_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
+      const MatrixSurface<T> do_cols{rows.do_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
 #pragma unroll 1
       for (int slab = 0; slab < BLOCK_M && q_begin + slab < kb.q_last; slab += SLAB) {
         // P, then dV; dP, then dS and dK, on each lane's column of the slab's rows
@@ -124,6 +133,10 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
         // joint_matrix variables: IGC drops one reached in an array of one). The rows'
         // statistics: lane j loads row j of each chunk.
         const int64_t row0 = q_begin + slab;
+        const int col = SHIFTED ? 0 : slab;
+        const auto slab_cols = [&](const MatrixSurface<T>& cols) {
+          return SHIFTED ? MatrixSurface<T>{cols.base + slab, HEAD_DIM, SLAB, BLOCK_M} : cols;
+        };
         float lse_lane[CHUNKS], delta_lane[CHUNKS];
 #pragma unroll
         for (int c0 = 0; c0 < CHUNKS; ++c0) {
@@ -147,10 +160,10 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                              batch_head, row0, key, lse_log2, prob, softcap_grad,
                                              dropped);
           if constexpr (DV) {
-            const MatrixSurface<T> do_cols{rows.do_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
             MatrixBRegisters<T, K, N> p_b;
             matrix_b_from_floats<K, T>(sg, p_b, dropped);
-            matrix_mad_surface_step<T, M, K, N, TILES>(sg, dv, do_cols, 0, p_b);
+            matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dv, slab_cols(do_cols), 0, col,
+                                                            p_b);
           }
         }
         if constexpr (DK) {
@@ -164,10 +177,10 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                          grad);
           else
             bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
-          const MatrixSurface<T> q_cols{rows.q_cols + slab, HEAD_DIM, SLAB, BLOCK_M};
           MatrixBRegisters<T, K, N> ds_b;
           matrix_b_from_floats<K, T>(sg, ds_b, grad);
-          matrix_mad_surface_step<T, M, K, N, TILES>(sg, dk, q_cols, 0, ds_b);
+          matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), 0, col,
+                                                          ds_b);
         }
       }
     }

@@ -2,7 +2,7 @@
 // (matrix_registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
 // coordinates from a surface, B operands built from lane columns, a product, and the
 // accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
-// tiles are read both ways the kernels read them, tile by tile and as one 2-D block. Small
+// tiles are read the ways the kernels read them, tile by tile and in 2-D blocks. Small
 // integers keep every value exact. One sub-group; verdict[lane] = 1 where its column matched.
 #pragma once
 
@@ -50,14 +50,21 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
   matrix_fill(sg, wide[0], 0.f);
   matrix_fill(sg, wide[1], 0.f);
   matrix_mad_surface_wide<T, M, K, N, 2 * K, 2, 2 * M>(sg, wide, a, 0, b);
+  // And read as 16-wide blocks at a column, one reduction step each (the dK/dV kernel's form).
+  MatrixAcc<M, N> step[2];
+  matrix_fill(sg, step[0], 0.f);
+  matrix_fill(sg, step[1], 0.f);
+  matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, 0, b[0]);
+  matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, K, b[1]);
 
   // Each strip's lane column against plain arithmetic, then written, scaled and read back.
   bool match = true;
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
-    float product[M], wide_product[M];
+    float product[M], wide_product[M], step_product[M];
     matrix_acc_column(sg, acc[s], product);
     matrix_acc_column(sg, wide[s], wide_product);
+    matrix_acc_column(sg, step[s], step_product);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       float expected = 0.f;
@@ -67,7 +74,8 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
 #if defined(IPEX_FLASH_TEST_LAYOUT_MISMATCH)  // the test seam: an engine with another layout
       expected += 1.f;
 #endif
-      match = match && product[i] == expected && wide_product[i] == expected;
+      match = match && product[i] == expected && wide_product[i] == expected &&
+              step_product[i] == expected;
       product[i] = static_cast<float>(i - lane);
     }
     matrix_acc_set_column(sg, acc[s], product);
