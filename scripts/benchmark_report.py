@@ -115,7 +115,8 @@ def host_cost_section(data: dict) -> list[str]:
             host += f" ({row['host_warm_us']:.0f} warm"
             host += f", {row['host_alone_us']:.0f} alone)" if "host_alone_us" in row else ")"
         if "xpu_us" in row:
-            host += f"; XPU path {row['xpu_us']:.0f} µs, {row['xpu_waits']:.0f} waits"
+            waits = row["xpu_waits"]
+            host += f"; XPU path {row['xpu_us']:.0f} µs, {waits:.0f} wait{'' if waits == 1 else 's'}"
         return f"{row['vs_torch_sdpa']:.2f}x{host}"
     out += table(["entry point / time against torch SDPA's whole call", *(
         f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
