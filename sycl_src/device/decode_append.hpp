@@ -58,12 +58,10 @@ inline void decode_append(const DecodeParams& p, const SeqInfo& seq, const Decod
     const int64_t token = key - first_new;
     for (int hk = 0; hk < group_heads; ++hk) {
       const int h_kv = head0 + hk;
-      const KvRows<KV> k_rows = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
-      if (!k_rows.in_pool(key)) continue;  // a block_table entry past the pages: not written
       const KvDescale descale = kv_descale<Tr::FEATURES>(c, b, h_kv);
       append_cache_row<Tr>(p, row_at<T>(p.k_new, p.k_new_stride, b, h_kv, token),
-                           k_rows.row(key), cols.head_dim, descale.k,
-                           c.seq.seqlens_k[b] + token, lid);
+                           kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv).row(key),
+                           cols.head_dim, descale.k, c.seq.seqlens_k[b] + token, lid);
       append_cache_row<Tr>(p, row_at<T>(p.v_new, p.v_new_stride, b, h_kv, token),
                            kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv).row(key),
                            cols.head_dim_v, descale.v, -1, lid);

@@ -99,8 +99,9 @@ struct SeqLayout {
   int32_t page_size;            // keys per page (a multiple of 16) when paged
   int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
   // A cache's bounds, so that out-of-range values (which a launch plan may leave to the device
-  // to check, cache_check.hpp) never reach memory outside it: a sequence whose length or start
-  // is out of range has no keys, a block_table entry outside the pages reads the nearest one.
+  // to check, cache_check.hpp) never take the decode kernel outside it: a sequence whose length
+  // or start is out of range has no keys (seq_info<true>), a split whose block_table entries
+  // are not all pages of the pool reads and appends nothing (flash_decode.hpp).
   int32_t key_capacity;         // rows a sequence's keys may reach (0: not a cache)
   int32_t pages;                // pages of a paged cache (0: not paged)
 };

@@ -16,6 +16,10 @@ struct SeqInfo {
   int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams)
 };
 
+// BOUNDED (the decode kernel, whose launch plan may leave a KV cache's values to the device to
+// check, cache_check.hpp): a sequence whose length or start is out of range has no keys. The
+// other kernels run on values the host checked, without that code and its registers.
+template <bool BOUNDED = false>
 inline SeqInfo seq_info(const AttentionCommon& c, int b) {
   SeqInfo s{0, 0, c.dims.len_q, c.dims.len_k, 0};
   if (c.seq.cu_seqlens_q != nullptr) {
@@ -26,14 +30,21 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
     s.k_row0 = c.seq.cu_seqlens_k[b];
     s.len_k = c.seq.cu_seqlens_k[b + 1] - c.seq.cu_seqlens_k[b];
   }
-  if (c.seq.seqlens_k != nullptr) {
-    const int64_t keys = c.seq.seqlens_k[b];
-    const int64_t start = c.seq.k_start != nullptr ? c.seq.k_start[b] : 0;  // cache_leftpad
-    // (out of range: no keys; cache_check.hpp reports it)
-    const bool fits = keys >= 0 && start >= 0 && start <= keys &&
-                      keys + c.seq.keys_appended <= c.seq.key_capacity;
-    s.k_row0 += fits ? start : 0;
-    s.len_k = fits ? static_cast<int32_t>(keys + c.seq.keys_appended - start) : 0;
+  if (c.seq.seqlens_k != nullptr) s.len_k = c.seq.seqlens_k[b] + c.seq.keys_appended;
+  if (c.seq.k_start != nullptr) {  // cache_leftpad: key 0 is cache row k_start[b]
+    s.k_row0 += c.seq.k_start[b];
+    s.len_k -= c.seq.k_start[b];
+  }
+  if constexpr (BOUNDED) {
+    if (c.seq.seqlens_k != nullptr) {
+      const int64_t keys = c.seq.seqlens_k[b];
+      const int64_t start = c.seq.k_start != nullptr ? c.seq.k_start[b] : 0;
+      if (keys < 0 || start < 0 || start > keys ||
+          keys + c.seq.keys_appended > c.seq.key_capacity) {
+        s.k_row0 = 0;
+        s.len_k = 0;
+      }
+    }
   }
   s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
   return s;

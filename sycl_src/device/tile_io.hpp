@@ -37,18 +37,11 @@ struct KvRows {
   const int32_t* pages;   // null: contiguous
   int64_t page_stride;
   int32_t page_size;
-  int32_t page_count = 0;  // paged: an entry outside the pool reads its nearest page
 
   inline const T* row(int64_t r) const {
     if (pages == nullptr) return base + r * row_stride;
-    return base + static_cast<int64_t>(page(r)) * page_stride + (r % page_size) * row_stride;
-  }
-  int32_t page(int64_t r) const {
-    return std::min(std::max(pages[r / page_size], 0), std::max(page_count - 1, 0));
-  }
-  // Whether row r lies in the cache: its page entry names a page of the pool.
-  bool in_pool(int64_t r) const {
-    return pages == nullptr || (pages[r / page_size] >= 0 && pages[r / page_size] < page_count);
+    return base + static_cast<int64_t>(pages[r / page_size]) * page_stride +
+           (r % page_size) * row_stride;
   }
 };
 
@@ -63,7 +56,21 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
   const int64_t offset = (pages != nullptr ? 0 : b * stride.batch) + h_kv * stride.head +
                          seq.k_row0 * stride.row;
   return KvRows<T>{static_cast<const T*>(base) + offset, stride.row, pages, stride.batch,
-                   c.seq.page_size, c.seq.pages};
+                   c.seq.page_size};
+}
+
+// Whether the block_table entries that keys [begin, end) of sequence b read are all pages of
+// the pool (SeqLayout::pages), the work-group's lanes sharing the entries; true unpaged.
+template <typename Group>
+inline bool split_pages_in_pool(Group group, const AttentionCommon& c, int b, int64_t begin,
+                                int64_t end) {
+  if (c.seq.block_table == nullptr || end <= begin) return true;
+  const int32_t* pages = c.seq.block_table + b * c.seq.block_table_stride;
+  bool in_pool = true;
+  for (int64_t i = begin / c.seq.page_size + group.get_local_linear_id();
+       i <= (end - 1) / c.seq.page_size; i += group.get_local_linear_range())
+    in_pool = in_pool && pages[i] >= 0 && pages[i] < c.seq.pages;
+  return sycl::all_of_group(group, in_pool);
 }
 
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
