@@ -127,7 +127,7 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   // (a page entry outside the pool, which cache_check.hpp reports: nothing read or appended)
-  const bool in_pool = split_pages_in_pool(group, c, b, split_begin,
+  const bool in_pool = split_pages_in_pool(sg, c, b, split_begin,  // (one sub-group: no SLM)
                                            std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
   const int64_t kv_end =
       in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;

@@ -60,7 +60,7 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
 }
 
 // Whether the block_table entries that keys [begin, end) of sequence b read are all pages of
-// the pool (SeqLayout::pages), the work-group's lanes sharing the entries; true unpaged.
+// the pool (SeqLayout::pages), the group's lanes sharing the entries; true unpaged.
 template <typename Group>
 inline bool split_pages_in_pool(Group group, const AttentionCommon& c, int b, int64_t begin,
                                 int64_t end) {
