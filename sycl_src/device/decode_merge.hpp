@@ -42,7 +42,7 @@ void flash_decode_merge_kernel(DecodeParams p) {
   const int token = static_cast<int>(row % c.dims.len_q);
   const int64_t bh = row / c.dims.len_q;
   const int b = static_cast<int>(bh / c.dims.heads_q), h = static_cast<int>(bh % c.dims.heads_q);
-  const SeqInfo seq = seq_info</*BOUNDED=*/true>(c, b);
+  const SeqInfo seq = bounded_seq_info(c, p.bounds, b);
   const int splits = c.num_blocks;
   const float* lse_s = p.partial_lse + row * splits;
   // A sink joins the denominator as one more split with no value.

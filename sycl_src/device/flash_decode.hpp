@@ -102,7 +102,7 @@ void flash_decode_kernel(DecodeParams p) {
   const int b = coord.batch, split = coord.block;
   const int head0 = coord.head / row_slices * p.heads_per_group;
   const int group_heads = std::min(p.heads_per_group, heads_kv - head0);
-  const SeqInfo seq = seq_info</*BOUNDED=*/true>(c, b);
+  const SeqInfo seq = bounded_seq_info(c, p.bounds, b);
   const DecodeHeads<KV> heads{p, seq, b, head0, group_heads};
   const int len_q = seq.len_q;
   // This work-group's slice of each head's heads_per_kv * Nq rows: up to GROUP_ROWS from row0
@@ -127,8 +127,9 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
   // (a page entry outside the pool, which cache_check.hpp reports: nothing read or appended)
-  const bool in_pool = split_pages_in_pool(sg, c, b, split_begin,  // (one sub-group: no SLM)
-                                           std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
+  // (one sub-group: no local memory)
+  const bool in_pool = split_pages_in_pool(
+      sg, c, p.bounds, b, split_begin, std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
   const int64_t kv_end =
       in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {

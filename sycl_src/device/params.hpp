@@ -98,12 +98,18 @@ struct SeqLayout {
   int64_t block_table_stride;   // elements between block_table rows
   int32_t page_size;            // keys per page (a multiple of 16) when paged
   int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
-  // A cache's bounds, so that out-of-range values (which a launch plan may leave to the device
-  // to check, cache_check.hpp) never take the decode kernel outside it: a sequence whose length
-  // or start is out of range has no keys (seq_info<true>), a split whose block_table entries
-  // are not all pages of the pool reads and appends nothing (flash_decode.hpp).
-  int32_t key_capacity;         // rows a sequence's keys may reach (0: not a cache)
-  int32_t pages;                // pages of a paged cache (0: not paged)
+};
+
+// A KV cache's bounds, so that out-of-range values (which a launch plan may leave to the
+// device to check, cache_check.hpp) never take the decode kernel outside it: a sequence whose
+// length or start is out of range has no keys (bounded_seq_info), a split whose block_table
+// entries are not all pages of the pool reads and appends nothing (flash_decode.hpp). Only
+// DecodeParams holds it: in SeqLayout, which every kernel takes, the two words alone made the
+// float32 forward spill on 128-register GPUs (gpu-check, Meteor Lake and Arrow Lake-H, d=128
+// with every score change).
+struct CacheBounds {
+  int32_t key_capacity;  // rows a sequence's keys may reach
+  int32_t pages;         // pages of a paged cache (0: not paged)
 };
 
 // Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
@@ -262,6 +268,7 @@ struct DecodeParams {
   BhndStrides k_new_stride;
   BhndStrides v_new_stride;
   RotaryParams rotary;  // FEATURE_ROTARY: the new keys and the queries rotated first
+  CacheBounds bounds;
 };
 
 // The keep mask of a dropout configuration, materialised for tests (small shapes only).

@@ -16,10 +16,6 @@ struct SeqInfo {
   int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams)
 };
 
-// BOUNDED (the decode kernel, whose launch plan may leave a KV cache's values to the device to
-// check, cache_check.hpp): a sequence whose length or start is out of range has no keys. The
-// other kernels run on values the host checked, without that code and its registers.
-template <bool BOUNDED = false>
 inline SeqInfo seq_info(const AttentionCommon& c, int b) {
   SeqInfo s{0, 0, c.dims.len_q, c.dims.len_k, 0};
   if (c.seq.cu_seqlens_q != nullptr) {
@@ -35,18 +31,26 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
     s.k_row0 += c.seq.k_start[b];
     s.len_k -= c.seq.k_start[b];
   }
-  if constexpr (BOUNDED) {
-    if (c.seq.seqlens_k != nullptr) {
-      const int64_t keys = c.seq.seqlens_k[b];
-      const int64_t start = c.seq.k_start != nullptr ? c.seq.k_start[b] : 0;
-      if (keys < 0 || start < 0 || start > keys ||
-          keys + c.seq.keys_appended > c.seq.key_capacity) {
-        s.k_row0 = 0;
-        s.len_k = 0;
-      }
+  s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
+  return s;
+}
+
+// seq_info for the decode kernel, whose launch plan may leave a KV cache's values to the
+// device to check (cache_check.hpp): a sequence whose length or start is out of the cache's
+// bounds has no keys. The other kernels run on values the host checked, without this code and
+// its registers.
+inline SeqInfo bounded_seq_info(const AttentionCommon& c, const CacheBounds& bounds, int b) {
+  SeqInfo s = seq_info(c, b);
+  if (c.seq.seqlens_k != nullptr) {
+    const int64_t keys = c.seq.seqlens_k[b];
+    const int64_t start = c.seq.k_start != nullptr ? c.seq.k_start[b] : 0;
+    if (keys < 0 || start < 0 || start > keys ||
+        keys + c.seq.keys_appended > bounds.key_capacity) {
+      s.k_row0 = 0;
+      s.len_k = 0;
+      s.diag = c.mask.bottom_right ? -static_cast<int64_t>(s.len_q) : 0;
     }
   }
-  s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
   return s;
 }
 

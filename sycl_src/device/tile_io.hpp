@@ -60,16 +60,16 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
 }
 
 // Whether the block_table entries that keys [begin, end) of sequence b read are all pages of
-// the pool (SeqLayout::pages), the group's lanes sharing the entries; true unpaged.
+// the pool (CacheBounds::pages), the group's lanes sharing the entries; true unpaged.
 template <typename Group>
-inline bool split_pages_in_pool(Group group, const AttentionCommon& c, int b, int64_t begin,
-                                int64_t end) {
+inline bool split_pages_in_pool(Group group, const AttentionCommon& c, const CacheBounds& bounds,
+                                int b, int64_t begin, int64_t end) {
   if (c.seq.block_table == nullptr || end <= begin) return true;
   const int32_t* pages = c.seq.block_table + b * c.seq.block_table_stride;
   bool in_pool = true;
   for (int64_t i = begin / c.seq.page_size + group.get_local_linear_id();
        i <= (end - 1) / c.seq.page_size; i += group.get_local_linear_range())
-    in_pool = in_pool && pages[i] >= 0 && pages[i] < c.seq.pages;
+    in_pool = in_pool && pages[i] >= 0 && pages[i] < bounds.pages;
   return sycl::all_of_group(group, in_pool);
 }
 

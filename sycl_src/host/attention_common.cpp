@@ -77,10 +77,7 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
                     data_of<int32_t>(o.seqlens_k), data_of<int32_t>(o.block_table),
                     data_of<int32_t>(o.k_start),
                     o.block_table ? o.block_table->strides.at(0) : 0, o.page_size,
-                    o.k_new ? static_cast<int32_t>(o.k_new->size(2)) : 0,
-                    static_cast<int32_t>(o.block_table ? o.block_table->size(1) * o.page_size
-                                                       : k.size(2)),
-                    static_cast<int32_t>(o.block_table ? k.size(0) : 0)};
+                    o.k_new ? static_cast<int32_t>(o.k_new->size(2)) : 0};
   // k_start moves the base row, which kv_rows applies before the page lookup: right only for
   // one page per sequence (cache_batch_idx), so a real paged cache cannot take it.
   if (o.k_start && o.block_table && o.block_table->size(1) != 1)
