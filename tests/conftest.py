@@ -12,7 +12,8 @@ from hypothesis import settings  # noqa: E402
 
 import ipex_flash  # noqa: F401  (registers the ops; imported before torch, see _runtime.py)
 import torch
-from ipex_flash.ops import launch_plans
+from ipex_flash._runtime import C
+from ipex_flash.ops import launch, launch_plans
 from ipex_flash.reference import flash_attn_reference
 
 # Property tests (test_properties.py): the same examples on every run (derandomize), no
@@ -142,3 +143,20 @@ def plan_runs(monkeypatch):
                         or served[-1])
     yield served
     launch_plans.clear()
+
+
+@pytest.fixture
+def device_seam(monkeypatch, plan_runs):
+    """Calls after enter() take the XPU path (the queue-handle seam on the CPU device, as a
+    device that does not share host memory); reads of the cache's values that the host waits
+    for (C.cache_value_reads) must not happen unless IPEX_FLASH_SYNC_CACHE_CHECKS is set."""
+    handle = C.cpu_queue_handle()
+    reads = C.cache_value_reads()
+
+    def enter():
+        monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
+        monkeypatch.setattr(launch_plans, "reads_host_memory", lambda device: False)
+
+    yield enter, plan_runs
+    if not launch_plans.SYNC_CACHE_CHECKS:
+        assert C.cache_value_reads() == reads, "the host waited for a read of the cache's values"

@@ -10,28 +10,12 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.ops import launch, launch_plans
+from ipex_flash.ops import launch_plans
 
 from cache_checks import after_append, check_cache_attention
 from conftest import DTYPES, make_cache, to_paged
 
 BATCH, CAPACITY, PAGE = 3, 192, 32
-
-
-@pytest.fixture
-def device_seam(monkeypatch, plan_runs):
-    """Calls after enter() take the XPU path; reads of the cache's values that the host waits
-    for (C.cache_value_reads) must not happen unless IPEX_FLASH_SYNC_CACHE_CHECKS is set."""
-    handle = C.cpu_queue_handle()
-    reads = C.cache_value_reads()
-
-    def enter():
-        monkeypatch.setattr(launch, "queue_handle", lambda device: handle)
-        monkeypatch.setattr(launch_plans, "reads_host_memory", lambda device: False)
-
-    yield enter, plan_runs
-    if not launch_plans.SYNC_CACHE_CHECKS:
-        assert C.cache_value_reads() == reads, "the host waited for a read of the cache's values"
 
 
 def step(q_heads, dtype, caches, table, lengths, new_tokens, starts=None):

@@ -197,7 +197,7 @@ def test_every_gpu_passes_gpu_check(targets):
     for target in targets:
         mine = [k for k in kernels if k["target"] == target]
         assert {k["family"] for k in mine} == {"forward", "backward", "decode", "dropout_mask",
-                                              "kv_append"}
+                                              "cache_check", "kv_append"}
         assert all(k["built"] and not k["violations"] for k in mine)
         xmx = [k for k in mine if k["matrix"] and k["dpas"] > 0]
         assert bool(xmx) == (target != "mtl"), target  # DG2, ARL-H: the 8-wide kernels

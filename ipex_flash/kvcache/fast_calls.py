@@ -95,7 +95,9 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
                      k_descale, v_descale) -> None:
     """After a general serving call succeeded: the plan of its signature, when it is a decode
     step (every sequence max_seqlen_q new tokens, which see a key each: the split-KV decode
-    kernel's rows)."""
+    kernel's rows). On an XPU a step of one token reads no value on the host (the values are
+    checked after the attention, launch_plans.cache_values_mode); a step of more tokens waits
+    for one read."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
                        k_descale, v_descale)
@@ -114,7 +116,10 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
                      window, softcap, alibi_slopes, sinks, 0,
                      out.view(batch, max_seqlen_q, *out.shape[1:]),
                      lse.view(lse.shape[0], batch, max_seqlen_q).transpose(0, 1),
-                     min_keys=max_seqlen_q, max_keys=max_seqlen_k,
+                     # (a one-token step's sequence with no key gets 0 and an LSE of -inf
+                     # from the decode kernel as from the general path; with more tokens
+                     # than keys, rows see no key the decode kernel does not serve)
+                     min_keys=max_seqlen_q if max_seqlen_q > 1 else 0, max_keys=max_seqlen_k,
                      descales=_descales(q, k_cache, k_descale, v_descale, batch))
         if plan:
             plan.uniform_queries()

@@ -107,7 +107,8 @@ SYNC_CACHE_CHECKS = os.environ.get("IPEX_FLASH_SYNC_CACHE_CHECKS", "0") == "1"
 def cache_values_mode(plan: "C.LaunchPlan", device: torch.device) -> int:
     """max_len_k for LaunchPlan.run of a KV-cache plan: -1 where C++ reads the cache's values
     from host memory (the CPU device); elsewhere CHECK_ON_DEVICE where the plan allows it (a
-    flash_attn_with_kvcache decode step: the host never waits for the device; a value out of
+    flash_attn_with_kvcache decode step, or the serving call's step of one token per sequence:
+    the host never waits for the device; a value out of
     range gives NaN output, and the next call on the device raises the ValueError naming the
     argument), else READ_ON_DEVICE (one kernel reads them, and the host waits for it)."""
     if reads_host_memory(device):

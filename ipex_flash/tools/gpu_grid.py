@@ -38,7 +38,7 @@ APPEND, ROTARY_F32, ROTARY_INPUT = 1024, 2048, 4096
 class Selection:
     """A call planned for a target, and what the host chose for it."""
     target: str
-    family: str         # forward, backward, decode, dropout_mask, kv_append
+    family: str         # forward, backward, decode, dropout_mask, cache_check, kv_append
     dtype: str
     head_dim: int
     features: int       # FEATURE_* bits, see FEATURE_SETS
@@ -98,6 +98,7 @@ def _calls(full: bool):
             for features in FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v
     yield "dropout_mask", "float32", 64, 0, 1, "auto", 0
+    yield "cache_check", "float32", 64, 0, 1, "auto", 0
     for dtype in ("float32", "bfloat16", "float8_e4m3fn"):  # copies bits: 32, 16, 8
         yield "kv_append", dtype, 64, 0, 1, "auto", 0
     for dtype in ("float32", "bfloat16"):

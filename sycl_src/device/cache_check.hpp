@@ -1,13 +1,14 @@
 // The check of a KV cache's values on the device, for a launch plan on a device that does not
 // share host memory (a GPU), in one of two ways:
 // - after the attention, which the host does not wait for (a flash_attn_with_kvcache decode
-//   step): the attention ran bounded by the cache whatever the values (seq_info.hpp, KvRows);
+//   step, and the serving call's one-token step): the attention ran bounded by the cache
+//   whatever the values (bounded_seq_info, split_pages_in_pool);
 //   where a value is out of range this kernel records which in a word of host memory, which
 //   the next call on the device reports (host/cache_check.cpp), and sets the call's output (and
 //   LSE) to NaN, so that an answer computed from out-of-range values is never taken for real;
-// - before it, as the one read the host waits for (the serving call's decode step, whose plan
-//   needs to know first whether its kernel serves the step): the bits and the most keys a
-//   sequence attends to, written to host memory.
+// - before it, as the one read the host waits for (the serving call's steps of several query
+//   tokens, whose plan needs to know first whether its kernel serves the step): the bits and
+//   the most keys a sequence attends to, written to host memory.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -73,18 +74,32 @@ void cache_check_kernel(CacheCheckParams p) {
       if (page < 0 || page >= p.pages) bits |= kPageOutOfRange;
     }
   }
-  bits = sycl::reduce_over_group(item.get_group(), bits, sycl::bit_or<uint32_t>());
+  // The work-group's bits and most: each sub-group's through a word of local memory.
+  static syclexp::work_group_static<uint32_t[kCacheCheckSubGroups]> group_bits;
+  static syclexp::work_group_static<int64_t[kCacheCheckSubGroups]> group_most;
+  const sycl::sub_group sg = item.get_sub_group();
+  bits = sycl::reduce_over_group(sg, bits, sycl::bit_or<uint32_t>());
+  most = sycl::reduce_over_group(sg, most, sycl::maximum<int64_t>());
+  const int sub_groups = static_cast<int>(sg.get_group_linear_range());
+  if (sg.leader()) {
+    group_bits[sg.get_group_linear_id()] = bits;
+    group_most[sg.get_group_linear_id()] = most;
+  }
+  sycl::group_barrier(item.get_group());
+  for (int i = 0; i < sub_groups; ++i) {
+    bits |= group_bits[i];
+    most = sycl::max(most, group_most[i]);
+  }
   if (p.report != nullptr) {  // read before the attention
-    most = sycl::reduce_over_group(item.get_group(), most, sycl::maximum<int64_t>());
     if (lid == 0) {
       p.report[0] = static_cast<int32_t>(bits);
       p.report[1] = static_cast<int32_t>(most);
     }
     return;
   }
-  bits &= kSeqlensOutOfRange | kLeftpadOutOfRange | kPageOutOfRange | kRotaryTooShort;
+  bits &= p.errors;
   if (bits == 0) return;
-  if (lid == 0) *p.error |= bits;
+  if (lid == 0) *p.error |= bits | p.caller;
   fill_view(p.out, lid, group);
   fill_view(p.lse, lid, group);
 }

@@ -313,6 +313,8 @@ enum CacheCheckError : uint32_t {
   // Not errors: values a plan's kernel does not serve (the general path does).
   kFewerKeysThanMin = 16,   // a sequence with fewer keys than PlanLimits::min_keys
   kQueriesNotUniform = 32,  // cu_seqlens_q is not 0, queries, 2 queries, ...
+  // Not a value: the bits were found by a serving call (which names its arguments otherwise).
+  kFoundByServingCall = 64,
 };
 
 // A 4-D view (elements), the output's or the LSE's (its last size 1).
@@ -321,6 +323,13 @@ struct FillView {
   int64_t sizes[4], strides[4];
   int32_t element_bytes;  // 2 or 4
 };
+
+// The check's one work-group, and its local memory: a word of each of its sub-groups (the
+// smallest sub-groups, the CPU device's, have 4 lanes). A work-group reduction took 4-8 KiB on
+// the GPUs (gpu-check).
+constexpr int kCacheCheckGroup = 256;
+constexpr int kCacheCheckSubGroups = kCacheCheckGroup / 4;
+constexpr int kCacheCheckLocalBytes = kCacheCheckSubGroups * (sizeof(uint32_t) + sizeof(int64_t));
 
 struct CacheCheckParams {
   const int32_t* seqlens;      // (B)
@@ -332,9 +341,10 @@ struct CacheCheckParams {
   int32_t min_keys;             // kFewerKeysThanMin below it
   const int32_t* cu_seqlens_q;  // (B + 1) or null: kQueriesNotUniform unless b * queries
   int32_t queries;
-  // Check after the attention: host memory where the bits found are or'ed in; the output and
-  // LSE are set to NaN when a value is out of range.
+  // Check after the attention: host memory where the bits found among `errors` are or'ed in,
+  // with `caller` (kFoundByServingCall or 0); the output and LSE are then set to NaN.
   uint32_t* error;
+  uint32_t errors, caller;
   FillView out, lse;
   // Or read before it (error null): host memory that receives the bits and the most keys a
   // sequence attends to, {bits, most}.

@@ -15,8 +15,6 @@ namespace ipex_flash {
 
 namespace {
 
-constexpr int kGroup = 256;
-
 // One word of host memory per context, written by the check kernel and read by the host
 // without waiting for the device. Never freed: the SYCL runtime may be torn down first.
 uint32_t* error_word(sycl::queue& queue) {
@@ -32,17 +30,22 @@ uint32_t* error_word(sycl::queue& queue) {
   return word;
 }
 
+// The arguments out of range, by the names of the call that passed them.
 std::string describe(uint32_t bits) {
+  const bool serving = bits & kFoundByServingCall;
   std::string text;
-  const auto add = [&](uint32_t bit, const char* what) {
-    if (bits & bit) text += (text.empty() ? "" : "; ") + std::string(what);
+  const auto add = [&](uint32_t bit, const std::string& what) {
+    if (bits & bit) text += (text.empty() ? "" : "; ") + what;
   };
   add(kSeqlensOutOfRange,
-      "cache_seqlens: a length below 0, or past the cache capacity once the new tokens are "
-      "appended");
+      serving ? "seqused_k: a length below 0, or past max_seqlen_k or the block table's pages"
+              : "cache_seqlens: a length below 0, or past the cache capacity once the new "
+                "tokens are appended");
   add(kLeftpadOutOfRange, "cache_leftpad: a start below 0 or past its sequence's length");
   add(kPageOutOfRange, "block_table: an entry that is not a page index of the cache");
   add(kRotaryTooShort, "rotary_cos / rotary_sin: fewer rows than the positions read");
+  add(kQueriesNotUniform,
+      "cu_seqlens_q: not 0, 1, 2, ..., as max_seqlen_q = 1 and q's one row per sequence say");
   return text;
 }
 
@@ -85,7 +88,8 @@ void check_cache_values(CacheCheckParams params, std::uintptr_t queue_handle) {
   const sycl::kernel kernel =
       get_kernels(queue, cache_check_program(device_limits(queue.get_device())))[0];
   finish_launch(queue, queue_handle,
-                submit_kernel(queue, kernel, params, block_range(1, 1, kGroup), "cache_check"),
+                submit_kernel(queue, kernel, params, block_range(1, 1, kCacheCheckGroup),
+                              "cache_check"),
                 "cache_check");
 }
 
@@ -99,7 +103,8 @@ CacheValues read_cache_values(CacheCheckParams params, std::uintptr_t queue_hand
   params.report[1] = params.capacity;
   const sycl::kernel kernel =
       get_kernels(queue, cache_check_program(device_limits(queue.get_device())))[0];
-  sycl::event done = submit_kernel(queue, kernel, params, block_range(1, 1, kGroup), "cache_check");
+  sycl::event done =
+      submit_kernel(queue, kernel, params, block_range(1, 1, kCacheCheckGroup), "cache_check");
   try {
     done.wait();
     queue.throw_asynchronous();
@@ -118,10 +123,13 @@ void raise_cache_check_errors(std::uintptr_t queue_handle) {
   // (the device writes it: one atomic read-and-clear, no wait)
   const uint32_t bits = __atomic_exchange_n(word, 0u, __ATOMIC_ACQ_REL);
   if (bits == 0) return;
+  const std::string call = bits & kFoundByServingCall
+                               ? "ipex_flash.flash_attn_varlen_func (with block_table)"
+                               : "ipex_flash.flash_attn_with_kvcache";
   throw std::invalid_argument(
-      "ipex_flash.flash_attn_with_kvcache: an earlier call on this device had values out of "
-      "range (" + describe(bits) + "); that call's output and LSE were set to NaN, and "
-      "its new tokens were not written where cache_seqlens, cache_leftpad or block_table were");
+      call + ": an earlier call on this device had values out of range (" + describe(bits) +
+      "); that call's output and LSE were set to NaN, and its new tokens (if any) were not "
+      "written where the lengths or block_table were out of range");
 }
 
 }  // namespace ipex_flash

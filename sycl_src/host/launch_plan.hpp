@@ -92,11 +92,16 @@ class LaunchPlan {
   // IPEX_FLASH_SYNC_CACHE_CHECKS).
   static constexpr int64_t kReadOnDevice = -3;
   // Whether runs may take kCheckOnDevice: a flash_attn_with_kvcache decode step, whose only
-  // values are the cache's (not packed sequences' offsets, not a serving call's plan-shape
-  // bounds, not an append by a separate kernel, which would write first).
+  // values are the cache's (not packed sequences' offsets, not an append by a separate kernel,
+  // which would write first), or a serving call's step of one query per sequence, where any
+  // cu_seqlens_q but 0, 1, ..., B and any seqused_k past max_seqlen_k break the call's own
+  // bounds (errors, not a step for the general path). A serving step of more query tokens
+  // keeps a read: uneven tokens, or fewer keys than tokens, are valid steps the general path
+  // serves.
   bool checks_on_device() const {
-    return decode_ && (!append_ || options_.k_new) && packed_max_keys_ < 0 &&
-           !uniform_queries_ && limits_.min_keys == 0 && limits_.max_keys < 0;
+    if (!decode_ || packed_max_keys_ >= 0 || limits_.min_keys != 0) return false;
+    if (uniform_queries_) return q_.sizes[2] == 1 && !append_;
+    return (!append_ || options_.k_new) && limits_.max_keys < 0;
   }
 
   bool uses_decode_kernel() const { return decode_; }

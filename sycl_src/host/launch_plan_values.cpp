@@ -97,6 +97,11 @@ void LaunchPlan::check_on_device(const PlanAddresses& at, std::uintptr_t queue_h
   CacheCheckParams params = cache_check_params(at);
   params.out = nan_fill_view(out_, at.out);
   params.lse = nan_fill_view(lse_, at.lse);  // (0: the caller has no LSE)
+  params.errors = kSeqlensOutOfRange | kLeftpadOutOfRange | kPageOutOfRange | kRotaryTooShort;
+  if (uniform_queries_) {  // (one query per sequence: other offsets break max_seqlen_q = 1)
+    params.errors |= kQueriesNotUniform;
+    params.caller = kFoundByServingCall;
+  }
   check_cache_values(params, queue_handle);
 }
 

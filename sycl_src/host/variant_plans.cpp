@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "host/cache_check.hpp"
 #include "host/device_limits.hpp"
 #include "host/device_queue.hpp"
 #include "host/dropout_launch.hpp"
@@ -42,8 +43,8 @@ DeviceLimits limits_named(const std::string& profile) {
 
 // The variant and program of one kernel family for a problem (head_dim_v: v's head dim where
 // it differs from head_dim, forward only; 0 for the same): "forward", "backward",
-// "decode" (rows = query rows per K/V head), "dropout_mask" or "kv_append" (mode "rotary": with
-// the rotary embedding, tables in the dtype).
+// "decode" (rows = query rows per K/V head), "dropout_mask", "cache_check" or "kv_append"
+// (mode "rotary": with the rotary embedding, tables in the dtype).
 py::dict plan(const std::string& family, const std::string& profile, const std::string& dtype,
               int head_dim, int features, int rows, const std::string& mode, int head_dim_v) {
   const DeviceLimits limits = limits_named(profile);
@@ -63,6 +64,9 @@ py::dict plan(const std::string& family, const std::string& profile, const std::
     program = dropout_mask_program();
     variant.cpu_device = limits.is_cpu;
     program.options = program_options(variant);
+  } else if (family == "cache_check") {  // (the KV-cache values' check, cache_check.hpp)
+    program = cache_check_program(limits);
+    variant.slm_bytes = kCacheCheckLocalBytes;
   } else if (family == "kv_append") {
     // (mode "quantise": bfloat16 keys and values into an FP8 cache of dtype)
     program = kv_append_program(dtype, mode == "quantise" ? "bfloat16" : dtype,
