@@ -44,7 +44,8 @@ inline void append_cache_row(const DecodeParams& p, const typename Tr::T* in,
 }
 
 // Writes the new keys and values of split [split_begin, split_begin + p.split_keys) of
-// sequence b for K/V heads head0 .. head0 + group_heads - 1. seq: the lengths after the append.
+// sequence b for K/V heads head0 .. head0 + group_heads - 1, but for a key whose page is not
+// in the pool. seq: the lengths after the append.
 template <class Tr>
 inline void decode_append(const DecodeParams& p, const SeqInfo& seq, const DecodeColumns& cols,
                           int b, int head0, int group_heads, int64_t split_begin, int lid) {
@@ -55,6 +56,7 @@ inline void decode_append(const DecodeParams& p, const SeqInfo& seq, const Decod
   const int64_t begin = std::max(split_begin, first_new);
   const int64_t end = std::min<int64_t>(split_begin + p.split_keys, seq.len_k);
   for (int64_t key = begin; key < end; ++key) {
+    if (!key_page_in_pool(c, p.bounds, b, key)) continue;
     const int64_t token = key - first_new;
     for (int hk = 0; hk < group_heads; ++hk) {
       const int h_kv = head0 + hk;

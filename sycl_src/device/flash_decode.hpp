@@ -133,7 +133,9 @@ void flash_decode_kernel(DecodeParams p) {
   const int64_t kv_end =
       in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
-    if (in_pool) decode_append<Tr>(p, seq, cols, b, head0, group_heads, split_begin, lid);
+    // (each new row's page checked by itself, not through in_pool: with the append under the
+    // sub-group's verdict the OpenCL CPU compiler's code for the kernel ran 8x slower)
+    decode_append<Tr>(p, seq, cols, b, head0, group_heads, split_begin, lid);
     sycl::group_barrier(group);  // the new rows written before any lane reads them
   }
 

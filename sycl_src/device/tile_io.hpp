@@ -73,6 +73,15 @@ inline bool split_pages_in_pool(Group group, const AttentionCommon& c, const Cac
   return sycl::all_of_group(group, in_pool);
 }
 
+// Whether the block_table entry that key `key` of sequence b reads is a page of the pool; true
+// unpaged.
+inline bool key_page_in_pool(const AttentionCommon& c, const CacheBounds& bounds, int b,
+                             int64_t key) {
+  if (c.seq.block_table == nullptr) return true;
+  const int32_t page = c.seq.block_table[b * c.seq.block_table_stride + key / c.seq.page_size];
+  return page >= 0 && page < bounds.pages;
+}
+
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
 // and head-dim columns contribute nothing to the products that read the tile. Consecutive
 // work-items take consecutive columns of a row, so a group of lanes moves one contiguous
