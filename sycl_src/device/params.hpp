@@ -103,7 +103,8 @@ struct SeqLayout {
 // A KV cache's bounds, so that out-of-range values (which a launch plan may leave to the
 // device to check, cache_check.hpp) never take the decode kernel outside it: a sequence whose
 // length or start is out of range has no keys (bounded_seq_info), a split whose block_table
-// entries are not all pages of the pool reads and appends nothing (flash_decode.hpp). Only
+// entries are not all pages of the pool reads nothing, and a new row whose page is not in the
+// pool is not written (flash_decode.hpp, decode_append.hpp). Only
 // DecodeParams holds it: in SeqLayout, which every kernel takes, the two words alone made the
 // float32 forward spill on 128-register GPUs (gpu-check, Meteor Lake and Arrow Lake-H, d=128
 // with every score change).
