@@ -68,6 +68,11 @@ AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorVi
   return dims;
 }
 
+CacheBounds cache_bounds(const TensorView& k, const AttentionOptions& o) {
+  return {static_cast<int32_t>(o.block_table ? o.block_table->size(1) * o.page_size : k.size(2)),
+          static_cast<int32_t>(o.block_table ? k.size(0) : 0)};
+}
+
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& o) {
   AttentionCommon c{};

@@ -59,6 +59,10 @@ AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorVi
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& options);
 
+// A KV cache's bounds as the decode kernel takes them (CacheBounds): the rows a sequence's keys
+// may reach (the block table's pages, or k's rows) and the pages of a paged cache.
+CacheBounds cache_bounds(const TensorView& k, const AttentionOptions& o);
+
 // Where a matrix kernel's pack keeps each sequence's blocks (pack_rows.hpp): blocks of
 // `block` keys of k (a packed batch by cu_seqlens_k, a KV cache by cu_keys_used, else
 // max_seqlen_k keys per sequence), or of `block` query rows of q (by cu_seqlens_q).

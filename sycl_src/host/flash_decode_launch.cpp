@@ -250,10 +250,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::queue& queue = queue_from_handle(queue_handle);
   const KernelVariant variant = flash_decode_variant(q, k, v, options, queue_handle);
   set_forward_tensors(params, q, k, v, out, lse);
-  params.bounds = CacheBounds{
-      static_cast<int32_t>(options.block_table ? options.block_table->size(1) * options.page_size
-                                               : k.size(2)),
-      static_cast<int32_t>(options.block_table ? k.size(0) : 0)};
+  params.bounds = cache_bounds(k, options);
   const int64_t heads_kv = c.dims.heads_kv();
   params.heads_per_group =
       decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());

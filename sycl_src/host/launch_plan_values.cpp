@@ -9,9 +9,7 @@
 namespace ipex_flash {
 
 int64_t LaunchPlan::cache_capacity() const {
-  const int64_t capacity = options_.block_table
-                               ? options_.block_table->sizes[1] * options_.page_size
-                               : k_.sizes[2];
+  const int64_t capacity = cache_bounds(k_, options_).key_capacity;
   return limits_.max_keys >= 0 ? std::min(capacity, limits_.max_keys) : capacity;
 }
 
@@ -80,7 +78,7 @@ CacheCheckParams LaunchPlan::cache_check_params(const PlanAddresses& at) const {
   params.table_stride = table ? table->strides[0] : 0;
   params.batch = static_cast<int32_t>(q_.sizes[0]);
   params.table_width = table ? static_cast<int32_t>(table->sizes[1]) : 0;
-  params.pages = table ? static_cast<int32_t>(k_.sizes[0]) : 0;
+  params.pages = cache_bounds(k_, options_).pages;
   params.capacity = static_cast<int32_t>(cache_capacity());
   params.appended = append_ ? append_->new_tokens : 0;
   params.rotated = static_cast<int32_t>(rotated_positions());
