@@ -26,8 +26,8 @@ inline uint32_t sequence_errors(const CacheCheckParams& p, int64_t b, int64_t& a
   const int64_t keys = p.seqlens[b], start = p.k_start != nullptr ? p.k_start[b] : 0;
   attended = keys + p.appended - start;
   uint32_t bits = 0;
-  if (keys < 0 || keys + p.appended > p.capacity) bits |= kSeqlensOutOfRange;
-  if (start < 0 || start > keys) bits |= kLeftpadOutOfRange;
+  if (!keys_fit_cache(keys, p.appended, p.capacity)) bits |= kSeqlensOutOfRange;
+  if (!start_within_keys(start, keys)) bits |= kLeftpadOutOfRange;
   if (p.rotary_rows > 0 && keys + p.rotated > p.rotary_rows) bits |= kRotaryTooShort;
   if (attended < p.min_keys) bits |= kFewerKeysThanMin;
   if (p.cu_seqlens_q != nullptr &&
@@ -71,7 +71,7 @@ void cache_check_kernel(CacheCheckParams p) {
     const int64_t entries = static_cast<int64_t>(p.batch) * p.table_width;
     for (int64_t i = lid; i < entries; i += group) {
       const int32_t page = p.block_table[i / p.table_width * p.table_stride + i % p.table_width];
-      if (page < 0 || page >= p.pages) bits |= kPageOutOfRange;
+      if (!page_in_pool(page, p.pages)) bits |= kPageOutOfRange;
     }
   }
   // The work-group's bits and most: each sub-group's through a word of local memory.

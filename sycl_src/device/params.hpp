@@ -113,6 +113,15 @@ struct CacheBounds {
   int32_t pages;         // pages of a paged cache (0: not paged)
 };
 
+// The cache's bounds as the decode kernel obeys them and the check kernel (cache_check.hpp)
+// reports them: a sequence's keys plus its appended rows within the capacity, its start
+// within its keys, a block_table entry within the pool.
+inline bool keys_fit_cache(int64_t keys, int64_t appended, int64_t capacity) {
+  return keys >= 0 && keys + appended <= capacity;
+}
+inline bool start_within_keys(int64_t start, int64_t keys) { return start >= 0 && start <= keys; }
+inline bool page_in_pool(int32_t page, int32_t pages) { return page >= 0 && page < pages; }
+
 // Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
 // blocks of rows: per head, sequence after sequence, from pack_first_block (pack_rows.hpp).
 struct PackRows {

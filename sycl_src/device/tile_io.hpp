@@ -69,7 +69,7 @@ inline bool split_pages_in_pool(Group group, const AttentionCommon& c, const Cac
   bool in_pool = true;
   for (int64_t i = begin / c.seq.page_size + group.get_local_linear_id();
        i <= (end - 1) / c.seq.page_size; i += group.get_local_linear_range())
-    in_pool = in_pool && pages[i] >= 0 && pages[i] < bounds.pages;
+    in_pool = in_pool && page_in_pool(pages[i], bounds.pages);
   return sycl::all_of_group(group, in_pool);
 }
 
@@ -78,8 +78,8 @@ inline bool split_pages_in_pool(Group group, const AttentionCommon& c, const Cac
 inline bool key_page_in_pool(const AttentionCommon& c, const CacheBounds& bounds, int b,
                              int64_t key) {
   if (c.seq.block_table == nullptr) return true;
-  const int32_t page = c.seq.block_table[b * c.seq.block_table_stride + key / c.seq.page_size];
-  return page >= 0 && page < bounds.pages;
+  return page_in_pool(c.seq.block_table[b * c.seq.block_table_stride + key / c.seq.page_size],
+                      bounds.pages);
 }
 
 // dst[r][c] = src[r * row_stride + c] for r < rows, c < cols; zero elsewhere, so padded rows
