@@ -113,9 +113,10 @@ struct CacheBounds {
   int32_t pages;         // pages of a paged cache (0: not paged)
 };
 
-// The cache's bounds as the decode kernel obeys them and the check kernel (cache_check.hpp)
-// reports them: a sequence's keys plus its appended rows within the capacity, its start
-// within its keys, a block_table entry within the pool.
+// The cache's bounds as the decode kernel obeys them, the check kernel (cache_check.hpp)
+// reports them and the host checks them (launch_plan_values.cpp): a sequence's keys plus its
+// appended rows within the capacity, its start within its keys, a block_table entry within
+// the pool.
 inline bool keys_fit_cache(int64_t keys, int64_t appended, int64_t capacity) {
   return keys >= 0 && keys + appended <= capacity;
 }

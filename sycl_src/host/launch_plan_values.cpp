@@ -28,8 +28,9 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
     const TensorView& table = *options_.block_table;
     const auto* pages = reinterpret_cast<const int32_t*>(at.block_table);
     const int64_t entries = table.sizes[0] * table.sizes[1];
+    const int32_t pool = cache_bounds(k_, options_).pages;
     if (!std::all_of(pages, pages + entries,
-                     [&](int32_t page) { return page >= 0 && page < k_.sizes[0]; }))
+                     [&](int32_t page) { return page_in_pool(page, pool); }))
       return false;
   }
   const int64_t capacity = cache_capacity();
@@ -38,7 +39,7 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   max_len_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t start = starts ? starts[b] : 0, after = keys[b] + appended;
-    if (keys[b] < 0 || after > capacity || start < 0 || start > keys[b] ||
+    if (!keys_fit_cache(keys[b], appended, capacity) || !start_within_keys(start, keys[b]) ||
         after - start < limits_.min_keys || (rotary_rows_ && keys[b] + rotated > rotary_rows_))
       return false;
     max_len_k = std::max<int64_t>(max_len_k, after - start);
