@@ -1,9 +1,11 @@
 // FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
 // kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
-// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX and the GPUs with 128
-// registers per thread), without the SLM round trips; for 256-register GPUs (PVC, BMG, Lunar
-// Lake) and the emulation at sub-group 16. Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of
-// one sub-group, one per lane.
+// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX, and the 8-wide engines
+// above head dim 64), without the SLM round trips. For the 256-register GPUs (PVC, BMG, Lunar
+// Lake; sub-group 16) up to head dim 128, the 8-wide engines of Arc A-series and Arrow Lake-H
+// (128 registers; sub-group 8, 16-key blocks) up to head dim 64, and their emulations.
+// Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of one
+// sub-group, one per lane.
 //
 // One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
 // lanes; lane r of a sub-group owns query row r. Everything is computed transposed so that a
@@ -79,8 +81,12 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
   // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
   constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
-  constexpr bool WIDE =
-      WIDEST <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
+  // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
+  // the pack (matrix_surface.hpp): they have no 2-D block loads.
+  using Surface = PackedSurface<T, M, K, R>;
+  constexpr bool TILED = Surface::Order::TILED;
+  constexpr bool WIDE = !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI |
+                                                                FEATURE_ATTN_MASK)) == 0);
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % M == 0,
@@ -111,8 +117,9 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   sycl::group_barrier(sg);
 
   // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
-  // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128).
-  constexpr bool Q_IN_REGISTERS = WIDEST <= 64 && HEAD_DIM / K >= 2;
+  // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128), and
+  // on the 8-wide engines, whose 128 registers of 32 bytes hold O^T's 64 at d = 64.
+  constexpr bool Q_IN_REGISTERS = !TILED && WIDEST <= 64 && HEAD_DIM / K >= 2;
   MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
   if constexpr (Q_IN_REGISTERS) {
 #pragma unroll
@@ -134,20 +141,23 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
 
   for (int64_t kv_begin = kv_first; kv_begin < kv_end;
        kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
-    const MatrixSurface<T> keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
-    const MatrixSurface<T> values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_N};  // V^T
+    const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
+    const Surface values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_N};  // V^T
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 
     // The next block's K and V^T, shared by the sub-groups, asked for while this one computes.
     // Up to d = 64: at 128 the addresses spilled beside the resident accumulators on PVC.
-    if constexpr (WIDEST <= 64) {
+    if constexpr (WIDEST <= 64 && !TILED) {
       if (kv_begin + BLOCK_N < kv_end)
         matrix_prefetch_run<Packed::BLOCK_ELEMENTS, SUB_GROUPS>(
             sg, k_tile + Packed::BLOCK_ELEMENTS, sub_group);
     }
 
-    // S^T: every key tile against one Q^T B tile per reduction step.
+    // S^T: every key tile against one Q^T B tile per reduction step. The sub-group barrier
+    // (no instruction on the engine) keeps IGC from hoisting the loop-invariant Q^T loads out
+    // of the loop: held through it beside O^T they spilled 3-4 KB on DG2.
+    if constexpr (!Q_IN_REGISTERS) sycl::group_barrier(sg);
     MatrixAcc<M, R> s[S_TILES];
 #pragma unroll
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
@@ -203,16 +213,26 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     }
     softmax.row_sum += block_sum;
 
-    // O^T = rescale * O^T + V^T . P^T.
-    MatrixBRegisters<T, K, R> p_t[P_STEPS];
+    // O^T = rescale * O^T + V^T . P^T. Only where some row's max rose: past the first blocks
+    // it seldom does, and the rescale's multiplies scheduled among the softmax's spilled on
+    // DG2.
+    if (sycl::any_of_group(sg, rescale != 1.f)) {
 #pragma unroll
-    for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
+      for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
+    }
+    if constexpr (P_STEPS == 1) {  // 16-key blocks (the 8-wide engines): a lone operand
+      MatrixBRegisters<T, K, R> p_t;
+      matrix_b_from_column<K>(sg, p_t, probs);
+      matrix_mad_surface_step<T, M, K, R, O_TILES>(sg, o, values, 0, p_t);
+    } else {
+      MatrixBRegisters<T, K, R> p_t[P_STEPS];
 #pragma unroll
-    for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
-    if constexpr (WIDE)
-      matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
-    else
-      matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
+      for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
+      if constexpr (WIDE)
+        matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+      else
+        matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
+    }
   }
 
   write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);

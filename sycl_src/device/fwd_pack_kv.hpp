@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "kv_quant.hpp"
+#include "matrix_surface.hpp"
 #include "pack_rows.hpp"
 #include "params.hpp"
 #include "seq_info.hpp"
@@ -23,7 +24,8 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 // The packed K/V copy: per K/V head, each sequence's blocks from pack_first_block
 // (pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM_V x BLOCK_N), in the
-// input dtype. HEAD_DIM_V is V's compiled head dim where the kernel runs it apart from Q's and
+// input dtype, row-major or tile by tile (flash_fwd_pack_kv_kernel). HEAD_DIM_V is V's
+// compiled head dim where the kernel runs it apart from Q's and
 // K's (MLA: 192 and 128), so that V is not padded to HEAD_DIM.
 template <typename T, int HEAD_DIM, int BLOCK_N, int HEAD_DIM_V = HEAD_DIM>
 struct PackedKv {
@@ -42,10 +44,13 @@ struct PackedKv {
 // (batch, K/V head), zero past the sequence's end and the head dim. One work-group of BLOCK_N
 // work-items per block of the pack, gaps included; the K/V rows may be packed (varlen) or
 // paged like the forward's, in T or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2,
-// else 0).
-template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V>
+// else 0). TILE_M x TILE_K: the readers' A tiles where they read the copy tile by tile
+// (matrix_surface.hpp: the 8-wide engines), 0 x 0 where they read it row by row.
+template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V, int TILE_M = 0,
+          int TILE_K = 0>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_pack_kv_kernel(FwdParams p) {
+  using Order = SurfaceOrder<TILE_M, TILE_K>;
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(item.get_local_id(0));
@@ -58,12 +63,34 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
   T* k_block = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>::block(p, batch, head_kv, coord.block);
   T* v_block = k_block + BLOCK_N * HEAD_DIM;
   using KV = kv_storage_t<T, KV_FEATURES>;
-  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[BLOCK_N][HEAD_DIM]>(k_block),
+  using KTile = T[BLOCK_N][HEAD_DIM];
+  using VTile = T[HEAD_DIM_V][BLOCK_N];
+  // Tile by tile, the block goes through SLM in row-major order first (the loaders below
+  // write rows), then out in the readers' order, each work-item writing consecutive elements.
+  static syclexp::work_group_static<T[Order::TILED ? BLOCK_N * (HEAD_DIM + HEAD_DIM_V) : 1]>
+      staged_slm;
+  T* staged = Order::TILED ? static_cast<T*>(staged_slm) : k_block;
+  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<KTile*>(staged),
                                kv_rows<KV>(p.k, p.k_stride, c, seq, batch, head_kv), kv_begin,
                                rows, c.dims.head_dim, lid, BLOCK_N);
-  load_tile_transposed<BLOCK_N, HEAD_DIM_V>(*reinterpret_cast<T(*)[HEAD_DIM_V][BLOCK_N]>(v_block),
+  load_tile_transposed<BLOCK_N, HEAD_DIM_V>(*reinterpret_cast<VTile*>(staged + BLOCK_N * HEAD_DIM),
                                           kv_rows<KV>(p.v, p.v_stride, c, seq, batch, head_kv),
                                           kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
+  if constexpr (Order::TILED) {
+    sycl::group_barrier(item.get_group());
+    const KTile& k_rows = *reinterpret_cast<const KTile*>(staged);
+    const VTile& v_t_rows = *reinterpret_cast<const VTile*>(staged + BLOCK_N * HEAD_DIM);
+    for (int i = lid; i < BLOCK_N * HEAD_DIM; i += BLOCK_N) {
+      int r, col;
+      Order::coordinates(i, HEAD_DIM, r, col);
+      k_block[i] = k_rows[r][col];
+    }
+    for (int i = lid; i < HEAD_DIM_V * BLOCK_N; i += BLOCK_N) {
+      int r, col;
+      Order::coordinates(i, BLOCK_N, r, col);
+      v_block[i] = v_t_rows[r][col];
+    }
+  }
 }
 
 }  // namespace ipex_flash

@@ -2,8 +2,10 @@
 // (matrix_registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
 // coordinates from a surface, B operands built from lane columns, a product, and the
 // accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
-// tiles are read the ways the kernels read them, tile by tile and in 2-D blocks. Small
-// integers keep every value exact. One sub-group; verdict[lane] = 1 where its column matched.
+// tiles are read the ways the kernels read them: tile by tile and in 2-D blocks from a
+// row-major surface (N = 16), tile by tile from a surface in tile order on the 8-wide engines
+// (matrix_surface.hpp). Small integers keep every value exact. One sub-group, which writes the
+// surface itself in the order it reads it; verdict[lane] = 1 where its column matched.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -15,7 +17,7 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 struct LayoutProbeParams {
-  const void* a;      // the surface: (2 M) x (2 K) elements of T, row-major, layout_probe_a
+  void* a;            // room for the surface: (2 M) x (2 K) elements of T, layout_probe_a
   uint32_t* verdict;  // N words
 };
 
@@ -29,7 +31,14 @@ SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<N>))
 void matrix_layout_probe_kernel(LayoutProbeParams p) {
   const auto sg = sycl::ext::oneapi::this_work_item::get_nd_item<1>().get_sub_group();
   const int lane = static_cast<int>(sg.get_local_id()[0]);
-  const MatrixSurface<T> a{static_cast<const T*>(p.a), 2 * M, 2 * K, 2 * K};
+  using Surface = PackedSurface<T, M, K, N>;
+  const Surface a{static_cast<const T*>(p.a), 2 * M, 2 * K, 2 * K};
+  for (int i = lane; i < 4 * M * K; i += N) {
+    int row, col;
+    Surface::Order::coordinates(i, 2 * K, row, col);
+    static_cast<T*>(p.a)[i] = from_float<T>(layout_probe_a(row, col));
+  }
+  sycl::group_barrier(sg);
 
   // Two of each (matrix_mad_surface's arrays hold at least two tiles on the engine).
   T low[K], high[K];
@@ -45,17 +54,24 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
   matrix_fill(sg, acc[0], 0.f);
   matrix_fill(sg, acc[1], 0.f);
   matrix_mad_surface<T, M, K, N, 2 * K, 2>(sg, acc, a, 0, b);  // strip 1: A at (M, 0), (M, K)
-  // The same product with the whole surface read as one block (matrix_block_io.hpp).
-  MatrixAcc<M, N> wide[2];
+  // The same product with the whole surface read as one block (matrix_block_io.hpp), and
+  // read as 16-wide blocks at a column, one reduction step each (the dK/dV kernel's form);
+  // where there are no 2-D block loads, the product again.
+  MatrixAcc<M, N> wide[2], step[2];
   matrix_fill(sg, wide[0], 0.f);
   matrix_fill(sg, wide[1], 0.f);
-  matrix_mad_surface_wide<T, M, K, N, 2 * K, 2, 2 * M>(sg, wide, a, 0, b);
-  // And read as 16-wide blocks at a column, one reduction step each (the dK/dV kernel's form).
-  MatrixAcc<M, N> step[2];
   matrix_fill(sg, step[0], 0.f);
   matrix_fill(sg, step[1], 0.f);
-  matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, 0, b[0]);
-  matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, K, b[1]);
+  if constexpr (Surface::Order::TILED) {
+    matrix_mad_surface<T, M, K, N, 2 * K, 2>(sg, wide, a, 0, b);
+    matrix_mad_surface_step<T, M, K, N, 2>(sg, step, a, 0, b[0]);
+    const Surface right{a.base + a.offset(0, K), 2 * M, 2 * K, 2 * K};  // columns K .. 2K
+    matrix_mad_surface_step<T, M, K, N, 2>(sg, step, right, 0, b[1]);
+  } else {
+    matrix_mad_surface_wide<T, M, K, N, 2 * K, 2, 2 * M>(sg, wide, a, 0, b);
+    matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, 0, b[0]);
+    matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, K, b[1]);
+  }
 
   // Each strip's lane column against plain arithmetic, then written, scaled and read back.
   bool match = true;

@@ -19,20 +19,19 @@
 
 #include <sycl/sycl.hpp>
 
+#include <type_traits>
+
 #include "dtypes.hpp"
+#include "matrix_surface.hpp"
 #include "matrix_tile.hpp"
 
 namespace ipex_flash {
 
-// A row-major matrix in global memory whose A tiles are read by their coordinates: on GPUs
-// with 2-D block loads the load's descriptor (base, extent, pitch) is then the same for every
-// tile and only the coordinates change, where a pointer per tile costs the descriptor's setup
-// on every load (six scalar instructions per DPAS in the forward's main loop).
-template <typename T>
-struct MatrixSurface {
-  const T* base;
-  int rows, cols, pitch;  // pitch: elements from one row to the next
-};
+// The order the register kernels' packed A surfaces are read in (matrix_surface.hpp): row
+// by row with the 2-D block loads that come with N = 16 (PVC, Xe2), tile by tile on the 8-wide
+// engines (and their emulation, which so reads what they read).
+template <typename T, int M, int K, int N>
+using PackedSurface = std::conditional_t<N == 16, MatrixSurface<T>, MatrixSurface<T, M, K>>;
 
 #ifndef IPEX_FLASH_MATRIX_EMULATE
 
@@ -89,13 +88,22 @@ __attribute__((always_inline)) inline void matrix_b_from_floats(sycl::sub_group 
   for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(from_float<T>(column[i]));
 }
 
-template <typename A, typename T>
+// The A tile at (row, col) of `surface`: by its coordinates where the surface is row-major
+// (2-D block loads); from its address where it is tile by tile (the 8-wide engines, which have
+// neither 2-D block loads nor joint_matrix_load_checked: IGC refuses it for them).
+template <typename A, typename T, int TM, int TK>
 __attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& a,
-                                                         const MatrixSurface<T>& surface,
+                                                         const MatrixSurface<T, TM, TK>& surface,
                                                          int row, int col) {
-  sycl::ext::intel::experimental::matrix::joint_matrix_load_checked(
-      sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.base),
-      surface.pitch, surface.rows, surface.cols, row, col);
+  if constexpr (SurfaceOrder<TM, TK>::TILED)
+    jm::joint_matrix_load(
+        sg, a, matrix_ptr<sycl::access::address_space::global_space>(
+                   surface.base + surface.offset(row, col)),
+        TK);
+  else
+    sycl::ext::intel::experimental::matrix::joint_matrix_load_checked(
+        sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.base),
+        surface.pitch, surface.rows, surface.cols, row, col);
 }
 
 // Asks for a contiguous run of ELEMENTS to be brought into the cache ahead of its loads, share
@@ -124,10 +132,11 @@ __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group s
 // B read in the packed layout (row stride ldb words) from B_SPACE, SLM or global memory, one B
 // tile per reduction step for all strips (matrix_mad_strips' form) ...
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
-          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
+          int TK>
 __attribute__((always_inline)) inline void matrix_mad_surface(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
-    const uint32_t* b, int ldb) {
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    int row0, const uint32_t* b, int ldb) {
   static_assert(STRIPS >= 2, "at least two tiles per array (see the overload below)");
   MatrixA<T, M, K> a_tile;
   MatrixB<T, K, N> b_tile;
@@ -144,10 +153,10 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 }
 
 // ... or B held in registers, the DEPTH / K operands b[].
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK>
 __attribute__((always_inline)) inline void matrix_mad_surface(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
-    MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    int row0, MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   // IGC (ocloc 26.27) drops a kernel whose elements it reaches in an array of one joint_matrix
   // (every store after it vanished); two or more are kept.
   static_assert(STRIPS >= 2 && DEPTH / K >= 2, "at least two tiles per array");
@@ -164,10 +173,10 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 
 // ... or one reduction step, B a single operand in registers: a lone joint_matrix, not an
 // array of one.
-template <typename T, int M, int K, int N, int STRIPS>
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK>
 __attribute__((always_inline)) inline void matrix_mad_surface_step(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
-    MatrixBRegisters<T, K, N>& b) {
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    int row0, MatrixBRegisters<T, K, N>& b) {
   static_assert(STRIPS >= 2, "at least two tiles per array");
   MatrixA<T, M, K> a_tile;
 #pragma unroll
@@ -218,18 +227,11 @@ inline void matrix_b_from_floats(sycl::sub_group, B& b, const float (&column)[K]
 template <int ELEMENTS, int PARTS, typename T>
 inline void matrix_prefetch_run(sycl::sub_group, const T*, int) {}  // nothing to hide here
 
-// The emulation reads A through plain pointers; the kernels' surfaces are whole padded blocks.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
-          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
-inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
-                               const MatrixSurface<T>& a, int row0, const uint32_t* b, int ldb) {
-  matrix_mad_strips<T, M, K, N, DEPTH, STRIPS>(
-      sg, acc, a.base + static_cast<int64_t>(row0) * a.pitch, a.pitch, b, ldb);
-}
-
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS>
+// The emulation reads A element by element in the surface's order; the kernels' surfaces are
+// whole padded blocks.
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK>
 inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
-                               const MatrixSurface<T>& a, int row0,
+                               const MatrixSurface<T, TM, TK>& a, int row0,
                                MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   // As matrix_mad_strips' emulation: strip by strip, the column in registers.
 #pragma unroll 1
@@ -237,20 +239,40 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
     float column[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) column[m] = acc[s].column[m];
-    const T* a_strip = a.base + static_cast<int64_t>(row0 + s * M) * a.pitch;
     for (int k = 0; k < DEPTH; ++k) {
       const float b_k = to_float(b[k / K].column[k % K]);
 #pragma unroll
-      for (int m = 0; m < M; ++m) column[m] += to_float(a_strip[m * a.pitch + k]) * b_k;
+      for (int m = 0; m < M; ++m)
+        column[m] += to_float(a.base[a.offset(row0 + s * M + m, k)]) * b_k;
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];
   }
 }
 
-template <typename T, int M, int K, int N, int STRIPS>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
+          int TK>
+inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+                               const MatrixSurface<T, TM, TK>& a, int row0, const uint32_t* b,
+                               int ldb) {
+  if constexpr (!SurfaceOrder<TM, TK>::TILED) {
+    matrix_mad_strips<T, M, K, N, DEPTH, STRIPS>(
+        sg, acc, a.base + static_cast<int64_t>(row0) * a.pitch, a.pitch, b, ldb);
+  } else {  // B's columns from its packed words (element (k, n): half k % 2 of word [k / 2][n])
+    const int n = static_cast<int>(sg.get_local_id()[0]);
+    MatrixBRegisters<T, K, N> columns[DEPTH / K];
+    for (int k = 0; k < DEPTH; ++k) {
+      const uint32_t word = b[k / 2 * ldb + n];
+      columns[k / K].column[k % K] = from_bits<T>(k % 2 == 0 ? word & 0xffffu : word >> 16);
+    }
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, columns);
+  }
+}
+
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK>
 inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
-                                    const MatrixSurface<T>& a, int row0,
+                                    const MatrixSurface<T, TM, TK>& a, int row0,
                                     MatrixBRegisters<T, K, N>& b) {
   MatrixBRegisters<T, K, N> one[1] = {b};
   matrix_mad_surface<T, M, K, N, K, STRIPS>(sg, acc, a, row0, one);

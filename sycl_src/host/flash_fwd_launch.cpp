@@ -63,6 +63,13 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
       fwd_program);
 }
 
+// The pack's order (fwd_pack_kv.hpp, matrix_surface.hpp): tile by tile for the 8-wide
+// register kernel, which reads its A tiles without 2-D block loads; row-major otherwise.
+std::string pack_tile_order(const KernelVariant& variant) {
+  if (!variant.matrix_registers || variant.matrix_n != 8) return "";
+  return ", " + std::to_string(variant.matrix_m) + ", " + std::to_string(variant.matrix_k);
+}
+
 }  // namespace
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v, int features,
@@ -80,9 +87,9 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
   // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
-  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128);
+  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, 64);
   const bool registers =
-      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128);
+      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, 64);
   // Deeper reduction steps (AMX's shape, emulated) where both head dims take them.
   if (split && (d % tile.k != 0 || d_v % tile.k != 0)) tile.k = 16;
   // The vector kernel compiles V's head dim apart wherever the two pad differently.
@@ -95,6 +102,9 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
       registers ? fwd_matrix_registers_slm_bytes
                 : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
   if (split || vector_split) variant.head_dim_v = d_v;
+  // The 8-wide engines' 128 registers hold O^T (64 at d = 64) beside the S^T and P of 16 keys;
+  // with 32 keys they spilled 6-7 KB per thread (DG2).
+  if (registers && tile.n == 8) variant.block_n = 16;
   variant.matrix_registers = registers;
   variant.matrix_m = tile.m;
   variant.matrix_k = tile.k;
@@ -115,7 +125,7 @@ KernelProgram fwd_program(const KernelVariant& variant) {
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
                  std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
                  ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
-                 std::to_string(variant.value_head_dim()) + ">"},
+                 std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
             program_options(variant)};
   return {"flash_fwd.hpp",
           {with_value_dim(variant.instantiate("ipex_flash::flash_fwd_kernel"),

@@ -53,10 +53,12 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
 }
 
 bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits, int head_dim,
-                               int max_head_dim) {
-  if (tile.m == 0 || limits.matrix_layout_refused || head_dim > max_head_dim) return false;
-  if (tile.emulated) return tile.n == 16;
-  return limits.matrix_lane_columns && limits.large_grf;
+                               int max_head_dim, int max_head_dim_8_wide) {
+  if (tile.m == 0 || limits.matrix_layout_refused) return false;
+  if (tile.n == 8)
+    return head_dim <= max_head_dim_8_wide && (tile.emulated || limits.matrix_lane_columns);
+  if (head_dim > max_head_dim) return false;
+  return tile.emulated || (limits.matrix_lane_columns && limits.large_grf);
 }
 
 }  // namespace ipex_flash

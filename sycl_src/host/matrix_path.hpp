@@ -44,13 +44,14 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
 // Whether the matrix kernels keep their tiles in registers (flash_fwd_matrix_registers.hpp,
 // flash_bwd_dq_registers.hpp): engines with the lane-column layout and 256 registers per thread
 // (PVC, BMG, Lunar Lake; the forward's output accumulator alone takes 128 of them at d = 128),
-// and the emulation at sub-group 16. Elsewhere the SLM-staged kernels: AMX, and DG2 / Arrow
-// Lake-H, whose 128 registers of 32 bytes cannot hold the accumulators (4-13 KiB spilled per
-// thread); emulate8 runs them in their shape.
-// Up to max_head_dim: the resident accumulator takes HEAD_DIM / 8 x 8 registers (the
-// forward's output and dQ: 128, dQ's score tiles 16 keys at a time beside it; dK/dV: 64, its
-// two accumulators would fill the 256 registers at 128).
+// and the emulation at sub-group 16, up to max_head_dim: the resident accumulator takes
+// HEAD_DIM / 8 x 8 registers (the forward's output and dQ: 128, dQ's score tiles 16 keys at a
+// time beside it; dK/dV: 64, its two accumulators would fill the 256 registers at 128).
+// The 8-wide engines (DG2, Arrow Lake-H: 128 registers of 32 bytes, a sub-group's 8 rows) and
+// emulate8 up to max_head_dim_8_wide: the forward's O^T takes 64 registers at d = 64 and all
+// 128 at d = 128 (4-13 KiB spilled per thread there); 0 where a kernel has no 8-wide register
+// form. Elsewhere the SLM-staged kernels: AMX always.
 bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits, int head_dim,
-                               int max_head_dim);
+                               int max_head_dim, int max_head_dim_8_wide = 0);
 
 }  // namespace ipex_flash

@@ -1,0 +1,57 @@
+// A matrix in global memory whose A tiles the register kernels read by their coordinates
+// (matrix_registers.hpp), in one of two orders:
+// - row-major (TILE_M = 0), for GPUs with 2-D block loads (PVC, BMG, Lunar Lake): a load's
+//   descriptor (base, extent, pitch) is then the same for every tile and only the coordinates
+//   change, where a pointer per tile costs the descriptor's setup on every load (six scalar
+//   instructions per DPAS in the forward's main loop);
+// - tile by tile (TILE_M x TILE_K tiles, each contiguous and row-major, the tiles in row-major
+//   order), for the 8-wide engines (Arc A-series, Arrow Lake-H), which have no 2-D block loads:
+//   an A tile whose rows lie apart costs one load and one 64-bit address (emulated there) per
+//   row, about six instructions per row and fifty per DPAS; a contiguous tile is one block read.
+// The packed copies (fwd_pack_kv.hpp) are written in the order their readers take.
+#pragma once
+
+#include <cstdint>
+
+namespace ipex_flash {
+
+// Where element (row, col) of a (rows x cols) matrix lies, in elements from its start.
+template <int TILE_M, int TILE_K>
+struct SurfaceOrder {
+  static constexpr bool TILED = TILE_M > 0;
+  static_assert(TILED == (TILE_K > 0), "both tile sides, or neither");
+
+  static inline int64_t offset(int row, int col, int cols, int pitch) {
+    if constexpr (TILED)
+      return (static_cast<int64_t>(row / TILE_M) * (cols / TILE_K) + col / TILE_K) *
+                 (TILE_M * TILE_K) +
+             row % TILE_M * TILE_K + col % TILE_K;
+    else
+      return static_cast<int64_t>(row) * pitch + col;
+  }
+
+  // The inverse, for writers walking the storage in order: the row and column of element i.
+  static inline void coordinates(int64_t i, int cols, int& row, int& col) {
+    if constexpr (TILED) {
+      const int64_t tile = i / (TILE_M * TILE_K);
+      const int within = static_cast<int>(i % (TILE_M * TILE_K));
+      const int tiles_per_row = cols / TILE_K;
+      row = static_cast<int>(tile / tiles_per_row) * TILE_M + within / TILE_K;
+      col = static_cast<int>(tile % tiles_per_row) * TILE_K + within % TILE_K;
+    } else {
+      row = static_cast<int>(i / cols);
+      col = static_cast<int>(i % cols);
+    }
+  }
+};
+
+template <typename T, int TILE_M = 0, int TILE_K = 0>
+struct MatrixSurface {
+  using Order = SurfaceOrder<TILE_M, TILE_K>;
+  const T* base;
+  int rows, cols, pitch;  // pitch: elements from one row to the next (row-major order only)
+
+  inline int64_t offset(int row, int col) const { return Order::offset(row, col, cols, pitch); }
+};
+
+}  // namespace ipex_flash
