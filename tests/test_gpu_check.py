@@ -117,6 +117,10 @@ def test_rules_flag_each_defect():
         "main loop issues 12.5 instructions per DPAS (at most 12.0)"]
     assert kernel_violations(report(loop_per_dpas=30.5, **{**registers, "features": 7})) == []
     assert kernel_violations(report(loop_per_dpas=11.6, **registers)) == []
+    eight_wide = {**registers, "head_dim": 64, "simd": 8, "grf": 128}  # DG2, Arrow Lake-H
+    assert kernel_violations(report(loop_per_dpas=27.2, **eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=28.5, **eight_wide)) == [
+        "main loop issues 28.5 instructions per DPAS (at most 28.0)"]
     for kernel in ("flash_bwd_dq_matrix_registers_kernel", "flash_bwd_dkdv_matrix_registers_kernel"):
         backward = {**registers, "family": "backward", "kernel": f"ipex_flash::{kernel}<...>"}
         assert kernel_violations(report(loop_per_dpas=13.5, **backward)) == [

@@ -61,34 +61,44 @@ def matrix_mode(monkeypatch):
     return set_mode
 
 
-@pytest.mark.parametrize("profile, registers", [("pvc", True), ("bmg", True), ("lnl", True),
-                                               ("dg2", False), ("arl-h", False)])
-def test_forward_kernel_per_gpu(profile, registers):
+@pytest.mark.parametrize("profile, wide", [("pvc", True), ("bmg", True), ("lnl", True),
+                                          ("dg2", False), ("arl-h", False)])
+def test_forward_kernel_per_gpu(profile, wide):
     """GPUs with 256 registers per thread plan the forward and the backward's dQ (d <= 128)
-    and dK/dV (d <= 128) with their tiles in registers; those with 128 (whose accumulators would
-    spill) the SLM-staged kernels; so do the emulated shapes of each (emulate: sub-group 16,
+    and dK/dV (d <= 128) with their tiles in registers; the 8-wide engines of DG2 and Arrow
+    Lake-H (128 registers of 32 bytes) the forward up to d = 64 (O^T fills them at 128) and the
+    SLM-staged kernels elsewhere; so do the emulated shapes of each (emulate: sub-group 16,
     emulate8: DG2's)."""
     for dtype in ("bfloat16", "float16"):
-        plan = C.plan("forward", profile, dtype, 128, 0, 1, "1")
-        assert plan["variant"].matrix_m > 0 and plan["variant"].matrix_registers == registers
-        expected = "flash_fwd_matrix_registers" if registers else "flash_fwd_matrix"
-        assert plan["header"] == expected + ".hpp"
-        assert plan["kernels"][0].startswith(f"ipex_flash::{expected}_kernel<")
         for head_dim in (64, 128):
+            plan = C.plan("forward", profile, dtype, head_dim, 0, 1, "1")
+            registers = wide or head_dim <= 64
+            assert plan["variant"].matrix_m > 0
+            assert plan["variant"].matrix_registers == registers
+            expected = "flash_fwd_matrix_registers" if registers else "flash_fwd_matrix"
+            assert plan["header"] == expected + ".hpp"
+            assert plan["kernels"][0].startswith(f"ipex_flash::{expected}_kernel<")
+            # The 8-wide kernel's pack is in tile order (8 x 16 tiles), 16 keys a block.
+            tiled = registers and not wide
+            assert plan["kernels"][1].endswith(", 8, 16>") == tiled
+            assert (plan["variant"].block_n == 16) == tiled
             backward = C.plan("backward", profile, dtype, head_dim, 0, 1, "1")
-            assert backward["variant"].matrix_registers == registers
-            assert backward["variant"].dkdv_registers == registers
+            assert backward["variant"].matrix_registers == wide
+            assert backward["variant"].dkdv_registers == wide
             assert any("flash_bwd_dq_matrix_registers_kernel" in k
-                       for k in backward["kernels"]) == registers
+                       for k in backward["kernels"]) == wide
             assert any("flash_bwd_dkdv_matrix_registers_kernel" in k
-                       for k in backward["kernels"]) == registers
+                       for k in backward["kernels"]) == wide
     # Above head dim 128 the accumulators would not fit.
     assert not C.plan("forward", "bmg", "bfloat16", 256, 0, 1, "1")["variant"].matrix_registers
     assert not C.plan("backward", "bmg", "bfloat16", 160, 0, 1, "1")["variant"].matrix_registers
-    for mode, registers in (("emulate", True), ("emulate8", False)):
-        for family in ("forward", "backward"):
-            plan = C.plan(family, "", "bfloat16", 64, 0, 1, mode)
-            assert plan["variant"].matrix_registers == registers
+    for mode, forward_64, forward_128 in (("emulate", True, True), ("emulate8", True, False)):
+        assert C.plan("forward", "", "bfloat16", 64, 0, 1, mode)["variant"].matrix_registers \
+            == forward_64
+        assert C.plan("forward", "", "bfloat16", 128, 0, 1, mode)["variant"].matrix_registers \
+            == forward_128
+        assert C.plan("backward", "", "bfloat16", 64, 0, 1, mode)["variant"].matrix_registers \
+            == (mode == "emulate")
 
 
 # Default tier: the common and a padded head dim above 128 (80, 16-deep steps, runs in
@@ -188,7 +198,7 @@ def test_options_through_flash_attn_api(matrix_mode, mode):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ONE_RUN_MODE)
+@pytest.mark.parametrize("mode", ONE_RUN_MODE + ["emulate8"])  # emulate8: the 8-wide registers
 def test_dropout_applies_the_reported_mask(matrix_mode, mode, causal):
     from ipex_flash.ops import launch
     from test_dropout import reference_with_mask
@@ -388,11 +398,12 @@ print(json.dumps({"error": (out.double() - ref).abs().max().item(),
 
 
 @pytest.mark.parametrize("mismatch", [False, True])
-def test_layout_probe_guards_the_register_kernels(mismatch, tmp_path):
+@pytest.mark.parametrize("mode", ["emulate", "emulate8"])  # surfaces row-major, in tile order
+def test_layout_probe_guards_the_register_kernels(mode, mismatch, tmp_path):
     """Before the register kernels' first use the engine's tile layout is probed; where it
     differs (the seam IPEX_FLASH_TEST_LAYOUT_MISMATCH makes the probe expect another) the call
     runs the SLM-staged kernel, correctly, with one warning naming the check."""
-    env = dict(os.environ, IPEX_FLASH_MATRIX="emulate", IPEX_FLASH_CACHE_DIR=str(tmp_path),
+    env = dict(os.environ, IPEX_FLASH_MATRIX=mode, IPEX_FLASH_CACHE_DIR=str(tmp_path),
                IPEX_FLASH_TEST_LAYOUT_MISMATCH="1" if mismatch else "0")
     done = subprocess.run([sys.executable, "-c", LAYOUT_CHILD], env=env, capture_output=True,
                           text=True, timeout=900)

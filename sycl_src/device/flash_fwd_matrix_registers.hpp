@@ -91,8 +91,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % M == 0,
                 "tile shape");
-  static syclexp::work_group_static<uint32_t[HEAD_DIM / 2][BLOCK_M]> q_slm;  // (d/2, q) packed
-  uint32_t(&q_t)[HEAD_DIM / 2][BLOCK_M] = q_slm;
+  // Q^T (d/2, q) packed; tile by tile, each sub-group's columns together (one block a B tile).
+  static syclexp::work_group_static<uint32_t[HEAD_DIM / 2 * BLOCK_M]> q_slm;
+  uint32_t* q_words = q_slm;
+  constexpr int Q_GROUP = TILED ? R : BLOCK_M;  // load_tile_packed's grouping of the columns
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -111,10 +113,11 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
-  load_tile_packed<BLOCK_M, HEAD_DIM>(q_t, forward_operands<T>(p, block).q, p.q_stride.row,
-                                      static_cast<int>(q_end - q_begin), c.dims.head_dim, lid,
-                                      BLOCK_M);
+  load_tile_packed<BLOCK_M, HEAD_DIM, Q_GROUP>(q_words, forward_operands<T>(p, block).q,
+                                               p.q_stride.row, static_cast<int>(q_end - q_begin),
+                                               c.dims.head_dim, lid, BLOCK_M);
   sycl::group_barrier(sg);
+  const uint32_t* q_t = q_words + (TILED ? sub_group * (HEAD_DIM / 2 * R) : r0);  // (d/2, r)
 
   // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
   // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128), and
@@ -124,7 +127,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   if constexpr (Q_IN_REGISTERS) {
 #pragma unroll
     for (int k = 0; k < HEAD_DIM / K; ++k)
-      matrix_b_load_packed<T>(sg, q_b[k], &q_t[k * K / 2][r0], BLOCK_M);
+      matrix_b_load_packed<T>(sg, q_b[k], q_t + k * K / 2 * Q_GROUP, Q_GROUP);
   }
 
   MatrixAcc<M, R> o[O_TILES];
@@ -164,10 +167,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     if constexpr (Q_IN_REGISTERS)
       matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
     else if constexpr (WIDE)
-      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, &q_t[0][r0],
-                                                                      BLOCK_M);
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_t,
+                                                                      Q_GROUP);
     else
-      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, &q_t[0][r0], BLOCK_M);
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, q_t, Q_GROUP);
 
     // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
     // the accumulators, and their max.
@@ -213,10 +216,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     }
     softmax.row_sum += block_sum;
 
-    // O^T = rescale * O^T + V^T . P^T. Only where some row's max rose: past the first blocks
-    // it seldom does, and the rescale's multiplies scheduled among the softmax's spilled on
-    // DG2.
-    if (sycl::any_of_group(sg, rescale != 1.f)) {
+    // O^T = rescale * O^T + V^T . P^T. Tile by tile (the 8-wide engines), only where some
+    // row's max rose (past the first blocks it seldom does): the rescale's multiplies,
+    // scheduled among the softmax's, spilled there.
+    if (!TILED || sycl::any_of_group(sg, rescale != 1.f)) {
 #pragma unroll
       for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
     }

@@ -46,8 +46,8 @@ struct PackedKv {
 // paged like the forward's, in T or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2,
 // else 0). TILE_M x TILE_K: the readers' A tiles where they read the copy tile by tile
 // (matrix_surface.hpp: the 8-wide engines), 0 x 0 where they read it row by row.
-template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V, int TILE_M = 0,
-          int TILE_K = 0>
+template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V, int TILE_M,
+          int TILE_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_fwd_pack_kv_kernel(FwdParams p) {
   using Order = SurfaceOrder<TILE_M, TILE_K>;

@@ -166,17 +166,25 @@ inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<KV>& src, in
 }
 
 // Transposed and packed for the matrix engine's B operand (matrix_tile.hpp): word [c / 2][r]
-// holds columns c and c + 1 of row r.
-template <int ROWS, int COLS, typename T>
-inline void load_tile_packed(uint32_t (&dst)[COLS / 2][ROWS], const T* src, int64_t row_stride,
-                             int rows, int cols, int lid, int group_size) {
+// holds columns c and c + 1 of row r. With GROUP < ROWS, the rows in groups of GROUP, each
+// group's words [c / 2][r % GROUP] contiguous (a sub-group's B operands, one block per tile).
+template <int ROWS, int COLS, int GROUP = ROWS, typename T>
+inline void load_tile_packed(uint32_t* dst, const T* src, int64_t row_stride, int rows, int cols,
+                             int lid, int group_size) {
+  static_assert(ROWS % GROUP == 0, "whole groups of rows");
   for (int i = lid; i < ROWS * COLS / 2; i += group_size) {
     const int r = i % ROWS, c = i / ROWS * 2;
     const T* row = src + r * row_stride;
     const T even = (r < rows && c < cols) ? row[c] : tile_zero<T>();
     const T odd = (r < rows && c + 1 < cols) ? row[c + 1] : tile_zero<T>();
-    dst[c / 2][r] = pack_pair(even, odd);
+    dst[r / GROUP * (COLS / 2 * GROUP) + c / 2 * GROUP + r % GROUP] = pack_pair(even, odd);
   }
+}
+
+template <int ROWS, int COLS, typename T>
+inline void load_tile_packed(uint32_t (&dst)[COLS / 2][ROWS], const T* src, int64_t row_stride,
+                             int rows, int cols, int lid, int group_size) {
+  load_tile_packed<ROWS, COLS>(&dst[0][0], src, row_stride, rows, cols, lid, group_size);
 }
 
 // Packed along rows for a B operand whose reduction runs over rows (the backward's Q and dO in

@@ -64,10 +64,11 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
 }
 
 // The pack's order (fwd_pack_kv.hpp, matrix_surface.hpp): tile by tile for the 8-wide
-// register kernel, which reads its A tiles without 2-D block loads; row-major otherwise.
+// register kernel, which reads its A tiles without 2-D block loads; row-major (0, 0) otherwise.
 std::string pack_tile_order(const KernelVariant& variant) {
-  if (!variant.matrix_registers || variant.matrix_n != 8) return "";
-  return ", " + std::to_string(variant.matrix_m) + ", " + std::to_string(variant.matrix_k);
+  const bool tiled = variant.matrix_registers && variant.matrix_n == 8;
+  return ", " + std::to_string(tiled ? variant.matrix_m : 0) + ", " +
+         std::to_string(tiled ? variant.matrix_k : 0);
 }
 
 }  // namespace
@@ -87,9 +88,13 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
   // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
-  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, 64);
+  // The 8-wide engines hold it only without per-score changes: softcap, ALiBi and a user's mask
+  // together spilled 2.9-3.1 KB per thread beside O^T (DG2, Arrow Lake-H).
+  const int max_8_wide =
+      (features & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0 ? 64 : 0;
+  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide);
   const bool registers =
-      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, 64);
+      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide);
   // Deeper reduction steps (AMX's shape, emulated) where both head dims take them.
   if (split && (d % tile.k != 0 || d_v % tile.k != 0)) tile.k = 16;
   // The vector kernel compiles V's head dim apart wherever the two pad differently.
