@@ -27,8 +27,9 @@ def test_prefill_over_fp8_cache_takes_the_matrix_kernel(matrix_mode, mode, fp8):
     plan = C.plan("forward", "", "bfloat16", 128, FEATURE_OF[fp8], 1, mode)
     assert plan["variant"].matrix_m > 0
     packs = [k for k in plan["kernels"] if "flash_fwd_pack_kv_kernel" in k]
-    # The pack's arguments end with the cache's FP8 feature and V's head dim.
-    assert len(packs) == 1 and packs[0].endswith(f", {FEATURE_OF[fp8]}, 128>")
+    # The pack's arguments end with the cache's FP8 feature, V's head dim and the pack's tile
+    # order (row-major: 0, 0).
+    assert len(packs) == 1 and packs[0].endswith(f", {FEATURE_OF[fp8]}, 128, 0, 0>")
 
 
 @pytest.mark.parametrize("profile", [n for n in C.profile_names()
