@@ -13,7 +13,7 @@
 //   S^T (kv, r) = K (kv, d) . Q^T (d, r)     BLOCK_N / MATRIX_M accumulators, in registers
 //   softmax over kv                          each lane on its own column: no exchange
 //   P^T (kv, r)                              B operands built in registers from the column
-//   O^T (dv, r) = rescale * O^T + V^T . P^T  HEAD_DIM_V / MATRIX_M accumulators, resident
+//   O^T (dv, r) = rescale * O^T + V^T . P^T  DV / MATRIX_M accumulators (DV below), resident
 //                                            for the whole K/V loop
 // HEAD_DIM is Q's and K's compiled head dim, HEAD_DIM_V V's and O's: the host compiles them
 // apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
@@ -42,41 +42,47 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-// Writes the lane's output row from the O^T accumulators (column d of the row is element
-// d % M of tile d / M), normalised, with its log-sum-exp. Called by every lane of the
-// sub-group (the column reads are collective).
+// Writes the lane's output row from the O^T accumulators (column d0 + d of the row is element
+// d % M of tile d / M), normalised, and where d0 = 0 its log-sum-exp. Called by every lane of
+// the sub-group (the column reads are collective).
 template <typename T, int M, typename Acc, int TILES>
 __attribute__((always_inline)) inline void write_output_from_tiles(
-    const FwdParams& p, const QueryBlock& block, int lid, sycl::sub_group sg, Acc (&o)[TILES],
-    const OnlineSoftmaxRow& softmax, float v_descale) {
+    const FwdParams& p, const QueryBlock& block, int lid, int d0, sycl::sub_group sg,
+    Acc (&o)[TILES], const OnlineSoftmaxRow& softmax, float v_descale) {
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = block.seq;
   const int64_t row = block.begin + lid;
   const bool inside = row < seq.len_q;
   const float inv_sum = softmax.inverse_sum() * v_descale;
   T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
-           block.head * p.out_stride.head + (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row;
+           block.head * p.out_stride.head +
+           (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row + d0;
   float values[TILES * M];
   lane_row_of_tiles<M>(sg, o, values);
   if (!inside) return;
 #pragma unroll
   for (int d = 0; d < TILES * M; ++d)
-    if (d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
-  p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
+    if (d0 + d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
+  if (d0 == 0) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
 }
 
+// VALUE_SPLIT sub-groups share each MATRIX_N query rows, each computing their scores and
+// softmax alike (the same arithmetic: the same results) and its own HEAD_DIM_V / VALUE_SPLIT
+// of O^T: the 8-wide engines at head dim 128, whose 128 registers a whole O^T would fill. The
+// work-group is BLOCK_M x VALUE_SPLIT work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N, int HEAD_DIM_V>
+          int MATRIX_K, int MATRIX_N, int HEAD_DIM_V, int VALUE_SPLIT>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_fwd_matrix_registers_kernel(FwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
-  constexpr int S_TILES = BLOCK_N / M, O_TILES = HEAD_DIM_V / M, P_STEPS = BLOCK_N / K;
+  constexpr int DV = HEAD_DIM_V / VALUE_SPLIT;  // O^T's rows (V's head dims) of a sub-group
+  constexpr int S_TILES = BLOCK_N / M, O_TILES = DV / M, P_STEPS = BLOCK_N / K;
   // The register budget below is sized by the wider of the two head dims: O^T's accumulators
-  // grow with HEAD_DIM_V, and at HEAD_DIM above 64 Q^T is read from SLM per block, costing no
+  // grow with DV, and at HEAD_DIM above 64 Q^T is read from SLM per block, costing no
   // registers that stay.
-  constexpr int WIDEST = HEAD_DIM > HEAD_DIM_V ? HEAD_DIM : HEAD_DIM_V;
+  constexpr int WIDEST = HEAD_DIM > DV ? HEAD_DIM : DV;
   // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
   // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
   // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
@@ -89,19 +95,25 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
                                                                 FEATURE_ATTN_MASK)) == 0);
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
-                    HEAD_DIM_V % M == 0,
+                    HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),
                 "tile shape");
-  // Q^T (d/2, q) packed; tile by tile, each sub-group's columns together (one block a B tile).
-  static syclexp::work_group_static<uint32_t[HEAD_DIM / 2 * BLOCK_M]> q_slm;
-  uint32_t* q_words = q_slm;
+  // Q^T (d/2, q) packed, a copy per share of V's head dims; tile by tile, each sub-group's
+  // columns together (one block a B tile).
+  static syclexp::work_group_static<uint32_t[VALUE_SPLIT * HEAD_DIM / 2 * BLOCK_M]> q_slm;
   constexpr int Q_GROUP = TILED ? R : BLOCK_M;  // load_tile_packed's grouping of the columns
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
-  const int lid = static_cast<int>(item.get_local_id(0));
+  const int item_id = static_cast<int>(item.get_local_id(0));
+  // The work-item's query row in the block, and its share of V's head dims (uniform per
+  // sub-group); constants without a split (the work-group is BLOCK_M then, which the compiler
+  // cannot know).
+  const int lid = VALUE_SPLIT == 1 ? item_id : item_id % BLOCK_M;
+  const int share = VALUE_SPLIT == 1 ? 0 : item_id / BLOCK_M;
+  uint32_t* q_words = static_cast<uint32_t*>(q_slm) + share * (HEAD_DIM / 2 * BLOCK_M);
   const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
-  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_N;
+  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_N;  // of one share (prefetches: VALUE_SPLIT 1)
   const int sub_group = r0 / MATRIX_N;
   const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
   if (block.empty) return;
@@ -145,7 +157,8 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   for (int64_t kv_begin = kv_first; kv_begin < kv_end;
        kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
     const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
-    const Surface values{k_tile + BLOCK_N * HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_N};  // V^T
+    const Surface values{k_tile + BLOCK_N * HEAD_DIM + share * DV * BLOCK_N, DV, BLOCK_N,
+                         BLOCK_N};  // the share's rows of V^T (whole tile rows in either order)
     const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 
@@ -238,7 +251,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     }
   }
 
-  write_output_from_tiles<T, M>(p, block, lid, sg, o, softmax, descale.v);
+  write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }
 
 }  // namespace ipex_flash

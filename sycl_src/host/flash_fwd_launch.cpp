@@ -1,6 +1,7 @@
 #include "host/flash_fwd_launch.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,9 +43,9 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
          (variant.head_dim + variant.value_head_dim()) * 2;
 }
 
-// A kernel's registered name with its trailing HEAD_DIM_V template argument.
-std::string with_value_dim(std::string name, int head_dim_v) {
-  name.insert(name.size() - 1, ", " + std::to_string(head_dim_v));
+// A kernel's registered name with trailing template arguments (HEAD_DIM_V, VALUE_SPLIT).
+std::string with_trailing(std::string name, std::initializer_list<int> arguments) {
+  for (int argument : arguments) name.insert(name.size() - 1, ", " + std::to_string(argument));
   return name;
 }
 
@@ -88,10 +89,11 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
   // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
-  // The 8-wide engines hold it only without per-score changes: softcap, ALiBi and a user's mask
-  // together spilled 2.9-3.1 KB per thread beside O^T (DG2, Arrow Lake-H).
+  // The 8-wide engines hold it only without per-score changes (softcap, ALiBi and a user's mask
+  // together spilled 2.9-3.1 KB per thread beside O^T on DG2 and Arrow Lake-H), and past
+  // d_v = 64 with two sub-groups per query rows, each holding half of O^T (value_split).
   const int max_8_wide =
-      (features & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0 ? 64 : 0;
+      (features & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0 ? 128 : 0;
   const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide);
   const bool registers =
       split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide);
@@ -102,10 +104,14 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   const SlmBytes vector_slm = [&](int hd, int bm, int bn) {
     return fwd_slm_bytes(hd, vector_split ? d_v : hd, bm, bn);
   };
+  const int value_split = registers && tile.n == 8 && (split ? d_v : d) > 64 ? 2 : 1;
+  const SlmBytes registers_slm = [&](int hd, int bm, int bn) {
+    return value_split * fwd_matrix_registers_slm_bytes(hd, bm, bn);  // Q^T per share
+  };
   KernelVariant variant = choose_variant(
       dtype, split || vector_split ? head_dim : widest, limits,
-      registers ? fwd_matrix_registers_slm_bytes
-                : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+      registers ? registers_slm : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+  variant.value_split = value_split;
   if (split || vector_split) variant.head_dim_v = d_v;
   // The 8-wide engines' 128 registers hold O^T (64 at d = 64) beside the S^T and P of 16 keys;
   // with 32 keys they spilled 6-7 KB per thread (DG2).
@@ -123,9 +129,9 @@ KernelProgram fwd_program(const KernelVariant& variant) {
   if (variant.matrix_m > 0)
     return {variant.matrix_registers ? "flash_fwd_matrix_registers.hpp" : "flash_fwd_matrix.hpp",
             {variant.matrix_registers
-                 ? with_value_dim(
+                 ? with_trailing(
                        variant.instantiate("ipex_flash::flash_fwd_matrix_registers_kernel"),
-                       variant.value_head_dim())
+                       {variant.value_head_dim(), variant.value_split})
                  : variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
              "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
                  std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
@@ -133,8 +139,8 @@ KernelProgram fwd_program(const KernelVariant& variant) {
                  std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
             program_options(variant)};
   return {"flash_fwd.hpp",
-          {with_value_dim(variant.instantiate("ipex_flash::flash_fwd_kernel"),
-                          variant.value_head_dim())},
+          {with_trailing(variant.instantiate("ipex_flash::flash_fwd_kernel"),
+                         {variant.value_head_dim()})},
           program_options(variant)};
 }
 
@@ -172,7 +178,8 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
                     "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
   }
   sycl::event done = submit_kernel(queue, kernels[0], params,
-                                   block_range(batch_heads, c.num_blocks, variant.block_m),
+                                   block_range(batch_heads, c.num_blocks,
+                                               variant.block_m * variant.value_split),
                                    "flash_fwd");
   finish_launch(queue, queue_handle, done, "flash_fwd");
 }

@@ -31,6 +31,10 @@ struct KernelVariant {
   // forward's register kernel with D != Dv, MLA: 192 and 128); 0 where the kernels run both
   // at head_dim (the larger of D and Dv).
   int head_dim_v = 0;
+  // The register forward's sub-groups per query row set, each with its share of V's head dim
+  // (flash_fwd_matrix_registers.hpp: 2 on the 8-wide engines past head dim 64); its work-group
+  // is block_m x value_split work-items.
+  int value_split = 1;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // compiled for the SYCL CPU device: its loop forms (tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (kernel_props.hpp)
