@@ -185,6 +185,27 @@ def test_selected_and_distinct_from_vector_kernel(matrix_mode, mode):
         assert_matches_reference(out, None, ref_out, None, torch.bfloat16)
 
 
+# One sub-group per query rows (d <= 64) and two, each with half of O^T (56 pads to 64; 80
+# and 128 split); off the 16-key blocks, GQA 3, windows both sides and bottom-right causal.
+@pytest.mark.parametrize("head_dim", [56, 80, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_eight_wide_register_forward(matrix_mode, dtype, head_dim):
+    """emulate8 runs the forward that DG2 and Arrow Lake-H keep in registers, its K/V pack in
+    tile order, against float64 with flash-attn's masks; the LSE too (written by one of the two
+    sub-groups that share rows)."""
+    from ipex_flash.reference import flash_attn_reference
+    matrix_mode("emulate8")
+    dtype_name = str(dtype).removeprefix("torch.")
+    variant = C.plan("forward", "", dtype_name, head_dim, 0, 1, "emulate8")["variant"]
+    assert variant.matrix_registers and variant.matrix_n == 8
+    assert variant.value_split == (1 if head_dim <= 64 else 2)
+    q, k, v = (t.transpose(1, 2) for t in random_qkv(2, 6, 2, 75, 101, head_dim, dtype))
+    for kwargs in (dict(causal=True), dict(window_size=(23, 9)), dict(causal=False)):
+        out, lse, _ = ipex_flash.flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
+        ref_out, ref_lse = flash_attn_reference(q, k, v, **kwargs)
+        assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
+
+
 @pytest.mark.parametrize("mode", RUN_MODES)
 def test_options_through_flash_attn_api(matrix_mode, mode):
     """Windows, softcap, ALiBi and bottom-right causal masks take the same kernel."""
