@@ -1,9 +1,10 @@
 // FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
 // kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
 // softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX, and the 8-wide engines
-// above head dim 64), without the SLM round trips. For the 256-register GPUs (PVC, BMG, Lunar
-// Lake; sub-group 16) up to head dim 128, the 8-wide engines of Arc A-series and Arrow Lake-H
-// (128 registers; sub-group 8, 16-key blocks) up to head dim 64, and their emulations.
+// with score changes), without the SLM round trips. For the 256-register GPUs (PVC, BMG, Lunar
+// Lake; sub-group 16) and the 8-wide engines of Arc A-series and Arrow Lake-H (128 registers;
+// sub-group 8, 16-key blocks, two sub-groups per query rows past head dim 64: VALUE_SPLIT) up
+// to head dim 128, and their emulations.
 // Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of one
 // sub-group, one per lane.
 //
@@ -19,7 +20,7 @@
 // apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
 // at V's head dim rather than the larger one; equal otherwise.
 // K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
-// tiles (matrix_block_io.hpp). Q^T is staged once in SLM in the matrix engine's packed B layout
+// tiles (matrix_block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T is staged once in SLM in the matrix engine's packed B layout
 // and read as whole B tiles (once, up to d = 64; per block above), the only SLM the kernel
 // uses; each sub-group reads only its own columns, so there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.

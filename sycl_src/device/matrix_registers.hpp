@@ -19,19 +19,11 @@
 
 #include <sycl/sycl.hpp>
 
-#include <type_traits>
-
 #include "dtypes.hpp"
 #include "matrix_surface.hpp"
 #include "matrix_tile.hpp"
 
 namespace ipex_flash {
-
-// The order the register kernels' packed A surfaces are read in (matrix_surface.hpp): row
-// by row with the 2-D block loads that come with N = 16 (PVC, Xe2), tile by tile on the 8-wide
-// engines (and their emulation, which so reads what they read).
-template <typename T, int M, int K, int N>
-using PackedSurface = std::conditional_t<N == 16, MatrixSurface<T>, MatrixSurface<T, M, K>>;
 
 #ifndef IPEX_FLASH_MATRIX_EMULATE
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ipex_flash {
 
@@ -53,5 +54,11 @@ struct MatrixSurface {
 
   inline int64_t offset(int row, int col) const { return Order::offset(row, col, cols, pitch); }
 };
+
+// The order the register kernels read their packed A surfaces in: row by row with the 2-D
+// block loads that come with N = 16 (PVC, Xe2), tile by tile (M x K tiles) on the 8-wide
+// engines, and in their emulations, which so read what the engines read.
+template <typename T, int M, int K, int N>
+using PackedSurface = std::conditional_t<N == 16, MatrixSurface<T>, MatrixSurface<T, M, K>>;
 
 }  // namespace ipex_flash

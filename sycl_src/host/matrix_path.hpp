@@ -49,8 +49,9 @@ MatrixTile matrix_tile(const DeviceLimits& limits, const std::string& dtype, int
 // time beside it; dK/dV: 64, its two accumulators would fill the 256 registers at 128).
 // The 8-wide engines (DG2, Arrow Lake-H: 128 registers of 32 bytes, a sub-group's 8 rows) and
 // emulate8 up to max_head_dim_8_wide: the forward's O^T takes 64 registers at d = 64 and all
-// 128 at d = 128 (4-13 KiB spilled per thread there); 0 where a kernel has no 8-wide register
-// form. Elsewhere the SLM-staged kernels: AMX always.
+// 128 at d = 128 (4-13 KiB spilled per thread), so past 64 the forward splits it between two
+// sub-groups (KernelVariant::value_split); 0 where a kernel has no 8-wide register form.
+// Elsewhere the SLM-staged kernels: AMX always.
 bool matrix_tiles_in_registers(const MatrixTile& tile, const DeviceLimits& limits, int head_dim,
                                int max_head_dim, int max_head_dim_8_wide = 0);
 
