@@ -20,9 +20,10 @@
 // apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
 // at V's head dim rather than the larger one; equal otherwise.
 // K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
-// tiles (matrix_block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T is staged once in SLM in the matrix engine's packed B layout
-// and read as whole B tiles (once, up to d = 64; per block above), the only SLM the kernel
-// uses; each sub-group reads only its own columns, so there is no work-group barrier.
+// tiles (matrix_block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T is
+// staged once in SLM in the matrix engine's packed B layout and read as whole B tiles (once,
+// up to d = 64; per block above and on the 8-wide engines), the only SLM the kernel uses; each
+// sub-group reads only its own columns, so there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
 #pragma once
 
