@@ -206,6 +206,36 @@ def test_eight_wide_register_forward(matrix_mode, dtype, head_dim):
         assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
 
 
+# 40 pads to 48: three tiles of O^T per sub-group.
+@pytest.mark.parametrize("head_dim", [40, 64])
+def test_eight_wide_register_forward_with_alibi_and_masks(matrix_mode, head_dim):
+    """With ALiBi or a user's mask (bool or float) the 8-wide register forward runs up to
+    d = 64 with two sub-groups per query rows, half of O^T each; with softcap the SLM-staged
+    kernel. Both masks and ALiBi against float64."""
+    from ipex_flash.reference import flash_attn_reference
+    matrix_mode("emulate8")
+    for features, registers in ((2, True), (4, True), (8, True), (2 | 4, True), (1, False)):
+        variant = C.plan("forward", "", "bfloat16", head_dim, features, 1, "emulate8")["variant"]
+        assert variant.matrix_registers == registers
+        assert variant.value_split == (2 if registers else 1)
+    dtype = torch.bfloat16
+    q, k, v = random_qkv(2, 6, 2, 75, 101, head_dim, dtype)
+    keep = torch.rand(2, 1, 75, 101) > 0.3
+    keep[..., 0] = True  # every row sees a key
+    for mask in (keep, torch.where(keep, torch.randn(2, 1, 75, 101), float("-inf"))):
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), attn_mask=mask if mask.dtype == torch.bool
+            else mask.double(), enable_gqa=True)
+        assert_matches_reference(out, None, ref, None, dtype)
+    slopes = torch.rand(6)
+    qf, kf, vf = (t.transpose(1, 2) for t in (q, k, v))
+    out, lse, _ = ipex_flash.flash_attn_func(qf, kf, vf, causal=True, alibi_slopes=slopes,
+                                             return_attn_probs=True)
+    ref_out, ref_lse = flash_attn_reference(qf, kf, vf, causal=True, alibi_slopes=slopes)
+    assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
+
+
 @pytest.mark.parametrize("mode", RUN_MODES)
 def test_options_through_flash_attn_api(matrix_mode, mode):
     """Windows, softcap, ALiBi and bottom-right causal masks take the same kernel."""

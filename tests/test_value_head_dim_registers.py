@@ -33,24 +33,33 @@ def qkv(batch, heads_q, heads_kv, len_q, len_k, d, d_v, dtype):
 
 
 @pytest.mark.parametrize("target,mode", [("", "emulate"), ("bmg", "auto"), ("pvc", "auto"),
-                                         ("lnl", "auto")])
+                                         ("lnl", "auto"), ("dg2", "auto"), ("arl-h", "auto"),
+                                         ("", "emulate8")])
 def test_split_plans(target, mode):
-    """The register kernel and its K/V pack take HEAD_DIM_V as their last template argument;
-    the SLM estimate is Q^T's alone, at D."""
+    """The register kernel takes HEAD_DIM_V and then VALUE_SPLIT as its last template
+    arguments (two sub-groups per query rows only on the 8-wide engines, past Dv = 64), its K/V
+    pack HEAD_DIM_V and then the pack's tile order (8 x 16 tiles on the 8-wide engines, else
+    row-major: 0, 0); the SLM estimate is Q^T's alone, at D, once per sub-group sharing rows."""
+    eight_wide = target in ("dg2", "arl-h") or mode == "emulate8"
+    order = "8, 16" if eight_wide else "0, 0"
     for (d, d_v), (hd, hd_v) in SPLIT.items():
         plan = C.plan("forward", target, "bfloat16", d, 0, 1, mode, d_v)
         variant = plan["variant"]
         assert plan["header"] == "flash_fwd_matrix_registers.hpp", (d, d_v, plan)
         assert (variant.head_dim, variant.head_dim_v) == (hd, hd_v)
-        assert plan["kernels"][0].endswith(f", {hd_v}>") and f"<{hd}, " not in plan["kernels"][0]
-        assert plan["kernels"][1].endswith(f", {hd_v}>") and f", {hd}, " in plan["kernels"][1]
-        assert plan["slm_bytes"] == 2 * hd * variant.block_m
+        split = 2 if eight_wide and hd_v > 64 else 1
+        assert variant.value_split == split
+        assert plan["kernels"][0].endswith(f", {hd_v}, {split}>")
+        assert f"<{hd}, " not in plan["kernels"][0]
+        assert plan["kernels"][1].endswith(f", {hd_v}, {order}>") and f", {hd}, " in plan["kernels"][1]
+        assert plan["slm_bytes"] == split * 2 * hd * variant.block_m
     for (d, d_v), widest in NOT_SPLIT.items():
         variant = C.plan("forward", target, "bfloat16", d, 0, 1, mode, d_v)["variant"]
         assert (variant.head_dim, variant.head_dim_v) == (widest, 0)
-    # Equal head dims: head_dim_v stays 0, the kernels' last argument is the head dim.
+    # Equal head dims: head_dim_v stays 0, the kernels' argument is the head dim.
     plan = C.plan("forward", target, "bfloat16", 128, 0, 1, mode)
-    assert plan["variant"].head_dim_v == 0 and plan["kernels"][0].endswith(", 128>")
+    assert plan["variant"].head_dim_v == 0
+    assert plan["kernels"][0].endswith(f", 128, {2 if eight_wide else 1}>")
 
 
 @pytest.mark.parametrize("d,d_v", tiered([*SPLIT, *NOT_SPLIT], [(192, 128), (64, 32)],

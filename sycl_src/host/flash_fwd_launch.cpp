@@ -72,6 +72,19 @@ std::string pack_tile_order(const KernelVariant& variant) {
          std::to_string(tiled ? variant.matrix_k : 0);
 }
 
+// The register forward's sub-groups per query rows on the 8-wide engines (DG2, Arrow Lake-H:
+// 128 registers of 32 bytes, a sub-group's O^T taking d_v of them), each holding its share of
+// O^T (VALUE_SPLIT, flash_fwd_matrix_registers.hpp); 0 where they keep the SLM-staged kernel.
+// One up to d_v = 64, two up to 128 (a whole O^T filled the registers). With ALiBi or a user's
+// mask, two up to 64, each share at least two tiles (an array of one tile made IGC drop the
+// work): beside a whole O^T their per-score work spilled 64 bytes and 2-2.2 KB on DG2. With
+// softcap none: it issued 165 instructions per DPAS there, the SLM-staged kernel 137.
+int eight_wide_value_split(int d_v, int features) {
+  if ((features & FEATURE_SOFTCAP) != 0) return 0;
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) return d_v >= 32 && d_v <= 64 ? 2 : 0;
+  return d_v <= 64 ? 1 : d_v <= 128 ? 2 : 0;
+}
+
 }  // namespace
 
 KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v, int features,
@@ -89,11 +102,8 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
   // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
-  // The 8-wide engines hold it only without per-score changes (softcap, ALiBi and a user's mask
-  // together spilled 2.9-3.1 KB per thread beside O^T on DG2 and Arrow Lake-H), and past
-  // d_v = 64 with two sub-groups per query rows, each holding half of O^T (value_split).
-  const int max_8_wide =
-      (features & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0 ? 128 : 0;
+  const int eight_wide_split = eight_wide_value_split(d_v, features);
+  const int max_8_wide = eight_wide_split > 0 ? 128 : 0;
   const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide);
   const bool registers =
       split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide);
@@ -104,7 +114,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   const SlmBytes vector_slm = [&](int hd, int bm, int bn) {
     return fwd_slm_bytes(hd, vector_split ? d_v : hd, bm, bn);
   };
-  const int value_split = registers && tile.n == 8 && (split ? d_v : d) > 64 ? 2 : 1;
+  const int value_split = registers && tile.n == 8 ? eight_wide_split : 1;
   const SlmBytes registers_slm = [&](int hd, int bm, int bn) {
     return value_split * fwd_matrix_registers_slm_bytes(hd, bm, bn);  // Q^T per share
   };
