@@ -12,9 +12,9 @@
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
   (they reached 7.4-11.9: dQ 8.8-11.9, dK/dV 7.4-10.4, at d = 128 in two passes over the
-  query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8, d = 64) at most
-  MAX_FORWARD_8_WIDE_PER_DPAS (it reached 20.2 and 27.2, where their SLM-staged forward issues
-  91-95);
+  query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8) at most
+  MAX_FORWARD_8_WIDE_PER_DPAS (it reached 20.2 and 27.2 at d = 64, 17.6 and 23.0 at 128 per
+  DPAS it runs, where their SLM-staged forward issues 88-95);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Three spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit
