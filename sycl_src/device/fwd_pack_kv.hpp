@@ -78,18 +78,8 @@ void flash_fwd_pack_kv_kernel(FwdParams p) {
                                           kv_begin, rows, c.dims.head_dim_v, lid, BLOCK_N);
   if constexpr (Order::TILED) {
     sycl::group_barrier(item.get_group());
-    const KTile& k_rows = *reinterpret_cast<const KTile*>(staged);
-    const VTile& v_t_rows = *reinterpret_cast<const VTile*>(staged + BLOCK_N * HEAD_DIM);
-    for (int i = lid; i < BLOCK_N * HEAD_DIM; i += BLOCK_N) {
-      int r, col;
-      Order::coordinates(i, HEAD_DIM, r, col);
-      k_block[i] = k_rows[r][col];
-    }
-    for (int i = lid; i < HEAD_DIM_V * BLOCK_N; i += BLOCK_N) {
-      int r, col;
-      Order::coordinates(i, BLOCK_N, r, col);
-      v_block[i] = v_t_rows[r][col];
-    }
+    Order::copy_from_rows(k_block, staged, BLOCK_N, HEAD_DIM, lid, BLOCK_N);
+    Order::copy_from_rows(v_block, staged + BLOCK_N * HEAD_DIM, HEAD_DIM_V, BLOCK_N, lid, BLOCK_N);
   }
 }
 

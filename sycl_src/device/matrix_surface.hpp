@@ -44,6 +44,18 @@ struct SurfaceOrder {
       col = static_cast<int>(i % cols);
     }
   }
+
+  // dst (rows x cols, in this order) = src (row-major), work-item lid of group_size writing
+  // every group_size-th element, so consecutive work-items write consecutive addresses.
+  template <typename T>
+  static inline void copy_from_rows(T* dst, const T* src, int rows, int cols, int lid,
+                                    int group_size) {
+    for (int64_t i = lid; i < static_cast<int64_t>(rows) * cols; i += group_size) {
+      int row, col;
+      coordinates(i, cols, row, col);
+      dst[i] = src[static_cast<int64_t>(row) * cols + col];
+    }
+  }
 };
 
 template <typename T, int TILE_M = 0, int TILE_K = 0>
