@@ -8,6 +8,10 @@
 //   for the register one (flash_bwd_dkdv_registers.hpp, REGISTERS): Q, dO, Q^T and dO^T plain
 //     (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key block
 //     K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
+// On the 8-wide engines (TILE_M x TILE_K: their A tiles, 8 x 16), which have no 2-D block loads,
+// K, K^T and V are stored tile by tile and Q^T and dO^T with each sub-group's columns together
+// (its TILE_M = MATRIX_N = 8 rows), so that every tile a product reads is one contiguous block
+// (matrix_surface.hpp); elsewhere (0 x 0) all are row-major.
 // All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
 // no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's
@@ -22,6 +26,7 @@
 
 #include "pack_rows.hpp"
 #include "params.hpp"
+#include "matrix_surface.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
 
@@ -29,8 +34,18 @@ namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS = false>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS = false,
+          int TILE_M = 0, int TILE_K = 0>
 struct PackedBwd {
+  using Order = SurfaceOrder<TILE_M, TILE_K>;
+  static constexpr bool TILED = Order::TILED;
+  static_assert(!TILED || (TILE_M == 8 && !REGISTERS),
+                "tile order: the 8-wide engines' A tiles, whose M is their sub-group's N; the "
+                "register dK/dV kernel's pack stays row-major");
+  // Q^T's and dO^T's columns stored together (a sub-group's where tiled), and so the stride
+  // of their packed rows in words; Q's and dO's in their row pairs.
+  static constexpr int COLUMN_GROUP = TILED ? TILE_M : BLOCK_M;
+  static constexpr int PAIR_GROUP = TILED ? TILE_M : HEAD_DIM;
   static constexpr int KEY_TILES = REGISTERS ? 5 : 3, ROW_TILES = REGISTERS ? 6 : 4;
   static constexpr int64_t KEY_BLOCK_ELEMENTS = KEY_TILES * BLOCK_N * HEAD_DIM;
   static constexpr int KEY_TILE_WORDS = BLOCK_N * HEAD_DIM / 2;
@@ -45,15 +60,27 @@ struct PackedBwd {
     uint32_t* v_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
   };
   struct Rows {
-    uint32_t* q_t;       // words [HEAD_DIM / 2][BLOCK_M]
-    uint32_t* do_t;      // words [HEAD_DIM / 2][BLOCK_M]
-    uint32_t* q_pairs;   // words [BLOCK_M / 2][HEAD_DIM], SLM-staged only
-    uint32_t* do_pairs;  // words [BLOCK_M / 2][HEAD_DIM], SLM-staged only
+    uint32_t* q_t;       // words [BLOCK_M / COLUMN_GROUP][HEAD_DIM / 2][COLUMN_GROUP]
+    uint32_t* do_t;      // as q_t
+    uint32_t* q_pairs;   // words [HEAD_DIM / PAIR_GROUP][BLOCK_M / 2][PAIR_GROUP], SLM-staged only
+    uint32_t* do_pairs;  // as q_pairs
     T* q;                // (BLOCK_M, HEAD_DIM), REGISTERS only
     T* dout;             // (BLOCK_M, HEAD_DIM), REGISTERS only
     T* q_cols;           // (HEAD_DIM, BLOCK_M): Q^T, REGISTERS only
     T* do_cols;          // (HEAD_DIM, BLOCK_M): dO^T, REGISTERS only
   };
+
+  // Q^T's or dO^T's packed words from column r0 (a sub-group's first row) on, the B operand
+  // of rows COLUMN_GROUP words apart.
+  static inline const uint32_t* columns(const uint32_t* packed, int r0) {
+    return packed + r0 / COLUMN_GROUP * (HEAD_DIM / 2 * COLUMN_GROUP) + r0 % COLUMN_GROUP;
+  }
+
+  // ... and Q's or dO's row pairs from column d0 on (a sub-group's), rows PAIR_GROUP words
+  // apart.
+  static inline const uint32_t* pair_columns(const uint32_t* pairs, int d0) {
+    return pairs + d0 / PAIR_GROUP * (BLOCK_M / 2 * PAIR_GROUP) + d0 % PAIR_GROUP;
+  }
 
   static inline int64_t key_region_elements(const BwdParams& p) {
     return static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks *
@@ -98,9 +125,16 @@ struct PackedBwd {
   }
 };
 
+// The pack the matrix kernels of tile shape M x K x N read (REGISTERS: with the register dK/dV
+// kernel): tile by tile on the 8-wide engines (N = 8), as their PackedSurface.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS, int M, int K, int N>
+using PackedBwdFor =
+    PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS, N == 8 ? M : 0, N == 8 ? K : 0>;
+
 // One key block of PackedBwd::Keys per work-group of BLOCK_N work-items, over every block of
 // the pack, gaps included (zeros).
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS, int TILE_M,
+          int TILE_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_keys_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
@@ -111,17 +145,29 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
   const SeqInfo seq = seq_info(c, coord.batch);
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   const int rows = static_cast<int>(std::clamp<int64_t>(seq.len_k - kv_begin, 0, BLOCK_N));
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS>;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS, TILE_M, TILE_K>;
+  using Order = typename Packed::Order;
   const typename Packed::Keys out = Packed::keys(p, coord.batch, coord.head, coord.block);
   const KvRows<T> k = kv_rows<T>(p.k, p.k_stride, c, seq, coord.batch, coord.head);
   const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, coord.batch, coord.head);
   using RowsTile = T[BLOCK_N][HEAD_DIM];
-  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.k), k, kv_begin, rows,
+  // Tile by tile, K, K^T and V go through SLM in row-major order first (the loaders write
+  // rows), then out in the readers' order, as the forward's pack (fwd_pack_kv.hpp).
+  constexpr int TILE = BLOCK_N * HEAD_DIM;
+  static syclexp::work_group_static<T[Order::TILED ? 3 * TILE : 1]> staged_slm;
+  T* staged = Order::TILED ? static_cast<T*>(staged_slm) : out.k;  // out.k, k_t, v: in a row
+  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged), k, kv_begin, rows,
                                c.dims.head_dim, lid, BLOCK_N);
-  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(out.k_t), k,
-                                          kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
-  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.v), v, kv_begin, rows,
-                               c.dims.head_dim_v, lid, BLOCK_N);
+  load_tile_transposed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<T(*)[HEAD_DIM][BLOCK_N]>(staged + TILE),
+                                          k, kv_begin, rows, c.dims.head_dim, lid, BLOCK_N);
+  load_tile<BLOCK_N, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged + 2 * TILE), v, kv_begin,
+                               rows, c.dims.head_dim_v, lid, BLOCK_N);
+  if constexpr (Order::TILED) {
+    sycl::group_barrier(item.get_group());
+    Order::copy_from_rows(out.k, staged, BLOCK_N, HEAD_DIM, lid, BLOCK_N);
+    Order::copy_from_rows(out.k_t, staged + TILE, HEAD_DIM, BLOCK_N, lid, BLOCK_N);
+    Order::copy_from_rows(out.v, staged + 2 * TILE, BLOCK_N, HEAD_DIM, lid, BLOCK_N);
+  }
   if constexpr (REGISTERS) {  // the backward has no paged K/V: rows are contiguous
     using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_N];
     load_tile_packed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.k_t_pairs),
@@ -135,7 +181,8 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
 
 // One query block of PackedBwd::Rows per work-group of BLOCK_M work-items, over every block of
 // the pack, gaps included (zeros).
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS, int TILE_M,
+          int TILE_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_pack_rows_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
@@ -151,15 +198,13 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
                coord.head * p.q_stride.head + row0 * p.q_stride.row;
   const T* dout = static_cast<const T*>(p.dout) + coord.batch * p.dout_stride.batch +
                   coord.head * p.dout_stride.head + row0 * p.dout_stride.row;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS>;
+  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS, TILE_M, TILE_K>;
   const typename Packed::Rows out = Packed::rows(p, coord.batch, coord.head, coord.block);
-  using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_M];
-  using RowPairs = uint32_t[BLOCK_M / 2][HEAD_DIM];
   const int d = c.dims.head_dim, d_v = c.dims.head_dim_v;  // Q's, dO's columns
-  load_tile_packed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.q_t), q,
-                                      p.q_stride.row, rows, d, lid, BLOCK_M);
-  load_tile_packed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.do_t), dout,
-                                      p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+  constexpr int GROUP = Packed::COLUMN_GROUP;
+  load_tile_packed<BLOCK_M, HEAD_DIM, GROUP>(out.q_t, q, p.q_stride.row, rows, d, lid, BLOCK_M);
+  load_tile_packed<BLOCK_M, HEAD_DIM, GROUP>(out.do_t, dout, p.dout_stride.row, rows, d_v, lid,
+                                             BLOCK_M);
   if constexpr (REGISTERS) {
     using RowsTile = T[BLOCK_M][HEAD_DIM];
     using ColumnsTile = T[HEAD_DIM][BLOCK_M];
@@ -174,10 +219,11 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
     load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(out.do_cols),
                                             do_rows, 0, rows, d_v, lid, BLOCK_M);
   } else {
-    load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.q_pairs), q,
-                                           p.q_stride.row, rows, d, lid, BLOCK_M);
-    load_tile_row_pairs<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowPairs*>(out.do_pairs), dout,
-                                           p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+    constexpr int PAIRS = Packed::PAIR_GROUP;
+    load_tile_row_pairs<BLOCK_M, HEAD_DIM, PAIRS>(out.q_pairs, q, p.q_stride.row, rows, d, lid,
+                                                  BLOCK_M);
+    load_tile_row_pairs<BLOCK_M, HEAD_DIM, PAIRS>(out.do_pairs, dout, p.dout_stride.row, rows,
+                                                  d_v, lid, BLOCK_M);
   }
 }
 

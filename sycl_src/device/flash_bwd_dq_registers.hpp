@@ -55,7 +55,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT>;
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT, M, K, R>;
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
 
   MatrixAcc<M, R> dq[DQ_TILES];

@@ -58,15 +58,17 @@ inline void bwd_scores_to_slm(sycl::sub_group sg, float (&s_t)[BLOCK_N][BLOCK_M]
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr int STRIPS = matrix_strips(BLOCK_N / MATRIX_M);
   constexpr int UNROLL = bwd_unroll<MATRIX_N, HEAD_DIM, MATRIX_K>();
+  constexpr bool TILED = Packed::TILED;
+  constexpr int LDB = Packed::COLUMN_GROUP;
   for (int j0 = 0; j0 < BLOCK_N; j0 += STRIPS * MATRIX_M) {
     matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false,
-                          GLOBAL, GLOBAL, UNROLL>(sg, &s_t[j0][r0], BLOCK_M,
-                                                  keys.k + j0 * HEAD_DIM, HEAD_DIM,
-                                                  rows.q_t + r0, BLOCK_M);
+                          GLOBAL, GLOBAL, UNROLL, TILED>(sg, &s_t[j0][r0], BLOCK_M,
+                                                         keys.k + j0 * HEAD_DIM, HEAD_DIM,
+                                                         Packed::columns(rows.q_t, r0), LDB);
     matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, HEAD_DIM, STRIPS, /*ACCUMULATE=*/false,
-                          GLOBAL, GLOBAL, UNROLL>(sg, &dp_t[j0][r0], BLOCK_M,
-                                                  keys.v + j0 * HEAD_DIM, HEAD_DIM,
-                                                  rows.do_t + r0, BLOCK_M);
+                          GLOBAL, GLOBAL, UNROLL, TILED>(sg, &dp_t[j0][r0], BLOCK_M,
+                                                         keys.v + j0 * HEAD_DIM, HEAD_DIM,
+                                                         Packed::columns(rows.do_t, r0), LDB);
   }
 }
 
@@ -108,7 +110,8 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   if (kv_begin >= seq.len_k) return;  // the whole work-group leaves together
   const int64_t kv_end = std::min<int64_t>(kv_begin + BLOCK_N, seq.len_k);
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/false, MATRIX_M,
+                              MATRIX_K, MATRIX_N>;
   const typename Packed::Keys keys = Packed::keys(p, b, h_kv, coord.block);
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   constexpr auto LOCAL = sycl::access::address_space::local_space;
@@ -162,12 +165,12 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
         for (int j0 = 0; j0 < BLOCK_N; j0 += ACC_STRIPS * MATRIX_M) {
           matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_M, ACC_STRIPS,
                                 /*ACCUMULATE=*/true, LOCAL, GLOBAL, ROW_UNROLL>(
-              sg, &dv_acc[j0][d0], HEAD_DIM, &p_rows[j0][0], BLOCK_M, rows.do_pairs + d0,
-              HEAD_DIM);
+              sg, &dv_acc[j0][d0], HEAD_DIM, &p_rows[j0][0], BLOCK_M,
+              Packed::pair_columns(rows.do_pairs, d0), Packed::PAIR_GROUP);
           matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_M, ACC_STRIPS,
                                 /*ACCUMULATE=*/true, LOCAL, GLOBAL, ROW_UNROLL>(
-              sg, &dk_acc[j0][d0], HEAD_DIM, &ds_rows[j0][0], BLOCK_M, rows.q_pairs + d0,
-              HEAD_DIM);
+              sg, &dk_acc[j0][d0], HEAD_DIM, &ds_rows[j0][0], BLOCK_M,
+              Packed::pair_columns(rows.q_pairs, d0), Packed::PAIR_GROUP);
         }
       sycl::group_barrier(group);  // P and dS are rewritten by the next block
     }
@@ -217,10 +220,13 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N>;
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/false, MATRIX_M,
+                              MATRIX_K, MATRIX_N>;
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
-  constexpr int DQ_STRIPS = matrix_strips(HEAD_DIM / MATRIX_M);
+  // Two strips at a time on the 8-wide engines: four, with K^T read tile by tile, spilled
+  // 640 bytes at d = 128 with softcap, ALiBi and a mask (DG2, Arrow Lake-H; gpu-check).
+  constexpr int DQ_STRIPS = MATRIX_N == 8 ? 2 : matrix_strips(HEAD_DIM / MATRIX_M);
   constexpr auto LOCAL = sycl::access::address_space::local_space;
 
   for (int d = 0; d < HEAD_DIM; ++d) dq_t[d][lid] = 0.f;
@@ -260,7 +266,7 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
     for (int d0 = 0; d0 < HEAD_DIM; d0 += DQ_STRIPS * MATRIX_M)
       matrix_product_to_slm<T, MATRIX_M, MATRIX_K, MATRIX_N, BLOCK_N, DQ_STRIPS,
                             /*ACCUMULATE=*/true, GLOBAL, LOCAL,
-                            bwd_unroll<MATRIX_N, BLOCK_N, MATRIX_K>()>(
+                            bwd_unroll<MATRIX_N, BLOCK_N, MATRIX_K>(), Packed::TILED>(
           sg, &dq_t[d0][r0], BLOCK_M, keys.k_t + d0 * BLOCK_N, BLOCK_N, &ds_t[0][r0], BLOCK_M);
     sycl::group_barrier(sg);
   }

@@ -37,7 +37,9 @@ inline auto local_ptr(T* p) {
 }
 
 // Operand layouts, in both implementations:
-// A (M x DEPTH) row-major, row stride lda (elements).
+// A (M x DEPTH) row-major, row stride lda (elements); or, with A_TILED, a matrix of lda
+// columns stored M x K tile by tile (SurfaceOrder, matrix_surface.hpp: the 8-wide engines'
+// packs), each tile contiguous, A_s's tiles one after another.
 // B operands are kept in the matrix engines' packed (VNNI) layout, the one both XMX and AMX
 // read natively (any other layout is converted element by element on every load): element
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
@@ -107,7 +109,7 @@ inline void matrix_store_acc(sycl::sub_group sg, Acc& acc, float* c, int ldc) {
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
-          int UNROLL = DEPTH / K>
+          int UNROLL = DEPTH / K, bool A_TILED = false>
 __attribute__((always_inline)) inline void matrix_mad_strips(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a, int64_t lda, const uint32_t* b,
     int ldb) {
@@ -121,8 +123,9 @@ __attribute__((always_inline)) inline void matrix_mad_strips(
                           2 * ldb);
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
-      jm::joint_matrix_load(sg, a_tile, matrix_ptr<A_SPACE>(a + s * M * lda + k),
-                            static_cast<size_t>(lda));
+      jm::joint_matrix_load(sg, a_tile,
+                            matrix_ptr<A_SPACE>(a + s * M * lda + (A_TILED ? k * M : k)),
+                            static_cast<size_t>(A_TILED ? K : lda));
       jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
     }
   }
@@ -169,7 +172,7 @@ inline void matrix_store_acc(sycl::sub_group sg, MatrixAcc<M, N>& acc, float* c,
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
-          int UNROLL = DEPTH / K>
+          int UNROLL = DEPTH / K, bool A_TILED = false>
 inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a,
                               int64_t lda, const uint32_t* b, int ldb) {
   static_assert(DEPTH % K == 0 && K % 2 == 0, "whole reduction steps of whole B words");
@@ -189,7 +192,8 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS]
       const float b_odd = to_float(from_bits<T>(word >> 16));       // k = 2 kw + 1
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const T* a_mk = a_strip + m * lda + 2 * kw;  // A (m, 2 kw) and (m, 2 kw + 1)
+        const int k = 2 * kw;  // A (m, k) and (m, k + 1), in one tile where tiled (K even)
+        const T* a_mk = a_strip + (A_TILED ? k / K * (M * K) + m * K + k % K : m * lda + k);
         column[m] += to_float(a_mk[0]) * b_even + to_float(a_mk[1]) * b_odd;
       }
     }
@@ -210,7 +214,7 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS]
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS, bool ACCUMULATE,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,
-          int UNROLL = DEPTH / K>
+          int UNROLL = DEPTH / K, bool A_TILED = false>
 __attribute__((always_inline)) inline void matrix_product_to_slm(
     sycl::sub_group sg, float* c, int ldc, const T* a, int64_t lda, const uint32_t* b, int ldb) {
   MatrixAcc<M, N> acc[STRIPS];
@@ -221,8 +225,8 @@ __attribute__((always_inline)) inline void matrix_product_to_slm(
     else
       matrix_fill(sg, acc[s], 0.f);
   }
-  matrix_mad_strips<T, M, K, N, DEPTH, STRIPS, A_SPACE, B_SPACE, UNROLL>(sg, acc, a, lda, b,
-                                                                      ldb);
+  matrix_mad_strips<T, M, K, N, DEPTH, STRIPS, A_SPACE, B_SPACE, UNROLL, A_TILED>(sg, acc, a,
+                                                                               lda, b, ldb);
 #pragma unroll
   for (int s = 0; s < STRIPS; ++s) matrix_store_acc(sg, acc[s], c + s * M * ldc, ldc);
 }

@@ -188,17 +188,20 @@ inline void load_tile_packed(uint32_t (&dst)[COLS / 2][ROWS], const T* src, int6
 }
 
 // Packed along rows for a B operand whose reduction runs over rows (the backward's Q and dO in
-// dK += dS^T.Q, dV += P^T.dO): word [r / 2][c] holds rows r and r + 1 of column c.
+// dK += dS^T.Q, dV += P^T.dO): word [r / 2][c] holds rows r and r + 1 of column c. With
+// GROUP < COLS, the columns in groups of GROUP, each group's words [r / 2][c % GROUP]
+// contiguous (a sub-group's B operands, one block per tile).
 // Consecutive work-items take consecutive columns: both reads and the write are contiguous.
-template <int ROWS, int COLS, typename T>
-inline void load_tile_row_pairs(uint32_t (&dst)[ROWS / 2][COLS], const T* src,
-                                int64_t row_stride, int rows, int cols, int lid, int group_size) {
+template <int ROWS, int COLS, int GROUP = COLS, typename T>
+inline void load_tile_row_pairs(uint32_t* dst, const T* src, int64_t row_stride, int rows,
+                                int cols, int lid, int group_size) {
+  static_assert(COLS % GROUP == 0, "whole groups of columns");
   for (int r = 0; r < ROWS; r += 2)
     for (int c = lid; c < COLS; c += group_size) {
       const bool inside = c < cols;
       const T even = (inside && r < rows) ? src[r * row_stride + c] : tile_zero<T>();
       const T odd = (inside && r + 1 < rows) ? src[(r + 1) * row_stride + c] : tile_zero<T>();
-      dst[r / 2][c] = pack_pair(even, odd);
+      dst[c / GROUP * (ROWS / 2 * GROUP) + r / 2 * GROUP + c % GROUP] = pack_pair(even, odd);
     }
 }
 

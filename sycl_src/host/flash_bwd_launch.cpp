@@ -126,7 +126,13 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     // reads either. The header of the widest program includes the rest of it.
     const bool dkdv_registers = variant.dkdv_registers, dq_registers = variant.matrix_registers;
     const std::string layout = dkdv_registers ? ", true>" : ", false>";
-    const std::string pack_shape = shape.substr(0, shape.size() - 1) + layout;
+    // The pack's order (bwd_packed.hpp): tile by tile for the 8-wide engines' kernels, which
+    // read their tiles without 2-D block loads; row-major (0, 0) otherwise.
+    const bool tiled = variant.matrix_n == 8;
+    const std::string pack_shape =
+        shape.substr(0, shape.size() - 1) + layout.substr(0, layout.size() - 1) + ", " +
+        std::to_string(tiled ? variant.matrix_m : 0) + ", " +
+        std::to_string(tiled ? variant.matrix_k : 0) + ">";
     std::string dq = variant.instantiate(dq_registers
                                              ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
                                              : "ipex_flash::flash_bwd_dq_matrix_kernel");
