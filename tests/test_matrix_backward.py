@@ -44,9 +44,13 @@ def matrix_backward(monkeypatch):
         name = str(dtype).removeprefix("torch.")
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
         # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
-        # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them.
+        # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
+        # emulate8: dQ's up to 64 without softcap, as DG2 and Arrow Lake-H run it (two
+        # sub-groups per rows from 32), dK/dV's SLM-staged.
         padded = plan["variant"].head_dim
-        dq_registers = mode == "emulate" and padded <= 128
+        softcap = features & 1
+        dq_registers = (padded <= 128 if mode == "emulate"
+                        else padded <= 64 and not softcap)
         dkdv_registers = mode == "emulate" and padded <= 128
         assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "flash_bwd_dq_registers.hpp" if dq_registers
@@ -220,3 +224,22 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
     monkeypatch.setenv("IPEX_FLASH_MATRIX", "0")
     vector = grads()
     assert any(not torch.equal(m, v) for m, v in zip(matrix, vector))
+
+
+# The 8-wide register dQ kernel (DG2, Arrow Lake-H): one sub-group per rows at d = 16, two
+# from 32, each with its share of dQ^T (40 pads to 48: three tiles a share). Softcap keeps the
+# SLM-staged dQ kernel there.
+@pytest.mark.parametrize("head_dim", [16, 40])
+def test_eight_wide_dq_in_registers(matrix_backward, head_dim):
+    matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
+    for features, registers in ((0, True), (4, True), (8, True), (1, False), (1 | 2, False)):
+        plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
+        assert plan["variant"].matrix_registers == registers, (features, plan)
+        assert plan["kernels"][-1].startswith(
+            "ipex_flash::flash_bwd_dq_matrix_registers_kernel" if registers
+            else "ipex_flash::flash_bwd_dq_matrix_kernel"), plan
+    for causal in (False, True):
+        test_backward.check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16),
+                                      causal, torch.bfloat16)
+    test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, True, (20, -1), 0.0,
+                                                       True, head_dim)

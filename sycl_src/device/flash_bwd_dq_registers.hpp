@@ -11,7 +11,9 @@
 // 16 or 32 rows by 32 columns feeding four or eight DPAS each where the slab's shape allows
 // (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
 // B tiles from theirs (bwd_packed.hpp), in either layout of the packs (REGISTER_LAYOUT: the
-// register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). No
+// register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). On
+// the 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, the
+// packs are tile by tile and each product reads one tile per load (matrix_surface.hpp). No
 // SLM; deterministic, no atomics.
 #pragma once
 
@@ -22,6 +24,14 @@
 #include "matrix_registers.hpp"
 
 namespace ipex_flash {
+
+// Sub-groups per MATRIX_N query rows, each holding its share of dQ^T's rows (head dims) and
+// computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the same results): two on
+// the 8-wide engines from d = 32 (128 registers of 32 bytes; at d = 64 a whole dQ^T beside the
+// score tiles spilled 1.7-3.3 KB on DG2), else one. The work-group is BLOCK_M x shares
+// work-items; the host's bwd_dq_shares says the same.
+template <int HEAD_DIM, int MATRIX_N>
+constexpr int bwd_dq_shares() { return MATRIX_N == 8 && HEAD_DIM >= 32 ? 2 : 1; }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N, bool REGISTER_LAYOUT>
@@ -36,8 +46,16 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   // 256 registers (3 KiB spilled per thread on BMG and PVC). Past d = 64 dQ^T alone takes 128
   // registers (16 tiles of 8 x 16 floats): the slab shrinks to one reduction step of dQ's
   // product, the fewest keys that still make two score tiles (16 on the GPUs).
-  constexpr int SLAB = HEAD_DIM > 64 ? (2 * M > K ? 2 * M : K) : BLOCK_N % 32 == 0 ? 32 : BLOCK_N;
-  constexpr int S_TILES = SLAB / M, DQ_TILES = HEAD_DIM / M, DS_STEPS = SLAB / K;
+  // The 8-wide engines (128 registers of 32 bytes, d <= 64: dQ^T takes half of them) take the
+  // same short slabs at every head dim.
+  using Surface = PackedSurface<T, M, K, R>;
+  constexpr bool TILED = Surface::Order::TILED;
+  constexpr int SLAB = HEAD_DIM > 64 || TILED ? (2 * M > K ? 2 * M : K)
+                       : BLOCK_N % 32 == 0  ? 32
+                                            : BLOCK_N;
+  constexpr int SHARES = bwd_dq_shares<HEAD_DIM, R>();
+  constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
+  constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;
   static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0,
                 "whole slabs and reduction steps");
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
@@ -45,7 +63,9 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
-  const int lid = static_cast<int>(item.get_local_id(0));
+  const int item_id = static_cast<int>(item.get_local_id(0));
+  const int lid = SHARES == 1 ? item_id : item_id % BLOCK_M;  // the query row's in the block
+  const int share = SHARES == 1 ? 0 : item_id / BLOCK_M;
   // The sub-group's first row, by a broadcast IGC knows is uniform (lid minus the lane's index
   // is not to it): Q^T and dO^T tile pointers stay scalar rather than per-lane 64-bit values held
   // through the key loop.
@@ -56,7 +76,12 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT, M, K, R>;
+  static_assert(Packed::TILED == TILED, "the pack is in the order its tiles are read");
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
+  // The sub-group's columns of Q^T and dO^T (B operands), rows LDB words apart.
+  const uint32_t* q_t = Packed::columns(rows.q_t, r0);
+  const uint32_t* do_t = Packed::columns(rows.do_t, r0);
+  constexpr int LDB = Packed::COLUMN_GROUP;
 
   MatrixAcc<M, R> dq[DQ_TILES];
 #pragma unroll
@@ -79,19 +104,33 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
         mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
 #pragma unroll 1
     for (int slab = 0; slab < BLOCK_N; slab += SLAB) {
-      const MatrixSurface<T> k_rows{keys.k + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
-      const MatrixSurface<T> v_rows{keys.v + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
-      const MatrixSurface<T> k_cols{keys.k_t + slab, HEAD_DIM, SLAB, BLOCK_N};
+      // The slab's rows of K and V (whole strips: the same start in either order), its columns
+      // of K^T (tile by tile, from the slab's first tile of K^T's first strip, of BLOCK_N
+      // columns).
+      const Surface k_rows{keys.k + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
+      const Surface v_rows{keys.v + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
+      const Surface k_cols{
+          keys.k_t + Surface::Order::offset(share * DQ_ROWS, slab, BLOCK_N, BLOCK_N), DQ_ROWS,
+          TILED ? BLOCK_N : SLAB, BLOCK_N};
       MatrixAcc<M, R> s[S_TILES], dp[S_TILES];
 #pragma unroll
       for (int t = 0; t < S_TILES; ++t) {
         matrix_fill(sg, s[t], 0.f);
         matrix_fill(sg, dp[t], 0.f);
       }
-      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(
-          sg, s, k_rows, 0, rows.q_t + r0, BLOCK_M);
-      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(
-          sg, dp, v_rows, 0, rows.do_t + r0, BLOCK_M);
+      if constexpr (TILED) {  // no 2-D block loads: a tile per load, B tiles one block each
+        // The sub-group barrier (no instruction on the engine) keeps IGC from hoisting the
+        // loop-invariant Q^T and dO^T loads out of the key loop: held beside dQ^T through it,
+        // they spilled 3.5-5.5 KB on DG2 (as the forward's Q^T).
+        sycl::group_barrier(sg);
+        matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, s, k_rows, 0, q_t, LDB);
+        matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, v_rows, 0, do_t, LDB);
+      } else {
+        matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(sg, s, k_rows, 0, q_t,
+                                                                             LDB);
+        matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, SLAB, GLOBAL>(sg, dp, v_rows, 0,
+                                                                             do_t, LDB);
+      }
 
       // dS for the lane's row, a chunk of keys at a time, in the dtype.
       T ds[SLAB];
@@ -118,14 +157,16 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
     }
   }
 
-  float values[HEAD_DIM];
+  float values[DQ_ROWS];
   lane_row_of_tiles<M>(sg, dq, values);
   if (row >= seq.len_q) return;
   T* out = static_cast<T*>(p.dq) + block.batch * p.dq_stride.batch +
-           block.head * p.dq_stride.head + (seq.q_row0 + row) * p.dq_stride.row;
+           block.head * p.dq_stride.head + (seq.q_row0 + row) * p.dq_stride.row +
+           share * DQ_ROWS;
+  const int head_dims = c.dims.head_dim - share * DQ_ROWS;  // of this share
 #pragma unroll
-  for (int d = 0; d < HEAD_DIM; ++d)
-    if (d < c.dims.head_dim) out[d] = from_float<T>(values[d] * c.scale);
+  for (int d = 0; d < DQ_ROWS; ++d)
+    if (d < head_dims) out[d] = from_float<T>(values[d] * c.scale);
 }
 
 }  // namespace ipex_flash

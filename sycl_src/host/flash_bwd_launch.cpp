@@ -90,6 +90,12 @@ KernelVariant bwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
       bwd_program);
 }
 
+// The register dQ kernel's sub-groups per query rows (bwd_dq_shares, flash_bwd_dq_registers.hpp):
+// two on the 8-wide engines from head dim 32, else one.
+int bwd_dq_shares(const KernelVariant& variant) {
+  return variant.matrix_registers && variant.matrix_n == 8 && variant.head_dim >= 32 ? 2 : 1;
+}
+
 }  // namespace
 
 KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
@@ -104,9 +110,14 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
   // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers: 128 at d = 128 beside
-  // dQ's score slabs. dK/dV's two (dK^T, dV^T) would take all 256 there: past d = 64 that
-  // kernel holds one at a time, walking the query rows twice (flash_bwd_dkdv_registers.hpp).
-  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
+  // dQ's score slabs. On the 8-wide engines, whose file is 128 registers, up to d = 64, two
+  // sub-groups per rows (bwd_dq_shares), and not with softcap: its tanh beside the score tiles
+  // spilled 256-1824 bytes there (DG2, Arrow Lake-H). dK/dV's two (dK^T, dV^T) would take all
+  // 256 there: past d = 64 that kernel holds one at a time, walking the query rows twice
+  // (flash_bwd_dkdv_registers.hpp); not on the 8-wide engines.
+  const int dq_8_wide = (features & FEATURE_SOFTCAP) != 0 ? 0 : 64;
+  variant.matrix_registers =
+      matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, dq_8_wide);
   variant.dkdv_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
@@ -235,7 +246,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
     done = submit_kernel(
         queue, kernels.dq, params,
         block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, c.num_blocks,
-                    variant.block_m),
+                    variant.block_m * bwd_dq_shares(variant)),
         "flash_bwd_dq");
   }
   finish_launch(queue, queue_handle, done, "flash_bwd");
