@@ -127,6 +127,11 @@ def test_rules_flag_each_defect():
             "main loop issues 13.5 instructions per DPAS (at most 13.0)"]
         assert kernel_violations(report(loop_per_dpas=11.9, **backward)) == []
         assert kernel_violations(report(loop_per_dpas=75.7, **{**backward, "features": 7})) == []
+    dq_eight_wide = {**eight_wide, "family": "backward",
+                     "kernel": "ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>"}
+    assert kernel_violations(report(loop_per_dpas=23.7, **dq_eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=26.5, **dq_eight_wide)) == [
+        "main loop issues 26.5 instructions per DPAS (at most 26.0)"]
     assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
     assert kernel_violations(report(large_grf=True)) == [
         "large register file asked for, 128 registers given"]

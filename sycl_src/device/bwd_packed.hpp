@@ -73,13 +73,20 @@ struct PackedBwd {
   // Q^T's or dO^T's packed words from column r0 (a sub-group's first row) on, the B operand
   // of rows COLUMN_GROUP words apart.
   static inline const uint32_t* columns(const uint32_t* packed, int r0) {
-    return packed + r0 / COLUMN_GROUP * (HEAD_DIM / 2 * COLUMN_GROUP) + r0 % COLUMN_GROUP;
+    if constexpr (TILED)
+      return packed + r0 / COLUMN_GROUP * (HEAD_DIM / 2 * COLUMN_GROUP) + r0 % COLUMN_GROUP;
+    else
+      return packed + r0;  // r0 < BLOCK_M: one group (the division cost the kernels a few
+                           // instructions: the compiler does not know the bound)
   }
 
   // ... and Q's or dO's row pairs from column d0 on (a sub-group's), rows PAIR_GROUP words
   // apart.
   static inline const uint32_t* pair_columns(const uint32_t* pairs, int d0) {
-    return pairs + d0 / PAIR_GROUP * (BLOCK_M / 2 * PAIR_GROUP) + d0 % PAIR_GROUP;
+    if constexpr (TILED)
+      return pairs + d0 / PAIR_GROUP * (BLOCK_M / 2 * PAIR_GROUP) + d0 % PAIR_GROUP;
+    else
+      return pairs + d0;  // d0 < HEAD_DIM, as above
   }
 
   static inline int64_t key_region_elements(const BwdParams& p) {
