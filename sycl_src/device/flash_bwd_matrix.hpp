@@ -224,9 +224,9 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
                               MATRIX_K, MATRIX_N>;
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
-  // Two strips at a time on the 8-wide engines: four, with K^T read tile by tile, spilled
+  // Two strips at a time where K^T is read tile by tile (the 8-wide engines): four spilled
   // 640 bytes at d = 128 with softcap, ALiBi and a mask (DG2, Arrow Lake-H; gpu-check).
-  constexpr int DQ_STRIPS = MATRIX_N == 8 ? 2 : matrix_strips(HEAD_DIM / MATRIX_M);
+  constexpr int DQ_STRIPS = Packed::TILED ? 2 : matrix_strips(HEAD_DIM / MATRIX_M);
   constexpr auto LOCAL = sycl::access::address_space::local_space;
 
   for (int d = 0; d < HEAD_DIM; ++d) dq_t[d][lid] = 0.f;

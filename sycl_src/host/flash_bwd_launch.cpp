@@ -137,9 +137,10 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     // reads either. The header of the widest program includes the rest of it.
     const bool dkdv_registers = variant.dkdv_registers, dq_registers = variant.matrix_registers;
     const std::string layout = dkdv_registers ? ", true>" : ", false>";
-    // The pack's order (bwd_packed.hpp): tile by tile for the 8-wide engines' kernels, which
-    // read their tiles without 2-D block loads; row-major (0, 0) otherwise.
-    const bool tiled = variant.matrix_n == 8;
+    // The pack's order (bwd_packed.hpp, bwd_pack_tiled): tile by tile for the 8-wide engines'
+    // kernels up to head dim 128, which read their tiles without 2-D block loads; row-major
+    // (0, 0) otherwise.
+    const bool tiled = variant.matrix_n == 8 && variant.head_dim <= 128;
     const std::string pack_shape =
         shape.substr(0, shape.size() - 1) + layout.substr(0, layout.size() - 1) + ", " +
         std::to_string(tiled ? variant.matrix_m : 0) + ", " +
