@@ -67,9 +67,9 @@ def test_forward_kernel_per_gpu(profile, wide):
     """GPUs with 256 registers per thread plan the forward and the backward's dQ (d <= 128)
     and dK/dV (d <= 128) with their tiles in registers; the 8-wide engines of DG2 and Arrow
     Lake-H (128 registers of 32 bytes) the forward, past d = 64 with two sub-groups per query
-    rows, each holding half of O^T (a whole one fills their registers at 128), and the
-    SLM-staged backward; so do the emulated shapes of each (emulate: sub-group 16, emulate8:
-    DG2's)."""
+    rows, each holding half of O^T (a whole one fills their registers at 128), the backward's
+    dQ up to d = 64 (two sub-groups per rows) and the SLM-staged dK/dV; so do the emulated
+    shapes of each (emulate: sub-group 16, emulate8: DG2's)."""
     for dtype in ("bfloat16", "float16"):
         for head_dim in (64, 128):
             plan = C.plan("forward", profile, dtype, head_dim, 0, 1, "1")
@@ -86,10 +86,13 @@ def test_forward_kernel_per_gpu(profile, wide):
             scored = C.plan("forward", profile, dtype, head_dim, 7, 1, "1")["variant"]
             assert scored.matrix_registers == wide
             backward = C.plan("backward", profile, dtype, head_dim, 0, 1, "1")
-            assert backward["variant"].matrix_registers == wide
+            dq_registers = wide or head_dim <= 64
+            assert backward["variant"].matrix_registers == dq_registers
             assert backward["variant"].dkdv_registers == wide
             assert any("flash_bwd_dq_matrix_registers_kernel" in k
-                       for k in backward["kernels"]) == wide
+                       for k in backward["kernels"]) == dq_registers
+            # The backward's packs: tile by tile on the 8-wide engines (up to d = 128).
+            assert backward["kernels"][1].endswith(", 0, 0>" if wide else ", 8, 16>")
             assert any("flash_bwd_dkdv_matrix_registers_kernel" in k
                        for k in backward["kernels"]) == wide
     # Above head dim 128 the accumulators would not fit.
@@ -99,7 +102,8 @@ def test_forward_kernel_per_gpu(profile, wide):
         for head_dim in (64, 128):
             assert C.plan("forward", "", "bfloat16", head_dim, 0, 1, mode)["variant"] \
                 .matrix_registers
-        assert C.plan("backward", "", "bfloat16", 64, 0, 1, mode)["variant"].matrix_registers \
+        assert C.plan("backward", "", "bfloat16", 64, 0, 1, mode)["variant"].matrix_registers
+        assert C.plan("backward", "", "bfloat16", 128, 0, 1, mode)["variant"].matrix_registers \
             == (mode == "emulate")
 
 
