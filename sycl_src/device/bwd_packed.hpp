@@ -8,10 +8,11 @@
 //   for the register one (flash_bwd_dkdv_registers.hpp, REGISTERS): Q, dO, Q^T and dO^T plain
 //     (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key block
 //     K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
-// On the 8-wide engines (TILE_M x TILE_K: their A tiles, 8 x 16), which have no 2-D block loads,
-// K, K^T and V are stored tile by tile and Q^T and dO^T with each sub-group's columns together
-// (its TILE_M = MATRIX_N = 8 rows), so that every tile a product reads is one contiguous block
-// (matrix_surface.hpp); elsewhere (0 x 0) all are row-major.
+// On the 8-wide engines up to head dim 128 (TILE_M x TILE_K: their A tiles, 8 x 16), which have
+// no 2-D block loads, K, K^T and V are stored tile by tile, and Q^T, dO^T and the row pairs of
+// Q and dO with each sub-group's columns together (its TILE_M = MATRIX_N = 8 rows), so that
+// every tile a product reads is one contiguous block (matrix_surface.hpp); elsewhere (0 x 0)
+// all are row-major.
 // All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
 // no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's
@@ -24,9 +25,9 @@
 
 #include <algorithm>
 
+#include "matrix_surface.hpp"
 #include "pack_rows.hpp"
 #include "params.hpp"
-#include "matrix_surface.hpp"
 #include "seq_info.hpp"
 #include "tile_io.hpp"
 
@@ -53,9 +54,9 @@ struct PackedBwd {
   static constexpr int64_t ROW_BLOCK_WORDS = ROW_TILES * ROW_TILE_WORDS;
 
   struct Keys {
-    T* k;               // (BLOCK_N, HEAD_DIM)
-    T* k_t;             // (HEAD_DIM, BLOCK_N)
-    T* v;               // (BLOCK_N, HEAD_DIM)
+    T* k;               // (BLOCK_N, HEAD_DIM), in Order
+    T* k_t;             // (HEAD_DIM, BLOCK_N), in Order
+    T* v;               // (BLOCK_N, HEAD_DIM), in Order
     uint32_t* k_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
     uint32_t* v_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
   };
