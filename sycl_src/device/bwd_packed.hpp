@@ -72,22 +72,23 @@ struct PackedBwd {
   };
 
   // Q^T's or dO^T's packed words from column r0 (a sub-group's first row) on, the B operand
-  // of rows COLUMN_GROUP words apart.
+  // of rows COLUMN_GROUP words apart; Q's or dO's row pairs from column d0 on, rows
+  // PAIR_GROUP words apart.
   static inline const uint32_t* columns(const uint32_t* packed, int r0) {
-    if constexpr (TILED)
-      return packed + r0 / COLUMN_GROUP * (HEAD_DIM / 2 * COLUMN_GROUP) + r0 % COLUMN_GROUP;
-    else
-      return packed + r0;  // r0 < BLOCK_M: one group (the division cost the kernels a few
-                           // instructions: the compiler does not know the bound)
+    return in_groups<COLUMN_GROUP, HEAD_DIM / 2>(packed, r0);
+  }
+  static inline const uint32_t* pair_columns(const uint32_t* pairs, int d0) {
+    return in_groups<PAIR_GROUP, BLOCK_M / 2>(pairs, d0);
   }
 
-  // ... and Q's or dO's row pairs from column d0 on (a sub-group's), rows PAIR_GROUP words
-  // apart.
-  static inline const uint32_t* pair_columns(const uint32_t* pairs, int d0) {
+  // Column `col` of words stored in groups of GROUP columns, each group ROWS rows of GROUP.
+  template <int GROUP, int ROWS>
+  static inline const uint32_t* in_groups(const uint32_t* words, int col) {
     if constexpr (TILED)
-      return pairs + d0 / PAIR_GROUP * (BLOCK_M / 2 * PAIR_GROUP) + d0 % PAIR_GROUP;
+      return words + col / GROUP * (ROWS * GROUP) + col % GROUP;
     else
-      return pairs + d0;  // d0 < HEAD_DIM, as above
+      return words + col;  // one group (dividing cost the kernels a few instructions: the
+                           // compiler does not know the column is below the group's width)
   }
 
   static inline int64_t key_region_elements(const BwdParams& p) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "dtypes.hpp"
+#include "matrix_surface.hpp"
 
 namespace ipex_flash {
 
@@ -114,6 +115,8 @@ __attribute__((always_inline)) inline void matrix_mad_strips(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a, int64_t lda, const uint32_t* b,
     int ldb) {
   static_assert(DEPTH % K == 0, "whole reduction steps");
+  using AOrder = SurfaceOrder<A_TILED ? M : 0, A_TILED ? K : 0>;
+  const int cols = static_cast<int>(lda);  // A's row length: its pitch when row-major
   MatrixA<T, M, K> a_tile;
   MatrixB<T, K, N> b_tile;
 #pragma unroll(UNROLL)
@@ -124,7 +127,7 @@ __attribute__((always_inline)) inline void matrix_mad_strips(
 #pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       jm::joint_matrix_load(sg, a_tile,
-                            matrix_ptr<A_SPACE>(a + s * M * lda + (A_TILED ? k * M : k)),
+                            matrix_ptr<A_SPACE>(a + AOrder::offset(s * M, k, cols, cols)),
                             static_cast<size_t>(A_TILED ? K : lda));
       jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
     }
@@ -176,6 +179,8 @@ template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
 inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const T* a,
                               int64_t lda, const uint32_t* b, int ldb) {
   static_assert(DEPTH % K == 0 && K % 2 == 0, "whole reduction steps of whole B words");
+  using AOrder = SurfaceOrder<A_TILED ? M : 0, A_TILED ? K : 0>;
+  const int cols = static_cast<int>(lda);  // A's row length: its pitch when row-major
   const int n = static_cast<int>(sg.get_local_id()[0]);
   // Strip by strip, each with its column in registers through the whole reduction, one B word
   // (two reduction steps) at a time. Only the M rows are unrolled: unrolling the strips and
@@ -192,8 +197,8 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS]
       const float b_odd = to_float(from_bits<T>(word >> 16));       // k = 2 kw + 1
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const int k = 2 * kw;  // A (m, k) and (m, k + 1), in one tile where tiled (K even)
-        const T* a_mk = a_strip + (A_TILED ? k / K * (M * K) + m * K + k % K : m * lda + k);
+        // A (m, 2 kw) and (m, 2 kw + 1): adjacent in either order (K is even)
+        const T* a_mk = a_strip + AOrder::offset(m, 2 * kw, cols, cols);
         column[m] += to_float(a_mk[0]) * b_even + to_float(a_mk[1]) * b_odd;
       }
     }

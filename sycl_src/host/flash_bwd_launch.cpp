@@ -136,19 +136,17 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     // range than dK/dV); the packs take the dK/dV kernel's layout, and the register dQ kernel
     // reads either. The header of the widest program includes the rest of it.
     const bool dkdv_registers = variant.dkdv_registers, dq_registers = variant.matrix_registers;
-    const std::string layout = dkdv_registers ? ", true>" : ", false>";
+    const std::string layout = dkdv_registers ? ", true" : ", false";
     // The pack's order (bwd_packed.hpp, bwd_pack_tiled): tile by tile for the 8-wide engines'
     // kernels up to head dim 128, which read their tiles without 2-D block loads; row-major
     // (0, 0) otherwise.
     const bool tiled = variant.matrix_n == 8 && variant.head_dim <= 128;
     const std::string pack_shape =
-        shape.substr(0, shape.size() - 1) + layout.substr(0, layout.size() - 1) + ", " +
-        std::to_string(tiled ? variant.matrix_m : 0) + ", " +
-        std::to_string(tiled ? variant.matrix_k : 0) + ">";
+        shape.substr(0, shape.size() - 1) + layout + variant.tile_order(tiled) + ">";
     std::string dq = variant.instantiate(dq_registers
                                              ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
                                              : "ipex_flash::flash_bwd_dq_matrix_kernel");
-    if (dq_registers) dq = dq.substr(0, dq.size() - 1) + layout;
+    if (dq_registers) dq = dq.substr(0, dq.size() - 1) + layout + ">";
     return {dkdv_registers ? "flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "flash_bwd_dq_registers.hpp"
                            : "flash_bwd_matrix.hpp",

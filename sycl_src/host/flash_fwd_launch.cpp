@@ -67,9 +67,7 @@ KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
 // The pack's order (fwd_pack_kv.hpp, matrix_surface.hpp): tile by tile for the 8-wide
 // register kernel, which reads its A tiles without 2-D block loads; row-major (0, 0) otherwise.
 std::string pack_tile_order(const KernelVariant& variant) {
-  const bool tiled = variant.matrix_registers && variant.matrix_n == 8;
-  return ", " + std::to_string(tiled ? variant.matrix_m : 0) + ", " +
-         std::to_string(tiled ? variant.matrix_k : 0);
+  return variant.tile_order(variant.matrix_registers && variant.matrix_n == 8);
 }
 
 // The register forward's sub-groups per query rows on the 8-wide engines (DG2, Arrow Lake-H:

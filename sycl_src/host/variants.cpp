@@ -27,6 +27,10 @@ std::string KernelVariant::instantiate(const std::string& kernel, bool matrix_ar
          ">";
 }
 
+std::string KernelVariant::tile_order(bool tiled) const {
+  return ", " + std::to_string(tiled ? matrix_m : 0) + ", " + std::to_string(tiled ? matrix_k : 0);
+}
+
 std::vector<std::string> program_options(const KernelVariant& variant) {
   std::vector<std::string> options;
   if (variant.cpu_device) options.push_back("-DIPEX_FLASH_CPU_LOOPS");

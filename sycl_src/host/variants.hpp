@@ -49,6 +49,9 @@ struct KernelVariant {
   std::string instantiate(const std::string& kernel, bool matrix_args) const;
   // The head dim V and O are compiled at.
   int value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // A pack kernel's order arguments (matrix_surface.hpp): ", MATRIX_M, MATRIX_K" where its
+  // readers take their A tiles tile by tile (tiled: the 8-wide engines), ", 0, 0" row-major.
+  std::string tile_order(bool tiled) const;
 };
 
 // Kernels built together from one device header (one compiler run).
