@@ -132,6 +132,11 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(loop_per_dpas=23.7, **dq_eight_wide)) == []
     assert kernel_violations(report(loop_per_dpas=26.5, **dq_eight_wide)) == [
         "main loop issues 26.5 instructions per DPAS (at most 26.0)"]
+    dkdv_eight_wide = {**dq_eight_wide,
+                       "kernel": "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>"}
+    assert kernel_violations(report(loop_per_dpas=25.2, **dkdv_eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=27.5, **dkdv_eight_wide)) == [
+        "main loop issues 27.5 instructions per DPAS (at most 27.0)"]
     assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
     assert kernel_violations(report(large_grf=True)) == [
         "large register file asked for, 128 registers given"]
@@ -163,6 +168,18 @@ def test_rules_flag_each_defect():
         "spills 640 bytes"]
     assert kernel_violations(report(target="dg2", **{**one_row, "rows": 8, "features": 0})) == [
         "spills 512 bytes"]
+    # The fourth: the 8-wide register dK/dV at d = 64 with a float mask, up to 64 bytes.
+    dkdv_mask = dict(family="backward", head_dim=64, features=8, spill=64,
+                     kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>")
+    assert kernel_violations(report(target="dg2", **dkdv_mask)) == []
+    assert kernel_violations(report(target="arl-h", **{**dkdv_mask, "features": 32})) == []
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 128})) == [
+        "spills 128 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "features": 4})) == [
+        "spills 64 bytes"]
+    assert kernel_violations(report(target="bmg", **dkdv_mask)) == ["spills 64 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "head_dim": 128})) == [
+        "spills 64 bytes"]
     # Any other spill fails: the register dQ kernel's at d=128, and the register dK/dV
     # kernel's at d=128 with softcap, among them.
     dq = dict(family="backward", kernel="ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>",

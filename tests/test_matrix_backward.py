@@ -45,13 +45,13 @@ def matrix_backward(monkeypatch):
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
         # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
         # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
-        # emulate8: dQ's up to 64 without softcap, as DG2 and Arrow Lake-H run it (two
-        # sub-groups per rows from 32), dK/dV's SLM-staged.
+        # emulate8: both up to 64 without softcap, as DG2 and Arrow Lake-H run them (dQ with
+        # two sub-groups per rows from 32, dK/dV in two passes from 48), SLM-staged otherwise.
         padded = plan["variant"].head_dim
         softcap = features & 1
         dq_registers = (padded <= 128 if mode == "emulate"
                         else padded <= 64 and not softcap)
-        dkdv_registers = mode == "emulate" and padded <= 128
+        dkdv_registers = dq_registers
         assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "flash_bwd_dq_registers.hpp" if dq_registers
                                   else "flash_bwd_matrix.hpp"), plan
@@ -226,18 +226,28 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
     assert any(not torch.equal(m, v) for m, v in zip(matrix, vector))
 
 
-# The 8-wide register dQ kernel (DG2, Arrow Lake-H): one sub-group per rows at d = 16, two
-# from 32, each with its share of dQ^T (40 pads to 48: three tiles a share). Softcap keeps the
-# SLM-staged dQ kernel there.
-@pytest.mark.parametrize("head_dim", [16, 40])
-def test_eight_wide_dq_in_registers(matrix_backward, head_dim):
+# The 8-wide register kernels (DG2, Arrow Lake-H). dQ: one sub-group per rows at d = 16, two
+# from 32, each with its share of dQ^T. dK/dV: both accumulators resident in one walk over the
+# rows at d = 16, one at a time in two walks at 32, and two sub-groups per keys, each with its
+# share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap keeps the
+# SLM-staged kernels there.
+@pytest.mark.parametrize("head_dim", [16, 32, 40])
+def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
+    shares = {16: (1, 1), 32: (2, 1), 40: (2, 2)}[head_dim]  # (dQ's, dK/dV's)
     for features, registers in ((0, True), (4, True), (8, True), (1, False), (1 | 2, False)):
         plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
         assert plan["variant"].matrix_registers == registers, (features, plan)
-        assert plan["kernels"][-1].startswith(
-            "ipex_flash::flash_bwd_dq_matrix_registers_kernel" if registers
-            else "ipex_flash::flash_bwd_dq_matrix_kernel"), plan
+        assert plan["variant"].dkdv_registers == registers, (features, plan)
+        dkdv, dq = plan["kernels"][-2:]
+        if registers:
+            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
+            assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"), plan
+            assert (dq.endswith(f", true, {shares[0]}>")
+                    and dkdv.endswith(f", 8, 16, 8, {shares[1]}>")), plan
+        else:
+            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_kernel"), plan
+            assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_kernel"), plan
     for causal in (False, True):
         test_backward.check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16),
                                       causal, torch.bfloat16)

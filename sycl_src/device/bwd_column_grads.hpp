@@ -10,7 +10,6 @@
 #include "dropout.hpp"
 #include "kernel_props.hpp"
 #include "mask.hpp"
-#include "matrix_tile.hpp"
 #include "params.hpp"
 #include "score_mod.hpp"
 
@@ -18,8 +17,8 @@ namespace ipex_flash {
 
 // Step 1. On entry prob[j] = q.k (unscaled); on exit prob[j] = P before dropout,
 // softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
-// after dropout (what multiplied V in the forward: dV's factor).
-template <int FEATURES, int N>
+// after dropout (what multiplied V in the forward: dV's factor). LANES: the sub-group's.
+template <int FEATURES, int LANES, int N>
 inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& c,
                                      const ScoreMod& score_mod, const BlockMask& mask,
                                      bool fully_visible,
@@ -37,7 +36,7 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
   }
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
     const uint32_t kept =
-        dropout_kept_rows<N, MATRIX_KEY_CHUNK>(sg, c.dropout, batch_head, row0, key);
+        dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
     for (int j = 0; j < N; ++j) dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
   }
@@ -46,14 +45,14 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
 // Step 2. On entry dp[j] = dO.v; on exit dS in the natural domain of scale * q.k (dK's factor;
 // the caller applies the softmax scale once at the end). The dropout factors are drawn again
 // rather than kept across the products.
-template <int FEATURES, int N>
+template <int FEATURES, int LANES, int N>
 inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int64_t batch_head,
                                int64_t row0, int64_t key, const float (&prob)[N],
                                const float (&softcap_grad)[N], const float (&delta)[N],
                                float (&dp)[N]) {
   if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
     const uint32_t kept =
-        dropout_kept_rows<N, MATRIX_KEY_CHUNK>(sg, c.dropout, batch_head, row0, key);
+        dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
     for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
   }

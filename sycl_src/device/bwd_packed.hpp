@@ -40,13 +40,14 @@ template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS = f
 struct PackedBwd {
   using Order = SurfaceOrder<TILE_M, TILE_K>;
   static constexpr bool TILED = Order::TILED;
-  static_assert(!TILED || (TILE_M == 8 && !REGISTERS),
-                "tile order: the 8-wide engines' A tiles, whose M is their sub-group's N; the "
-                "register dK/dV kernel's pack stays row-major");
+  static_assert(!TILED || TILE_M == 8,
+                "tile order: the 8-wide engines' A tiles, whose M is their sub-group's N");
   // Q^T's and dO^T's columns stored together (a sub-group's where tiled), and so the stride
-  // of their packed rows in words; Q's and dO's in their row pairs.
+  // of their packed rows in words; Q's and dO's in their row pairs; K^T's and V^T's pairs
+  // (the register dK/dV kernel's B operands) likewise, a sub-group's keys together.
   static constexpr int COLUMN_GROUP = TILED ? TILE_M : BLOCK_M;
   static constexpr int PAIR_GROUP = TILED ? TILE_M : HEAD_DIM;
+  static constexpr int KEY_GROUP = TILED ? TILE_M : BLOCK_N;
   static constexpr int KEY_TILES = REGISTERS ? 5 : 3, ROW_TILES = REGISTERS ? 6 : 4;
   static constexpr int64_t KEY_BLOCK_ELEMENTS = KEY_TILES * BLOCK_N * HEAD_DIM;
   static constexpr int KEY_TILE_WORDS = BLOCK_N * HEAD_DIM / 2;
@@ -57,18 +58,18 @@ struct PackedBwd {
     T* k;               // (BLOCK_N, HEAD_DIM), in Order
     T* k_t;             // (HEAD_DIM, BLOCK_N), in Order
     T* v;               // (BLOCK_N, HEAD_DIM), in Order
-    uint32_t* k_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
-    uint32_t* v_t_pairs;  // words [HEAD_DIM / 2][BLOCK_N], REGISTERS only
+    uint32_t* k_t_pairs;  // words [BLOCK_N / KEY_GROUP][HEAD_DIM / 2][KEY_GROUP], REGISTERS only
+    uint32_t* v_t_pairs;  // as k_t_pairs
   };
   struct Rows {
     uint32_t* q_t;       // words [BLOCK_M / COLUMN_GROUP][HEAD_DIM / 2][COLUMN_GROUP]
     uint32_t* do_t;      // as q_t
     uint32_t* q_pairs;   // words [HEAD_DIM / PAIR_GROUP][BLOCK_M / 2][PAIR_GROUP], SLM-staged only
     uint32_t* do_pairs;  // as q_pairs
-    T* q;                // (BLOCK_M, HEAD_DIM), REGISTERS only
-    T* dout;             // (BLOCK_M, HEAD_DIM), REGISTERS only
-    T* q_cols;           // (HEAD_DIM, BLOCK_M): Q^T, REGISTERS only
-    T* do_cols;          // (HEAD_DIM, BLOCK_M): dO^T, REGISTERS only
+    T* q;                // (BLOCK_M, HEAD_DIM), in Order, REGISTERS only
+    T* dout;             // (BLOCK_M, HEAD_DIM), in Order, REGISTERS only
+    T* q_cols;           // (HEAD_DIM, BLOCK_M): Q^T, in Order, REGISTERS only
+    T* do_cols;          // (HEAD_DIM, BLOCK_M): dO^T, in Order, REGISTERS only
   };
 
   // Q^T's or dO^T's packed words from column r0 (a sub-group's first row) on, the B operand
@@ -79,6 +80,10 @@ struct PackedBwd {
   }
   static inline const uint32_t* pair_columns(const uint32_t* pairs, int d0) {
     return in_groups<PAIR_GROUP, BLOCK_M / 2>(pairs, d0);
+  }
+  // K^T's or V^T's packed words from key `key0` of the block on, rows KEY_GROUP words apart.
+  static inline const uint32_t* key_columns(const uint32_t* pairs, int key0) {
+    return in_groups<KEY_GROUP, HEAD_DIM / 2>(pairs, key0);
   }
 
   // Column `col` of words stored in groups of GROUP columns, each group ROWS rows of GROUP.
@@ -185,13 +190,11 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
     Order::copy_from_rows(out.v, staged + 2 * TILE, BLOCK_N, HEAD_DIM, lid, BLOCK_N);
   }
   if constexpr (REGISTERS) {  // the backward has no paged K/V: rows are contiguous
-    using ColumnPairs = uint32_t[HEAD_DIM / 2][BLOCK_N];
-    load_tile_packed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.k_t_pairs),
-                                        k.row(kv_begin), k.row_stride, rows, c.dims.head_dim,
-                                        lid, BLOCK_N);
-    load_tile_packed<BLOCK_N, HEAD_DIM>(*reinterpret_cast<ColumnPairs*>(out.v_t_pairs),
-                                        v.row(kv_begin), v.row_stride, rows, c.dims.head_dim_v,
-                                        lid, BLOCK_N);
+    constexpr int GROUP = Packed::KEY_GROUP;
+    load_tile_packed<BLOCK_N, HEAD_DIM, GROUP>(out.k_t_pairs, k.row(kv_begin), k.row_stride,
+                                               rows, c.dims.head_dim, lid, BLOCK_N);
+    load_tile_packed<BLOCK_N, HEAD_DIM, GROUP>(out.v_t_pairs, v.row(kv_begin), v.row_stride,
+                                               rows, c.dims.head_dim_v, lid, BLOCK_N);
   }
 }
 
@@ -222,18 +225,34 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
   load_tile_packed<BLOCK_M, HEAD_DIM, GROUP>(out.do_t, dout, p.dout_stride.row, rows, d_v, lid,
                                              BLOCK_M);
   if constexpr (REGISTERS) {
+    using Order = typename Packed::Order;
     using RowsTile = T[BLOCK_M][HEAD_DIM];
     using ColumnsTile = T[HEAD_DIM][BLOCK_M];
     const KvRows<T> q_rows{q, p.q_stride.row, nullptr, 0, 0};
     const KvRows<T> do_rows{dout, p.dout_stride.row, nullptr, 0, 0};
-    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.q), q, p.q_stride.row, rows, d,
-                                 lid, BLOCK_M);
-    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(out.dout), dout,
+    // Tile by tile, Q, dO, Q^T and dO^T go through SLM in row-major order first, as the keys
+    // above; four tiles at once, so that one barrier serves them.
+    constexpr int TILE = BLOCK_M * HEAD_DIM;
+    static syclexp::work_group_static<T[Order::TILED ? 4 * TILE : 1]> staged_slm;
+    T* const staged[4] = {Order::TILED ? static_cast<T*>(staged_slm) : out.q,
+                          Order::TILED ? static_cast<T*>(staged_slm) + TILE : out.dout,
+                          Order::TILED ? static_cast<T*>(staged_slm) + 2 * TILE : out.q_cols,
+                          Order::TILED ? static_cast<T*>(staged_slm) + 3 * TILE : out.do_cols};
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged[0]), q, p.q_stride.row,
+                                 rows, d, lid, BLOCK_M);
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged[1]), dout,
                                  p.dout_stride.row, rows, d_v, lid, BLOCK_M);
-    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(out.q_cols), q_rows,
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(staged[2]), q_rows,
                                             0, rows, d, lid, BLOCK_M);
-    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(out.do_cols),
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(staged[3]),
                                             do_rows, 0, rows, d_v, lid, BLOCK_M);
+    if constexpr (Order::TILED) {
+      sycl::group_barrier(item.get_group());
+      Order::copy_from_rows(out.q, staged[0], BLOCK_M, HEAD_DIM, lid, BLOCK_M);
+      Order::copy_from_rows(out.dout, staged[1], BLOCK_M, HEAD_DIM, lid, BLOCK_M);
+      Order::copy_from_rows(out.q_cols, staged[2], HEAD_DIM, BLOCK_M, lid, BLOCK_M);
+      Order::copy_from_rows(out.do_cols, staged[3], HEAD_DIM, BLOCK_M, lid, BLOCK_M);
+    }
   } else {
     constexpr int PAIRS = Packed::PAIR_GROUP;
     load_tile_row_pairs<BLOCK_M, HEAD_DIM, PAIRS>(out.q_pairs, q, p.q_stride.row, rows, d, lid,

@@ -29,18 +29,20 @@
 
 namespace ipex_flash {
 
-// Element j of chunk c of `values` is lane j's lane_values[c] (a row statistic loaded by the
-// lane that owns the row): the lane index is a constant, which the GPU compiler reads as a
-// register region.
-template <int CHUNKS>
-__attribute__((always_inline)) inline void broadcast_chunks(
-    sycl::sub_group sg, const float (&lane_values)[CHUNKS],
-    float (&values)[CHUNKS * MATRIX_KEY_CHUNK]) {
+// values[j] = lane j's lane_value (a row statistic loaded by the lane that owns the row): the
+// lane index is a constant, which the GPU compiler reads as a register region.
+template <int LANES>
+__attribute__((always_inline)) inline void broadcast_lanes(sycl::sub_group sg, float lane_value,
+                                                          float (&values)[LANES]) {
 #pragma unroll
-  for (int c = 0; c < CHUNKS; ++c)
+  for (int j = 0; j < LANES; ++j) values[j] = sycl::select_from_group(sg, lane_value, j);
+}
+
+// out[j] = column[j] rounded once to T.
+template <typename T, int R>
+__attribute__((always_inline)) inline void round_into(const float (&column)[R], T* out) {
 #pragma unroll
-    for (int j = 0; j < MATRIX_KEY_CHUNK; ++j)
-      values[c * MATRIX_KEY_CHUNK + j] = sycl::select_from_group(sg, lane_values[c], j);
+  for (int j = 0; j < R; ++j) out[j] = from_float<T>(column[j]);
 }
 
 // The lane's column of the score tiles (S or dP) over a whole slab of rows, chunk by chunk.
@@ -58,19 +60,39 @@ __attribute__((always_inline)) inline void slab_of_columns(sycl::sub_group sg,
 }
 
 // The lane's column of A (K rows from `row0`, HEAD_DIM deep) . B, B the sub-group's keys' tiles
-// of K^T or V^T (pairs of head-dim rows): S or dP over one slab of rows.
-template <typename T, int M, int K, int N, int HEAD_DIM, int BLOCK_N>
-__attribute__((always_inline)) inline void slab_product_columns(sycl::sub_group sg,
-                                                                const MatrixSurface<T>& a,
-                                                                int row0, const uint32_t* b,
-                                                                float (&column)[K]) {
+// of K^T or V^T (pairs of head-dim rows, LDB words apart): S or dP over one slab of rows. A in
+// 2-D blocks where the surface is row-major, a tile per load where it is tile by tile.
+template <typename T, int M, int K, int N, int HEAD_DIM, int LDB, int TM, int TK>
+__attribute__((always_inline)) inline void slab_product_columns(
+    sycl::sub_group sg, const MatrixSurface<T, TM, TK>& a, int row0, const uint32_t* b,
+    float (&column)[K]) {
+  constexpr auto GLOBAL = sycl::access::address_space::global_space;
   MatrixAcc<M, N> tiles[K / M];
 #pragma unroll
   for (int t = 0; t < K / M; ++t) matrix_fill(sg, tiles[t], 0.f);
-  matrix_mad_surface_wide<T, M, K, N, HEAD_DIM, K / M, K,
-                          sycl::access::address_space::global_space>(sg, tiles, a, row0, b,
-                                                                     BLOCK_N);
+  if constexpr (SurfaceOrder<TM, TK>::TILED)
+    matrix_mad_surface<T, M, K, N, HEAD_DIM, K / M, GLOBAL>(sg, tiles, a, row0, b, LDB);
+  else
+    matrix_mad_surface_wide<T, M, K, N, HEAD_DIM, K / M, K, GLOBAL>(sg, tiles, a, row0, b, LDB);
   slab_of_columns<M>(sg, tiles, column);
+}
+
+// acc (TILES x M rows from row0, N) += A (those rows of `cols`, Q^T or dO^T of the query
+// block, at columns col .. col + K) . b, one reduction step: in 2-D blocks where the surface is
+// row-major, a tile per load where it is tile by tile.
+template <typename T, int M, int K, int N, int TILES, int TM, int TK>
+__attribute__((always_inline)) inline void slab_gradient_step(sycl::sub_group sg,
+                                                              MatrixAcc<M, N> (&acc)[TILES],
+                                                              const MatrixSurface<T, TM, TK>& cols,
+                                                              int row0, int col,
+                                                              MatrixBRegisters<T, K, N>& b) {
+  if constexpr (SurfaceOrder<TM, TK>::TILED) {
+    const MatrixSurface<T, TM, TK> slab{cols.base + cols.offset(0, col), cols.rows, cols.cols,
+                                        cols.pitch};
+    matrix_mad_surface_step<T, M, K, N, TILES>(sg, acc, slab, row0, b);
+  } else {
+    matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, acc, cols, row0, col, b);
+  }
 }
 
 // Which gradients a walk over the query rows accumulates (dkdv_register_rows).
@@ -84,6 +106,7 @@ struct DkdvKeys {
   int64_t kv_begin, kv_end, key;  // key: the lane's
   int64_t q_first, q_last;        // the query rows that can see any key of the block
   const uint32_t *k_t_pairs, *v_t_pairs;  // the sub-group's B tiles of K^T and V^T
+  int d0;  // the first of the sub-group's rows (head dims) of dK^T and dV^T
 };
 
 // Accumulates the GRADS of the lane's key over every query row (and query head of its K/V
@@ -98,13 +121,17 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                                               MatrixAcc<M, N> (&dv)[TILES]) {
   // One reduction step per slab (16 rows on GPUs): with two, the S and dP tiles beside the
   // resident dK^T and dV^T spilled at d = 64 on BMG and PVC.
-  constexpr int SLAB = K, CHUNKS = SLAB / MATRIX_KEY_CHUNK;
+  constexpr int SLAB = K, PART = N, PARTS = SLAB / PART;
   constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true, M, K, N>;
+  using Surface = PackedSurface<T, M, K, N>;
+  constexpr int KEY_GROUP = Packed::KEY_GROUP;
+  static_assert(Packed::TILED == Surface::Order::TILED, "the pack is in the order it is read");
   // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors
   // stay put across slabs), but at d = 128 with score changes, where descriptors held through
   // the slab loop spilled (64 bytes on BMG): there the slab's columns are a surface of their own.
   constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0;
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
+  static_assert(!(SHIFTED && Packed::TILED), "the 8-wide engines' kernel stops at d = 64");
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = kb.seq;
   const int64_t key = kb.key;
@@ -122,65 +149,85 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
       const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
       const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
           kb.mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N), true);
-      const MatrixSurface<T> q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
-      const MatrixSurface<T> do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
-      const MatrixSurface<T> q_cols{rows.q_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
-      const MatrixSurface<T> do_cols{rows.do_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
+      const Surface q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
+      const Surface do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
+      const Surface q_cols{rows.q_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
+      const Surface do_cols{rows.do_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
 #pragma unroll 1
       for (int slab = 0; slab < BLOCK_M && q_begin + slab < kb.q_last; slab += SLAB) {
         // P, then dV; dP, then dS and dK, on each lane's column of the slab's rows
         // (bwd_column_grads.hpp). P and dS are rounded once, into the B operands (single
         // joint_matrix variables: IGC drops one reached in an array of one). The rows'
-        // statistics: lane j loads row j of each chunk.
+        // statistics: lane j loads row j of each part.
         const int64_t row0 = q_begin + slab;
         const int col = SHIFTED ? 0 : slab;
-        const auto slab_cols = [&](const MatrixSurface<T>& cols) {
-          return SHIFTED ? MatrixSurface<T>{cols.base + slab, HEAD_DIM, SLAB, BLOCK_M} : cols;
+        const auto slab_cols = [&](const Surface& cols) {
+          return SHIFTED ? Surface{cols.base + slab, HEAD_DIM, SLAB, BLOCK_M} : cols;
         };
-        float lse_lane[CHUNKS], delta_lane[CHUNKS];
+        // On the 8-wide engines the sub-group barrier (no instruction there) keeps IGC from
+        // hoisting the loop-invariant K^T and V^T B tiles out of the row loop, where held
+        // beside the resident accumulators they would spill (as in the register dQ kernel).
+        if constexpr (Packed::TILED) sycl::group_barrier(sg);
+        float lse_lane[PARTS], delta_lane[PARTS];
 #pragma unroll
-        for (int c0 = 0; c0 < CHUNKS; ++c0) {
-          const BwdRowStats stats =
-              BwdRowStats::of(p, seq, kb.batch, h, row0 + c0 * MATRIX_KEY_CHUNK + lane);
-          lse_lane[c0] = stats.lse_log2;
-          delta_lane[c0] = stats.delta;
+        for (int r = 0; r < PARTS; ++r) {
+          const BwdRowStats stats = BwdRowStats::of(p, seq, kb.batch, h, row0 + r * PART + lane);
+          lse_lane[r] = stats.lse_log2;
+          delta_lane[r] = stats.delta;
         }
         // dK alone: dP first, so that only its column, not S's tiles, waits through the
-        // score changes.
-        float prob[SLAB], softcap_grad[SLAB], grad[SLAB], dropped[SLAB];
+        // score changes. The rows' statistics and the score changes go a part of PART rows
+        // (one per lane) at a time, each rounded into the B operand's column as it is done: on
+        // the 8-wide engines a whole slab's worth of each (a register per row) spilled beside
+        // the resident dK^T and dV^T.
+        float qk[SLAB], softcap_grad[SLAB], grad[SLAB];  // S (then P), d score, dP (then dS)
+        T operand[SLAB];  // P (dropped) or dS in the dtype: the column of a B operand
+        const auto part = [](float(&column)[SLAB], int r) -> float(&)[PART] {
+          return *reinterpret_cast<float(*)[PART]>(column + r);
+        };
         if constexpr (!DV)
-          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
-                                                              grad);
-        {
-          slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, q_rows, slab, kb.k_t_pairs,
-                                                              prob);
-          float lse_log2[SLAB];
-          broadcast_chunks(sg, lse_lane, lse_log2);
-          bwd_column_probabilities<FEATURES>(sg, c, score_mod, kb.mask, fully_visible,
-                                             batch_head, row0, key, lse_log2, prob, softcap_grad,
-                                             dropped);
+          slab_product_columns<T, M, K, N, HEAD_DIM, KEY_GROUP>(sg, do_rows, slab,
+                                                                kb.v_t_pairs, grad);
+        slab_product_columns<T, M, K, N, HEAD_DIM, KEY_GROUP>(sg, q_rows, slab, kb.k_t_pairs,
+                                                              qk);
+#pragma unroll
+        for (int r = 0; r < SLAB; r += PART) {
+          float lse_log2[PART], dropped[PART];
+          broadcast_lanes(sg, lse_lane[r / PART], lse_log2);
+          bwd_column_probabilities<FEATURES, N>(sg, c, score_mod, kb.mask, fully_visible,
+                                                batch_head, row0 + r, key, lse_log2,
+                                                part(qk, r), part(softcap_grad, r), dropped);
           if constexpr (DV) {
-            MatrixBRegisters<T, K, N> p_b;
-            matrix_b_from_floats<K, T>(sg, p_b, dropped);
-            matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dv, slab_cols(do_cols), 0, col,
-                                                            p_b);
+            round_into(dropped, operand + r);
+          } else {
+            float delta[PART];
+            broadcast_lanes(sg, delta_lane[r / PART], delta);
+            bwd_column_dscores_kept<FEATURES>(c, part(qk, r), dropped, part(softcap_grad, r),
+                                              delta, part(grad, r));
+            round_into(part(grad, r), operand + r);
+          }
+        }
+        if constexpr (DV) {
+          MatrixBRegisters<T, K, N> p_b;
+          matrix_b_from_column<K>(sg, p_b, operand);
+          slab_gradient_step<T, M, K, N, TILES>(sg, dv, slab_cols(do_cols), kb.d0, col, p_b);
+        }
+        if constexpr (DV && DK) {
+          slab_product_columns<T, M, K, N, HEAD_DIM, KEY_GROUP>(sg, do_rows, slab,
+                                                                kb.v_t_pairs, grad);
+#pragma unroll
+          for (int r = 0; r < SLAB; r += PART) {
+            float delta[PART];
+            broadcast_lanes(sg, delta_lane[r / PART], delta);
+            bwd_column_dscores<FEATURES, N>(sg, c, batch_head, row0 + r, key, part(qk, r),
+                                            part(softcap_grad, r), delta, part(grad, r));
+            round_into(part(grad, r), operand + r);
           }
         }
         if constexpr (DK) {
-          if constexpr (DV)
-            slab_product_columns<T, M, K, N, HEAD_DIM, BLOCK_N>(sg, do_rows, slab, kb.v_t_pairs,
-                                                                grad);
-          float delta[SLAB];
-          broadcast_chunks(sg, delta_lane, delta);
-          if constexpr (DV)
-            bwd_column_dscores<FEATURES>(sg, c, batch_head, row0, key, prob, softcap_grad, delta,
-                                         grad);
-          else
-            bwd_column_dscores_kept<FEATURES>(c, prob, dropped, softcap_grad, delta, grad);
           MatrixBRegisters<T, K, N> ds_b;
-          matrix_b_from_floats<K, T>(sg, ds_b, grad);
-          matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), 0, col,
-                                                          ds_b);
+          matrix_b_from_column<K>(sg, ds_b, operand);
+          slab_gradient_step<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), kb.d0, col, ds_b);
         }
       }
     }
@@ -201,28 +248,38 @@ __attribute__((always_inline)) inline void store_key_row(sycl::sub_group sg, Acc
     if (d < cols) out[d] = from_float<T>(row[d] * scale);
 }
 
+// SHARES sub-groups per MATRIX_N keys (the host's bwd_shares: two on the 8-wide engines past
+// d = 32, else one), each holding its HEAD_DIM / SHARES rows (head dims) of dK^T and dV^T and
+// computing the keys' S, P, dP and dS alike (the same arithmetic: the same results). The
+// work-group is BLOCK_N x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N>
+          int MATRIX_K, int MATRIX_N, int SHARES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   constexpr int M = MATRIX_M, K = MATRIX_K, N = MATRIX_N;
-  constexpr int ACC_TILES = HEAD_DIM / M;
-  // dK^T and dV^T take HEAD_DIM / M x M registers each (fp32 at SIMD16): at d = 128, 128 each,
-  // the whole register file together. Past d = 64 the kernel walks the query rows twice, dV
-  // first, then dK, with one of them resident at a time: S and P are computed twice (a quarter
-  // more products), where holding both would spill.
-  constexpr bool TWO_PASSES = HEAD_DIM > 64;
+  constexpr int SHARE_ROWS = HEAD_DIM / SHARES, ACC_TILES = SHARE_ROWS / M;
+  // dK^T and dV^T take SHARE_ROWS / M x M registers each (fp32, a register per row of N
+  // lanes): at d = 128 on the 16-wide engines, 128 each, the whole register file together. Past
+  // d = 64 there (past 16 on the 8-wide engines, whose file is 128 registers of 32 bytes: at
+  // d = 32, 32 each beside the slab's columns spilled 2.9 KB on DG2) the kernel walks the query
+  // rows twice, dV first, then dK, with one of them resident at a time: S and P are computed
+  // twice (a quarter more products), where holding both would spill.
+  constexpr bool TWO_PASSES = SHARE_ROWS > (N == 8 ? 16 : 64);
   static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>() &&
                     BLOCK_M % K == 0 && BLOCK_N % N == 0 && K % MATRIX_KEY_CHUNK == 0 &&
-                    N == MATRIX_KEY_CHUNK,
-                "tile shape: a chunk of rows is one lane's broadcast of their statistics");
+                    K % N == 0 && SHARE_ROWS % M == 0 && ACC_TILES >= 2,
+                "tile shape: a slab of rows is whole parts of the lanes' statistics, a share "
+                "whole tiles (two at least: see matrix_mad_surface)");
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const auto sg = item.get_sub_group();
-  const int lid = static_cast<int>(item.get_local_id(0));
+  const int item_id = static_cast<int>(item.get_local_id(0));
+  const int lid = SHARES == 1 ? item_id : item_id % BLOCK_N;  // the key's in the block
+  const int share = SHARES == 1 ? 0 : item_id / BLOCK_N;
+  const int d0 = share * SHARE_ROWS;  // the share's first head dim
   // The sub-group's first key within the block, broadcast from lane 0: IGC then knows it is
   // the same in every lane (lid minus the lane's index it did not, and held the K^T and V^T
   // tile pointers below per lane, 64-bit, through both passes: they spilled).
@@ -234,7 +291,7 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   const int64_t kv_begin = static_cast<int64_t>(coord.block) * BLOCK_N;
   if (kv_begin >= seq.len_k) return;  // the whole work-group leaves together
   const int64_t kv_end = std::min<int64_t>(kv_begin + BLOCK_N, seq.len_k);
-  using Packed = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true>;
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true, M, K, N>;
   const typename Packed::Keys keys = Packed::keys(p, b, h_kv, coord.block);
   // What the stores at the end need, taken from the parameters now: kept instead, the
   // parameter block spilled beside the resident accumulators (BMG, softcap + ALiBi + mask).
@@ -244,10 +301,10 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
     float scale;
     int head_dim, head_dim_v, keys;  // keys: how many of the block's keys are in the sequence
   } out{static_cast<T*>(p.dk) + b * p.dk_stride.batch + h_kv * p.dk_stride.head +
-            (seq.k_row0 + kv_begin) * p.dk_stride.row,
+            (seq.k_row0 + kv_begin) * p.dk_stride.row + d0,
         static_cast<T*>(p.dv) + b * p.dv_stride.batch + h_kv * p.dv_stride.head +
-            (seq.k_row0 + kv_begin) * p.dv_stride.row,
-        p.dk_stride.row, p.dv_stride.row, c.scale, c.dims.head_dim, c.dims.head_dim_v,
+            (seq.k_row0 + kv_begin) * p.dv_stride.row + d0,
+        p.dk_stride.row, p.dv_stride.row, c.scale, c.dims.head_dim - d0, c.dims.head_dim_v - d0,
         static_cast<int>(kv_end - kv_begin)};
   const BlockMask mask = BlockMask::of(c.mask, seq);
   const DkdvKeys kb{seq,
@@ -259,8 +316,9 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
                     kv_begin + lid,
                     mask.first_row(kv_begin) / BLOCK_M * BLOCK_M,
                     mask.end_row(kv_end, seq.len_q),
-                    keys.k_t_pairs + key0,
-                    keys.v_t_pairs + key0};
+                    Packed::key_columns(keys.k_t_pairs, key0),
+                    Packed::key_columns(keys.v_t_pairs, key0),
+                    d0};
   using Acc = MatrixAcc<M, N>;
   if constexpr (TWO_PASSES) {
     Acc grad[ACC_TILES];
@@ -283,14 +341,14 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
     }
     dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_BOTH>(sg, p, kb,
                                                                                      dk, dv);
-    float dk_row[HEAD_DIM], dv_row[HEAD_DIM];
+    float dk_row[SHARE_ROWS], dv_row[SHARE_ROWS];
     lane_row_of_tiles<M>(sg, dk, dk_row);
     lane_row_of_tiles<M>(sg, dv, dv_row);
     if (lid >= out.keys) return;
     T* const dk_out = out.dk + lid * out.dk_row;
     T* const dv_out = out.dv + lid * out.dv_row;
 #pragma unroll
-    for (int d = 0; d < HEAD_DIM; ++d) {
+    for (int d = 0; d < SHARE_ROWS; ++d) {
       if (d < out.head_dim) dk_out[d] = from_float<T>(dk_row[d] * out.scale);
       if (d < out.head_dim_v) dv_out[d] = from_float<T>(dv_row[d]);
     }

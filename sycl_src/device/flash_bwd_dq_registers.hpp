@@ -25,16 +25,13 @@
 
 namespace ipex_flash {
 
-// Sub-groups per MATRIX_N query rows, each holding its share of dQ^T's rows (head dims) and
-// computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the same results): two on
-// the 8-wide engines from d = 32 (128 registers of 32 bytes; at d = 64 a whole dQ^T beside the
-// score tiles spilled 1.7-3.3 KB on DG2), else one. The work-group is BLOCK_M x shares
-// work-items; the host's bwd_dq_shares says the same.
-template <int HEAD_DIM, int MATRIX_N>
-constexpr int bwd_dq_shares() { return MATRIX_N == 8 && HEAD_DIM >= 32 ? 2 : 1; }
-
+// SHARES sub-groups per MATRIX_N query rows (the host's bwd_shares: two on the 8-wide engines
+// from d = 32, whose 128 registers of 32 bytes a whole dQ^T at d = 64 beside the score tiles
+// overflowed, 1.7-3.3 KB spilled on DG2; else one), each holding its share of dQ^T's rows (head
+// dims) and computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the same
+// results). The work-group is BLOCK_M x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N, bool REGISTER_LAYOUT>
+          int MATRIX_K, int MATRIX_N, bool REGISTER_LAYOUT, int SHARES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
@@ -53,11 +50,11 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   constexpr int SLAB = HEAD_DIM > 64 || TILED ? (2 * M > K ? 2 * M : K)
                        : BLOCK_N % 32 == 0  ? 32
                                             : BLOCK_N;
-  constexpr int SHARES = bwd_dq_shares<HEAD_DIM, R>();
   constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
   constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;
-  static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0,
-                "whole slabs and reduction steps");
+  static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0 &&
+                    DQ_ROWS % M == 0 && DQ_TILES >= 2,
+                "whole slabs and reduction steps, a share whole tiles (two at least)");
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
 
   const AttentionCommon& c = p.common;

@@ -90,10 +90,19 @@ KernelVariant bwd_variant_on(sycl::queue& queue, const std::string& dtype, int h
       bwd_program);
 }
 
-// The register dQ kernel's sub-groups per query rows (bwd_dq_shares, flash_bwd_dq_registers.hpp):
-// two on the 8-wide engines from head dim 32, else one.
-int bwd_dq_shares(const KernelVariant& variant) {
-  return variant.matrix_registers && variant.matrix_n == 8 && variant.head_dim >= 32 ? 2 : 1;
+// Sub-groups per MATRIX_N query rows of the register dQ kernel, and per MATRIX_N keys of the
+// register dK/dV kernel, each holding a share of the resident accumulators' head dims (their
+// SHARES template argument; the launch sizes follow): two on the 8-wide engines, whose 128
+// registers of 32 bytes a whole dQ^T overflowed from d = 32 and dK^T (or dV^T) past d = 32
+// (two passes over the rows, one resident at a time: 0.9-5.4 KB spilled on DG2), else one.
+struct BwdShares {
+  int dq, dkdv;
+};
+
+BwdShares bwd_shares(const KernelVariant& variant) {
+  const bool eight_wide = variant.matrix_n == 8;
+  return {variant.matrix_registers && eight_wide && variant.head_dim >= 32 ? 2 : 1,
+          variant.dkdv_registers && eight_wide && variant.head_dim > 32 ? 2 : 1};
 }
 
 }  // namespace
@@ -111,14 +120,16 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_n = tile.n;
   // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers: 128 at d = 128 beside
   // dQ's score slabs. On the 8-wide engines, whose file is 128 registers, up to d = 64, two
-  // sub-groups per rows (bwd_dq_shares), and not with softcap: its tanh beside the score tiles
+  // sub-groups per rows (bwd_shares), and not with softcap: its tanh beside the score tiles
   // spilled 256-1824 bytes there (DG2, Arrow Lake-H). dK/dV's two (dK^T, dV^T) would take all
   // 256 there: past d = 64 that kernel holds one at a time, walking the query rows twice
-  // (flash_bwd_dkdv_registers.hpp); not on the 8-wide engines.
+  // (flash_bwd_dkdv_registers.hpp), as it does past d = 32 on the 8-wide engines, up to 64.
+  // Only with the register dQ: the SLM-staged one reads the other layout of the packs.
   const int dq_8_wide = (features & FEATURE_SOFTCAP) != 0 ? 0 : 64;
   variant.matrix_registers =
       matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, dq_8_wide);
-  variant.dkdv_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128);
+  variant.dkdv_registers = variant.matrix_registers &&
+                           matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, 64);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
@@ -141,20 +152,25 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     // kernels up to head dim 128, which read their tiles without 2-D block loads; row-major
     // (0, 0) otherwise.
     const bool tiled = variant.matrix_n == 8 && variant.head_dim <= 128;
-    const std::string pack_shape =
-        shape.substr(0, shape.size() - 1) + layout + variant.tile_order(tiled) + ">";
+    const auto with = [](const std::string& kernel, const std::string& more) {
+      return kernel.substr(0, kernel.size() - 1) + more + ">";  // more template arguments
+    };
+    const std::string pack_shape = with(shape, layout + variant.tile_order(tiled));
+    const BwdShares shares = bwd_shares(variant);
     std::string dq = variant.instantiate(dq_registers
                                              ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
                                              : "ipex_flash::flash_bwd_dq_matrix_kernel");
-    if (dq_registers) dq = dq.substr(0, dq.size() - 1) + layout + ">";
+    if (dq_registers) dq = with(dq, layout + ", " + std::to_string(shares.dq));
+    std::string dkdv = variant.instantiate(dkdv_registers
+                                               ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
+                                               : "ipex_flash::flash_bwd_dkdv_matrix_kernel");
+    if (dkdv_registers) dkdv = with(dkdv, ", " + std::to_string(shares.dkdv));
     return {dkdv_registers ? "flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "flash_bwd_dq_registers.hpp"
                            : "flash_bwd_matrix.hpp",
             {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
              "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape,
-             variant.instantiate(dkdv_registers ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
-                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel"),
-             dq},
+             dkdv, dq},
             program_options(variant)};
   }
   return {"flash_bwd.hpp",
@@ -206,8 +222,11 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   const BwdKernels kernels = bwd_kernels(queue, variant);
   const bool matrix = variant.matrix_m > 0;
   // The SLM-staged matrix dK/dV kernel gives a work-item each query row of a block
-  // (flash_bwd_matrix.hpp); the vector and register ones each key.
-  const int dkdv_group = matrix && !variant.dkdv_registers ? variant.block_m : variant.block_n;
+  // (flash_bwd_matrix.hpp); the vector and register ones each key (the register one, each
+  // key's shares).
+  const BwdShares shares = bwd_shares(variant);
+  const int dkdv_group =
+      matrix && !variant.dkdv_registers ? variant.block_m : variant.block_n * shares.dkdv;
   sycl::event done;
   if (dims.len_q > 0) {
     const int64_t rows = static_cast<int64_t>(dims.batch) * dims.heads_q * dims.len_q;
@@ -245,7 +264,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
     done = submit_kernel(
         queue, kernels.dq, params,
         block_range(static_cast<int64_t>(dims.batch) * dims.heads_q, c.num_blocks,
-                    variant.block_m * bwd_dq_shares(variant)),
+                    variant.block_m * shares.dq),
         "flash_bwd_dq");
   }
   finish_launch(queue, queue_handle, done, "flash_bwd");
