@@ -67,9 +67,10 @@ def test_forward_kernel_per_gpu(profile, wide):
     """GPUs with 256 registers per thread plan the forward and the backward's dQ (d <= 128)
     and dK/dV (d <= 128) with their tiles in registers; the 8-wide engines of DG2 and Arrow
     Lake-H (128 registers of 32 bytes) the forward, past d = 64 with two sub-groups per query
-    rows, each holding half of O^T (a whole one fills their registers at 128), the backward's
-    dQ up to d = 64 (two sub-groups per rows) and the SLM-staged dK/dV; so do the emulated
-    shapes of each (emulate: sub-group 16, emulate8: DG2's)."""
+    rows, each holding half of O^T (a whole one fills their registers at 128), and the
+    backward's dQ and dK/dV up to d = 64 (two sub-groups per rows or keys, each with a share of
+    the resident accumulators); so do the emulated shapes of each (emulate: sub-group 16,
+    emulate8: DG2's)."""
     for dtype in ("bfloat16", "float16"):
         for head_dim in (64, 128):
             plan = C.plan("forward", profile, dtype, head_dim, 0, 1, "1")
@@ -88,13 +89,18 @@ def test_forward_kernel_per_gpu(profile, wide):
             backward = C.plan("backward", profile, dtype, head_dim, 0, 1, "1")
             dq_registers = wide or head_dim <= 64
             assert backward["variant"].matrix_registers == dq_registers
-            assert backward["variant"].dkdv_registers == wide
+            assert backward["variant"].dkdv_registers == dq_registers
             assert any("flash_bwd_dq_matrix_registers_kernel" in k
                        for k in backward["kernels"]) == dq_registers
+            # dK/dV, dQ: one sub-group per keys or rows where 256 registers hold the shares,
+            # two on the 8-wide engines at d = 64.
+            if dq_registers:
+                shares = "1" if wide else "2"
+                assert [k[-2] for k in backward["kernels"][-2:]] == [shares, shares], backward
             # The backward's packs: tile by tile on the 8-wide engines (up to d = 128).
             assert backward["kernels"][1].endswith(", 0, 0>" if wide else ", 8, 16>")
             assert any("flash_bwd_dkdv_matrix_registers_kernel" in k
-                       for k in backward["kernels"]) == wide
+                       for k in backward["kernels"]) == dq_registers
     # Above head dim 128 the accumulators would not fit.
     assert not C.plan("forward", "bmg", "bfloat16", 256, 0, 1, "1")["variant"].matrix_registers
     assert not C.plan("backward", "bmg", "bfloat16", 160, 0, 1, "1")["variant"].matrix_registers

@@ -9,10 +9,11 @@
 //     (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key block
 //     K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
 // On the 8-wide engines up to head dim 128 (TILE_M x TILE_K: their A tiles, 8 x 16), which have
-// no 2-D block loads, K, K^T and V are stored tile by tile, and Q^T, dO^T and the row pairs of
-// Q and dO with each sub-group's columns together (its TILE_M = MATRIX_N = 8 rows), so that
-// every tile a product reads is one contiguous block (matrix_surface.hpp); elsewhere (0 x 0)
-// all are row-major.
+// no 2-D block loads, K, K^T and V (and for the register dK/dV kernel Q, dO, Q^T and dO^T) are
+// stored tile by tile, and Q^T, dO^T, the row pairs of Q and dO, and K^T's and V^T's pairs with
+// each sub-group's columns together (its TILE_M = MATRIX_N = 8 rows or keys), so that every
+// tile a product reads is one contiguous block (matrix_surface.hpp); elsewhere (0 x 0) all are
+// row-major.
 // All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
 // no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's

@@ -1,8 +1,9 @@
 // The backward's dK/dV kernel with its tiles in registers, for the GPUs and emulation that run
 // the dQ kernel so (flash_bwd_dq_registers.hpp, included: this header is the program of both).
 // Here a lane owns a key, its column of every tile (matrix_registers.hpp), and each sub-group
-// its MATRIX_N keys of the work-group's block: sub-groups share nothing (each votes on the
-// mask alone, AttnMaskPlane::hides_lines).
+// its MATRIX_N keys of the work-group's block (or its share of their head dims: SHARES, the
+// 8-wide engines past d = 32): sub-groups share nothing (each votes on the mask alone,
+// AttnMaskPlane::hides_lines).
 // Per query block, MATRIX_K rows (a slab) at a time, in this order (legend as in
 // flash_bwd_matrix.hpp):
 //   S (r, kv)  = Q (r, d) . K^T (d, kv)         SLAB / MATRIX_M accumulators
@@ -16,8 +17,10 @@
 // with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
 // as B tiles from theirs (bwd_packed.hpp, REGISTERS); the A operands in 2-D blocks of four DPAS
-// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS). The rows' LSE and delta
-// are loaded one per lane and broadcast from the lane that holds them. Deterministic, no atomics.
+// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), or on the 8-wide
+// engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, a tile per load
+// from packs in tile order. The rows' LSE and delta are loaded one per lane and broadcast from
+// the lane that holds them. Deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
