@@ -272,9 +272,9 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   constexpr bool TWO_PASSES = SHARE_ROWS > (N == 8 ? 16 : 64);
   static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>() &&
                     BLOCK_M % K == 0 && BLOCK_N % N == 0 && K % MATRIX_KEY_CHUNK == 0 &&
-                    K % N == 0 && SHARE_ROWS % M == 0 && ACC_TILES >= 2,
+                    K % N == 0 && SHARE_ROWS % M == 0,
                 "tile shape: a slab of rows is whole parts of the lanes' statistics, a share "
-                "whole tiles (two at least: see matrix_mad_surface)");
+                "whole tiles");
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();

@@ -53,8 +53,8 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
   constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;
   static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0 &&
-                    DQ_ROWS % M == 0 && DQ_TILES >= 2,
-                "whole slabs and reduction steps, a share whole tiles (two at least)");
+                    DQ_ROWS % M == 0,
+                "whole slabs and reduction steps, a share whole tiles");
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
 
   const AttentionCommon& c = p.common;

@@ -74,12 +74,15 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // 128 registers of 32 bytes, a sub-group's O^T taking d_v of them), each holding its share of
 // O^T (VALUE_SPLIT, flash_fwd_matrix_registers.hpp); 0 where they keep the SLM-staged kernel.
 // One up to d_v = 64, two up to 128 (a whole O^T filled the registers). With ALiBi or a user's
-// mask, two up to 64, each share at least two tiles (an array of one tile made IGC drop the
-// work): beside a whole O^T their per-score work spilled 64 bytes and 2-2.2 KB on DG2. With
-// softcap none: it issued 165 instructions per DPAS there, the SLM-staged kernel 137.
+// mask, shares of at most 32 rows of O^T, each at least two tiles (an array of one tile made
+// IGC drop the work): two up to 64, four at 96 and 128 (beside a whole O^T at 64, or half of
+// one at 128, their per-score work spilled: 64 bytes and 2-2.2 KB on DG2). Where four shares
+// are not whole tiles (80, 112), none. With softcap none: it issued 165 instructions per DPAS
+// there, the SLM-staged kernel 137.
 int eight_wide_value_split(int d_v, int features) {
   if ((features & FEATURE_SOFTCAP) != 0) return 0;
-  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) return d_v >= 32 && d_v <= 64 ? 2 : 0;
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0)
+    return d_v >= 32 && d_v <= 64 ? 2 : d_v <= 128 && d_v % 32 == 0 ? 4 : 0;
   return d_v <= 64 ? 1 : d_v <= 128 ? 2 : 0;
 }
 
