@@ -141,17 +141,11 @@ struct PackedBwd {
 };
 
 // The pack the matrix kernels of tile shape M x K x N read (REGISTERS: with the register dK/dV
-// kernel): tile by tile on the 8-wide engines (N = 8) up to head dim 128, as their
-// PackedSurface. Past 128 the SLM-staged kernels reading tiles spilled more than row by row on
-// DG2 (dQ at d = 192: 0.6-1.8 KB where it spilled 0-0.4), and the pack's staging 768 bytes; the
-// host's flash_bwd_launch.cpp names the pack kernels alike.
-template <int HEAD_DIM, int N>
-constexpr bool bwd_pack_tiled() { return N == 8 && HEAD_DIM <= 128; }
-
+// kernel): in tile order where bwd_pack_tiled says (pack_rows.hpp), as their PackedSurface.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS, int M, int K, int N>
 using PackedBwdFor = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS,
-                               bwd_pack_tiled<HEAD_DIM, N>() ? M : 0,
-                               bwd_pack_tiled<HEAD_DIM, N>() ? K : 0>;
+                               bwd_pack_tiled(HEAD_DIM, N) ? M : 0,
+                               bwd_pack_tiled(HEAD_DIM, N) ? K : 0>;
 
 // One key block of PackedBwd::Keys per work-group of BLOCK_N work-items, over every block of
 // the pack, gaps included (zeros).

@@ -15,6 +15,15 @@
 
 namespace ipex_flash {
 
+// Whether the backward's packs (bwd_packed.hpp) are tile by tile for tiles N columns wide: on
+// the 8-wide engines (N = 8), which have no 2-D block loads, up to head dim 128. Past 128 the
+// SLM-staged kernels reading tiles spilled more than row by row on DG2 (dQ at d = 192: 0.6-1.8
+// KB where it spilled 0-0.4), and the pack's staging 768 bytes. The host names the pack
+// kernels by it, the kernels reading the packs address them by it.
+constexpr bool bwd_pack_tiled(int head_dim, int matrix_n) {
+  return matrix_n == 8 && head_dim <= 128;
+}
+
 // First block of a sequence preceded by `rows_before` rows in `sequence` sequences.
 inline int64_t blocks_before(int64_t rows_before, int64_t sequence, int block) {
   return (rows_before + sequence * (block - 1)) / block;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "device/pack_rows.hpp"
 #include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
@@ -148,10 +149,8 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     // reads either. The header of the widest program includes the rest of it.
     const bool dkdv_registers = variant.dkdv_registers, dq_registers = variant.matrix_registers;
     const std::string layout = dkdv_registers ? ", true" : ", false";
-    // The pack's order (bwd_packed.hpp, bwd_pack_tiled): tile by tile for the 8-wide engines'
-    // kernels up to head dim 128, which read their tiles without 2-D block loads; row-major
-    // (0, 0) otherwise.
-    const bool tiled = variant.matrix_n == 8 && variant.head_dim <= 128;
+    // The pack's order (pack_rows.hpp, bwd_pack_tiled): tile by tile, or row-major (0, 0).
+    const bool tiled = bwd_pack_tiled(variant.head_dim, variant.matrix_n);
     const auto with = [](const std::string& kernel, const std::string& more) {
       return kernel.substr(0, kernel.size() - 1) + more + ">";  // more template arguments
     };
