@@ -216,21 +216,22 @@ def test_eight_wide_register_forward(matrix_mode, dtype, head_dim):
         assert_matches_reference(out, lse, ref_out, ref_lse, dtype)
 
 
-# 40 pads to 48: three tiles of O^T per sub-group; 96: four sub-groups of three tiles each.
-@pytest.mark.parametrize("head_dim", [40, 64, 96, pytest.param(128, marks=pytest.mark.full)])
+# 40 pads to 48: three tiles of O^T per sub-group; 96: three sub-groups of four tiles each.
+@pytest.mark.parametrize("head_dim", [40, pytest.param(64, marks=pytest.mark.full), 80, 96,
+                                      pytest.param(128, marks=pytest.mark.full)])
 def test_eight_wide_register_forward_with_alibi_and_masks(matrix_mode, head_dim):
-    """With ALiBi or a user's mask (bool or float) the 8-wide register forward runs with
-    two sub-groups per query rows up to d = 64 and four at 96 and 128, each with its share of
-    O^T (at most 32 rows, whole tiles: 80 and 112 keep the SLM-staged kernel); with softcap
-    the SLM-staged kernel. Both masks and ALiBi against float64."""
+    """With ALiBi or a user's mask (bool or float) the 8-wide register forward runs with the
+    fewest sub-groups per query rows whose shares of O^T are whole tiles, two at least, of at
+    most 40 rows: two up to d = 80, three at 96, four at 128 (16 and 112 keep the SLM-staged
+    kernel); with softcap the SLM-staged kernel. Both masks and ALiBi against float64."""
     from ipex_flash.reference import flash_attn_reference
     matrix_mode("emulate8")
-    shares = 2 if head_dim <= 64 else 4
+    shares = {40: 2, 64: 2, 80: 2, 96: 3, 128: 4}[head_dim]
     for features, registers in ((2, True), (4, True), (8, True), (2 | 4, True), (1, False)):
         variant = C.plan("forward", "", "bfloat16", head_dim, features, 1, "emulate8")["variant"]
         assert variant.matrix_registers == registers
         assert variant.value_split == (shares if registers else 1)
-    for odd in (80, 112):
+    for odd in (16, 112):
         variant = C.plan("forward", "", "bfloat16", odd, 2, 1, "emulate8")["variant"]
         assert not variant.matrix_registers and variant.value_split == 1
     dtype = torch.bfloat16

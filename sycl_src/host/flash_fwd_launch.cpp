@@ -74,15 +74,18 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // 128 registers of 32 bytes, a sub-group's O^T taking d_v of them), each holding its share of
 // O^T (VALUE_SPLIT, flash_fwd_matrix_registers.hpp); 0 where they keep the SLM-staged kernel.
 // One up to d_v = 64, two up to 128 (a whole O^T filled the registers). With ALiBi or a user's
-// mask, shares of at most 32 rows of O^T, each at least two tiles (an array of one tile made
-// IGC drop the work): two up to 64, four at 96 and 128 (beside a whole O^T at 64, or half of
-// one at 128, their per-score work spilled: 64 bytes and 2-2.2 KB on DG2). Where four shares
-// are not whole tiles (80, 112), none. With softcap none: it issued 165 instructions per DPAS
-// there, the SLM-staged kernel 137.
+// mask, the fewest (two to four) whose shares are whole tiles, two at least (an array of one
+// tile made IGC drop the work), and at most 40 rows of O^T: two from 32 to 80, three at 96,
+// four at 128; none at 16 and 112. Beside a whole O^T at d = 64 their per-score work spilled
+// 64 bytes (ALiBi) and 2-2.2 KB (masks) on DG2, beside 56 rows at 112, 1.8 KB (masks). With
+// softcap none: it issued 165 instructions per DPAS there, the SLM-staged kernel 137.
 int eight_wide_value_split(int d_v, int features) {
   if ((features & FEATURE_SOFTCAP) != 0) return 0;
-  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0)
-    return d_v >= 32 && d_v <= 64 ? 2 : d_v <= 128 && d_v % 32 == 0 ? 4 : 0;
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
+    for (int shares = 2; shares <= 4; ++shares)
+      if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
+    return 0;
+  }
   return d_v <= 64 ? 1 : d_v <= 128 ? 2 : 0;
 }
 
