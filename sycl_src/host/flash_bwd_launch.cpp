@@ -151,19 +151,16 @@ KernelProgram bwd_program(const KernelVariant& variant) {
     const std::string layout = dkdv_registers ? ", true" : ", false";
     // The pack's order (pack_rows.hpp, bwd_pack_tiled): tile by tile, or row-major (0, 0).
     const bool tiled = bwd_pack_tiled(variant.head_dim, variant.matrix_n);
-    const auto with = [](const std::string& kernel, const std::string& more) {
-      return kernel.substr(0, kernel.size() - 1) + more + ">";  // more template arguments
-    };
-    const std::string pack_shape = with(shape, layout + variant.tile_order(tiled));
+    const std::string pack_shape = with_trailing(shape, layout + variant.tile_order(tiled));
     const BwdShares shares = bwd_shares(variant);
     std::string dq = variant.instantiate(dq_registers
                                              ? "ipex_flash::flash_bwd_dq_matrix_registers_kernel"
                                              : "ipex_flash::flash_bwd_dq_matrix_kernel");
-    if (dq_registers) dq = with(dq, layout + ", " + std::to_string(shares.dq));
+    if (dq_registers) dq = with_trailing(with_trailing(dq, layout), {shares.dq});
     std::string dkdv = variant.instantiate(dkdv_registers
                                                ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel");
-    if (dkdv_registers) dkdv = with(dkdv, ", " + std::to_string(shares.dkdv));
+    if (dkdv_registers) dkdv = with_trailing(dkdv, {shares.dkdv});
     return {dkdv_registers ? "flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "flash_bwd_dq_registers.hpp"
                            : "flash_bwd_matrix.hpp",

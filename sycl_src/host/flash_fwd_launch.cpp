@@ -43,12 +43,6 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
          (variant.head_dim + variant.value_head_dim()) * 2;
 }
 
-// A kernel's registered name with trailing template arguments (HEAD_DIM_V, VALUE_SPLIT).
-std::string with_trailing(std::string name, std::initializer_list<int> arguments) {
-  for (int argument : arguments) name.insert(name.size() - 1, ", " + std::to_string(argument));
-  return name;
-}
-
 // The variant fwd_variant picks for the queue's device, or the vector kernel's where the
 // device's compiler cannot build its matrix program (build_guard.hpp).
 KernelVariant fwd_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,

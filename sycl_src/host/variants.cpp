@@ -31,6 +31,16 @@ std::string KernelVariant::tile_order(bool tiled) const {
   return ", " + std::to_string(tiled ? matrix_m : 0) + ", " + std::to_string(tiled ? matrix_k : 0);
 }
 
+std::string with_trailing(const std::string& name, const std::string& arguments) {
+  return name.substr(0, name.size() - 1) + arguments + ">";
+}
+
+std::string with_trailing(const std::string& name, std::initializer_list<int> arguments) {
+  std::string written;
+  for (int argument : arguments) written += ", " + std::to_string(argument);
+  return with_trailing(name, written);
+}
+
 std::vector<std::string> program_options(const KernelVariant& variant) {
   std::vector<std::string> options;
   if (variant.cpu_device) options.push_back("-DIPEX_FLASH_CPU_LOOPS");

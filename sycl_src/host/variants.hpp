@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ struct KernelVariant {
   // readers take their A tiles tile by tile (tiled: the 8-wide engines), ", 0, 0" row-major.
   std::string tile_order(bool tiled) const;
 };
+
+// A kernel's registered name (ending in '>') with more template arguments: `arguments` as
+// written after the last one (", true, 8, 16"), or integers.
+std::string with_trailing(const std::string& name, const std::string& arguments);
+std::string with_trailing(const std::string& name, std::initializer_list<int> arguments);
 
 // Kernels built together from one device header (one compiler run).
 struct KernelProgram {
