@@ -50,6 +50,9 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   constexpr int SLAB = HEAD_DIM > 64 || TILED ? (2 * M > K ? 2 * M : K)
                        : BLOCK_N % 32 == 0  ? 32
                                             : BLOCK_N;
+  // dS is made CHUNK keys at a time; on the 8-wide engines one S^T tile's: with two, softcap's
+  // values beside S^T and dP^T spilled 832 bytes at d = 64 (2.3 KB with ALiBi and a mask).
+  constexpr int CHUNK = R == 8 ? M : MATRIX_KEY_CHUNK;
   constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
   constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;
   static_assert(BLOCK_N % SLAB == 0 && SLAB % K == 0 && SLAB % MATRIX_KEY_CHUNK == 0 &&
@@ -133,14 +136,14 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
       // dS for the lane's row, a chunk of keys at a time, in the dtype.
       T ds[SLAB];
 #pragma unroll
-      for (int c0 = 0; c0 < SLAB; c0 += MATRIX_KEY_CHUNK) {
-        float qk[MATRIX_KEY_CHUNK], grad[MATRIX_KEY_CHUNK];
+      for (int c0 = 0; c0 < SLAB; c0 += CHUNK) {
+        float qk[CHUNK], grad[CHUNK];
         chunk_of_columns<M>(sg, s, c0, qk);
         chunk_of_columns<M>(sg, dp, c0, grad);
         bwd_score_grads<FEATURES>(c, score_mod, mask, fully_visible, block.batch_head, row,
                                   kv_begin + slab + c0, stats, qk, grad);
 #pragma unroll
-        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
+        for (int j = 0; j < CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
       if constexpr (DS_STEPS == 1) {  // a lone operand (matrix_mad_surface_step)
         MatrixBRegisters<T, K, R> ds_t;

@@ -86,15 +86,15 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // registers that stay.
   constexpr int WIDEST = HEAD_DIM > DV ? HEAD_DIM : DV;
   // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
-  // where 32-row blocks spilled beside the 128 registers of O^T. With score changes above
-  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC).
+  // where 32-row blocks spilled beside the 128 registers of O^T. With ALiBi or a mask above
+  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC). Softcap
+  // alone keeps the blocks (17.4 instructions per DPAS on BMG at d = 128 tile by tile, 11.8).
   constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
   // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
   // the pack (matrix_surface.hpp): they have no 2-D block loads.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
-  constexpr bool WIDE = !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI |
-                                                                FEATURE_ATTN_MASK)) == 0);
+  constexpr bool WIDE = !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0);
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),

@@ -272,14 +272,14 @@ inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
 
-// Keys c0 .. c0 + MATRIX_KEY_CHUNK - 1 of the lane's row: its columns of the score tiles
-// (S^T, dP^T: M keys each) that hold them, read and written back.
-template <int M, typename Acc, int TILES>
+// Keys c0 .. c0 + CHUNK - 1 of the lane's row (CHUNK: MATRIX_KEY_CHUNK, or fewer whole tiles):
+// its columns of the score tiles (S^T, dP^T: M keys each) that hold them, read and written back.
+template <int M, typename Acc, int TILES, int CHUNK>
 __attribute__((always_inline)) inline void chunk_of_columns(sycl::sub_group sg, Acc (&s)[TILES],
-                                                            int c0, float (&chunk)[MATRIX_KEY_CHUNK]) {
-  static_assert(MATRIX_KEY_CHUNK % M == 0, "whole tiles per chunk");
+                                                            int c0, float (&chunk)[CHUNK]) {
+  static_assert(CHUNK % M == 0, "whole tiles per chunk");
 #pragma unroll
-  for (int t = 0; t < MATRIX_KEY_CHUNK / M; ++t) {
+  for (int t = 0; t < CHUNK / M; ++t) {
     float column[M];
     matrix_acc_column(sg, s[c0 / M + t], column);
 #pragma unroll

@@ -71,10 +71,9 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // mask, the fewest (two to four) whose shares are whole tiles, two at least (an array of one
 // tile made IGC drop the work), and at most 40 rows of O^T: two from 32 to 80, three at 96,
 // four at 128; none at 16 and 112. Beside a whole O^T at d = 64 their per-score work spilled
-// 64 bytes (ALiBi) and 2-2.2 KB (masks) on DG2, beside 56 rows at 112, 1.8 KB (masks). With
-// softcap none: it issued 165 instructions per DPAS there, the SLM-staged kernel 137.
+// 64 bytes (ALiBi) and 2-2.2 KB (masks) on DG2, beside 56 rows at 112, 1.8 KB (masks).
+// Softcap alone counts as no change: its tanh (score_mod.hpp) needs no register per score.
 int eight_wide_value_split(int d_v, int features) {
-  if ((features & FEATURE_SOFTCAP) != 0) return 0;
   if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
     for (int shares = 2; shares <= 4; ++shares)
       if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
