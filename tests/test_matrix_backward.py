@@ -12,13 +12,12 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.reference import sdpa_reference
 
 import test_backward
 import test_dropout
 import test_flash_attn_api
 import test_sdpa
-from conftest import OUTPUT_TOLERANCE, random_qkv, tiered
+from conftest import random_qkv, tiered
 
 HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
 needs_engine = pytest.mark.skipif(
@@ -47,13 +46,13 @@ def matrix_backward(monkeypatch):
         # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
         # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
         # emulate8: both up to 64, as DG2 and Arrow Lake-H run them (dQ with two sub-groups per
-        # rows from 32, dK/dV in two passes from 48), dK/dV up to 48 with softcap and a mask,
+        # rows from 32, dK/dV in two passes from 48), not softcap with ALiBi or a mask,
         # SLM-staged otherwise.
         padded = plan["variant"].head_dim
-        softcap_and_mask = features & 1 and features & (4 | 8)
-        dq_registers = padded <= (128 if mode == "emulate" else 64)
-        dkdv_registers = dq_registers and (mode == "emulate" or padded <= 48
-                                           or not softcap_and_mask)
+        softcap_scored = features & 1 and features & (2 | 4 | 8)
+        dq_registers = (padded <= 128 if mode == "emulate"
+                        else padded <= 64 and not softcap_scored)
+        dkdv_registers = dq_registers
         assert plan["header"] == ("flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "flash_bwd_dq_registers.hpp" if dq_registers
                                   else "flash_bwd_matrix.hpp"), plan
@@ -231,57 +230,30 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
 # The 8-wide register kernels (DG2, Arrow Lake-H). dQ: one sub-group per rows at d = 16, two
 # from 32, each with its share of dQ^T. dK/dV: both accumulators resident in one walk over the
 # rows at d = 16, one at a time in two walks at 32, and two sub-groups per keys, each with its
-# share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap too, with a
-# mask as well up to 48 (at 64 dK/dV is SLM-staged then, dQ in registers).
+# share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap alone too;
+# softcap with ALiBi or a mask keeps the SLM-staged kernels.
 @pytest.mark.parametrize("head_dim", [16, 32, 40])
 def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
     shares = {16: (1, 1), 32: (2, 1), 40: (2, 2)}[head_dim]  # (dQ's, dK/dV's)
-    for features in (0, 4, 8, 1, 1 | 2, 1 | 4, 1 | 8):
+    for features, registers in ((0, True), (4, True), (8, True), (1, True), (1 | 2, False),
+                                (1 | 4, False)):
         plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
-        assert plan["variant"].matrix_registers, (features, plan)
-        assert plan["variant"].dkdv_registers, (features, plan)
+        assert plan["variant"].matrix_registers == registers, (features, plan)
+        assert plan["variant"].dkdv_registers == registers, (features, plan)
         dkdv, dq = plan["kernels"][-2:]
-        assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
-        assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"), plan
-        assert (dq.endswith(f", true, {shares[0]}>")
-                and dkdv.endswith(f", 8, 16, 8, {shares[1]}>")), plan
-    for features, dkdv_registers in ((1, True), (1 | 2, True), (1 | 4, False), (1 | 8, False)):
-        plan = C.plan("backward", "", "bfloat16", 64, features, 1, "emulate8")
-        assert plan["variant"].matrix_registers, (features, plan)
-        assert plan["variant"].dkdv_registers == dkdv_registers, (features, plan)
-        dkdv, dq = plan["kernels"][-2:]
-        assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
-        assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_"
-                               + ("registers_kernel" if dkdv_registers else "kernel")), plan
+        if registers:
+            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
+            assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"), plan
+            assert (dq.endswith(f", true, {shares[0]}>")
+                    and dkdv.endswith(f", 8, 16, 8, {shares[1]}>")), plan
+        else:
+            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_kernel"), plan
+            assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_kernel"), plan
     for causal in (False, True):
         test_backward.check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16),
                                       causal, torch.bfloat16)
     test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, True, (20, -1), 0.0,
                                                        True, head_dim)
     test_flash_attn_api.test_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5,
-                                                       True, head_dim)
-    check_softcap_masked_gradients(head_dim, torch.bfloat16)
-
-
-def check_softcap_masked_gradients(head_dim, dtype):
-    """Softcap with a bool mask (a hidden block of keys) through SDPA against float64."""
-    q, k, v = random_qkv(2, 4, 2, 70, 150, head_dim, dtype)
-    mask = torch.rand(2, 1, 70, 150) > 0.3
-    mask[..., 0] = True  # every row sees a key
-    mask[..., 100:] = False
-    ours = test_sdpa.grads_of(lambda a, b, c: ipex_flash.scaled_dot_product_attention(
-        a, b, c, attn_mask=mask, enable_gqa=True, softcap=2.5), q, k, v)
-    ref = test_sdpa.grads_of(lambda a, b, c: sdpa_reference(a, b, c, mask, False, softcap=2.5),
-                             q.double(), k.double(), v.double())
-    rtol, _ = OUTPUT_TOLERANCE[dtype]
-    for name, got, want in zip("qkv", ours, ref):
-        assert got.dtype == dtype
-        error = (got.double() - want).abs().max().item()
-        assert error <= rtol * max(1.0, want.abs().max().item()), (name, error)
-
-
-# At 64 softcap with a mask keeps dK/dV SLM-staged, dQ in registers (two sub-groups per rows).
-def test_eight_wide_softcap_mask_at_64(matrix_backward):
-    matrix_backward("emulate8", torch.bfloat16, 64, 1 | 4)
-    check_softcap_masked_gradients(64, torch.bfloat16)
+                                                       False, head_dim)

@@ -51,7 +51,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
                        : BLOCK_N % 32 == 0  ? 32
                                             : BLOCK_N;
   // dS is made CHUNK keys at a time; on the 8-wide engines one S^T tile's: with two, softcap's
-  // values beside S^T and dP^T spilled 832 bytes at d = 64 (2.3 KB with ALiBi and a mask).
+  // values beside S^T and dP^T spilled 832 bytes at d = 64.
   constexpr int CHUNK = R == 8 ? M : MATRIX_KEY_CHUNK;
   constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
   constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;

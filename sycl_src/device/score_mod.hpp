@@ -22,7 +22,10 @@ namespace ipex_flash {
 // underflows: tanh +-1). sycl::tanh compiles (IGC) to about 150 instructions an element, which
 // made the register forward's loop issue 170 per DPAS on BMG at d = 64, where it issues 11
 // without softcap. The error is a few ulp of 1 absolute: what the scores, softcap * tanh, and
-// their softmax see (as 1 - t * t, the derivative's error was absolute too).
+// their softmax see (as 1 - t * t, the derivative's error was absolute too). Softcap alone
+// only: with ALiBi or a mask as well, IGC's schedule of it spilled where sycl::tanh's did not
+// (1728 bytes in BMG's register forward at d = 128; 160-448 in DG2's and Arrow Lake-H's
+// SLM-staged backward).
 inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
 
 struct ScoreMod {
@@ -76,9 +79,15 @@ struct ScoreMod {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
-        const float r = tanh_complement(scores[j]);
-        softcap_grad[j] = 4.f * r * (1.f - r);
-        scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap * log2(e) * tanh
+        if constexpr ((FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0) {
+          const float r = tanh_complement(scores[j]);
+          softcap_grad[j] = 4.f * r * (1.f - r);
+          scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap*log2(e)*tanh
+        } else {
+          const float t = sycl::tanh(scores[j]);
+          softcap_grad[j] = 1.f - t * t;
+          scores[j] = softcap_log2 * t;
+        }
       }
       if constexpr ((FEATURES & FEATURE_ALIBI) != 0)
         scores[j] -= alibi_log2 * sycl::fabs(distance0 + step * static_cast<float>(j));

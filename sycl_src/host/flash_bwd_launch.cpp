@@ -123,15 +123,17 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   // dQ's score slabs. On the 8-wide engines, whose file is 128 registers, up to d = 64, two
   // sub-groups per rows (bwd_shares). dK/dV's two (dK^T, dV^T) would take all 256 there: past
   // d = 64 that kernel holds one at a time, walking the query rows twice
-  // (flash_bwd_dkdv_registers.hpp), as it does past d = 32 on the 8-wide engines, up to 64,
-  // or 48 with softcap and a user's mask (at 64 it spilled 864-896 bytes on DG2 and Arrow
-  // Lake-H). Only with the register dQ: the SLM-staged one reads the other layout of the packs.
-  const bool softcap_and_mask =
-      (features & FEATURE_SOFTCAP) != 0 && (features & FEATURE_ATTN_MASK) != 0;
-  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, 64);
-  variant.dkdv_registers =
-      variant.matrix_registers &&
-      matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, softcap_and_mask ? 48 : 64);
+  // (flash_bwd_dkdv_registers.hpp), as it does past d = 32 on the 8-wide engines, up to 64.
+  // There softcap alone too, not with ALiBi or a mask as well (sycl::tanh there, score_mod.hpp:
+  // beside the score tiles it spilled 256-1824 bytes). Only with the register dQ: the
+  // SLM-staged one reads the other layout of the packs.
+  const bool softcap_scored = (features & FEATURE_SOFTCAP) != 0 &&
+                              (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
+  const int max_8_wide = softcap_scored ? 0 : 64;
+  variant.matrix_registers =
+      matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, max_8_wide);
+  variant.dkdv_registers = variant.matrix_registers &&
+                           matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, max_8_wide);
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
