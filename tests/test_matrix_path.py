@@ -463,7 +463,6 @@ import json, warnings
 import torch
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.reference import sdpa_reference
 from ipex_flash.reference import attention_reference
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 2, n, 64, dtype=torch.bfloat16) for n in (70, 90, 90))

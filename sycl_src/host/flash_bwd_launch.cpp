@@ -132,8 +132,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   const int max_8_wide = softcap_scored ? 0 : 64;
   variant.matrix_registers =
       matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, max_8_wide);
-  variant.dkdv_registers = variant.matrix_registers &&
-                           matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, max_8_wide);
+  variant.dkdv_registers = variant.matrix_registers;  // the same range as dQ's
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
