@@ -22,9 +22,10 @@ constexpr int DECODE_PV_CHAINS = 8;
 
 // The order of a key block's vector score steps over the group's heads. On the CPU device,
 // step-major: a step reads its keys' rows for every head before the next keys, so a (B, N, H,
-// D) cache is walked in memory order (fp32 decode 1.3x, bf16 1.35x, FP8 1.7x), and the scores of every head wait in SLM for the block's softmax and P.V. On GPUs,
-// head-major, each head's scores, softmax and P.V together as before: step-major made DG2,
-// Meteor Lake and Arrow Lake-H spill 192-480 B.
+// D) cache is walked in memory order (fp32 decode 1.3x, bf16 1.35x, FP8 1.7x), and the scores
+// of every head wait in SLM for the block's softmax and P.V. On GPUs, head-major, each head's
+// scores, softmax and P.V together: step-major made DG2, Meteor Lake and Arrow Lake-H spill
+// 192-480 B.
 #if defined(IPEX_FLASH_CPU_LOOPS)
 constexpr bool DECODE_STEP_MAJOR = true;
 #else

@@ -94,7 +94,8 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // the pack (matrix_surface.hpp): they have no 2-D block loads.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
-  constexpr bool WIDE = !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0);
+  constexpr bool WIDE =
+      !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0);
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),

@@ -31,6 +31,14 @@ constexpr int FEATURE_MASK_F16 = 16;
 constexpr int FEATURE_MASK_BF16 = 32;
 constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
+// Softcap beside ALiBi or a user's mask. Those kernels take sycl::tanh, not the short form
+// (score_mod.hpp: beside the other score changes IGC's schedule of it spilled), and on the
+// 8-wide engines the SLM-staged kernels (flash_fwd_launch.cpp, flash_bwd_launch.cpp): host and
+// device read this one rule, so a plan cannot drift from the tanh its kernel compiles.
+constexpr bool softcap_beside_score_changes(int features) {
+  return (features & FEATURE_SOFTCAP) != 0 &&
+         (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
+}
 // An FP8 KV cache (kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
 constexpr int FEATURE_KV_E4M3 = 64;
 constexpr int FEATURE_KV_E5M2 = 128;

@@ -79,7 +79,7 @@ struct ScoreMod {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
-        if constexpr ((FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0) {
+        if constexpr (!softcap_beside_score_changes(FEATURES)) {
           const float r = tanh_complement(scores[j]);
           softcap_grad[j] = 4.f * r * (1.f - r);
           scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap*log2(e)*tanh

@@ -127,9 +127,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   // There softcap alone too, not with ALiBi or a mask as well (sycl::tanh there, score_mod.hpp:
   // beside the score tiles it spilled 256-1824 bytes). Only with the register dQ: the
   // SLM-staged one reads the other layout of the packs.
-  const bool softcap_scored = (features & FEATURE_SOFTCAP) != 0 &&
-                              (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
-  const int max_8_wide = softcap_scored ? 0 : 64;
+  const int max_8_wide = softcap_beside_score_changes(features) ? 0 : 64;
   variant.matrix_registers =
       matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, max_8_wide);
   variant.dkdv_registers = variant.matrix_registers;  // the same range as dQ's

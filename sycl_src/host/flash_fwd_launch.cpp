@@ -76,9 +76,8 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // With ALiBi or a mask as well none: there it takes sycl::tanh, 165 instructions per DPAS on
 // DG2 in registers, 137 SLM-staged.
 int eight_wide_value_split(int d_v, int features) {
-  const int scored = FEATURE_ALIBI | FEATURE_ATTN_MASK;
-  if ((features & FEATURE_SOFTCAP) != 0 && (features & scored) != 0) return 0;
-  if ((features & scored) != 0) {
+  if (softcap_beside_score_changes(features)) return 0;
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
     for (int shares = 2; shares <= 4; ++shares)
       if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
     return 0;
