@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ipex_flash._runtime import C
-from ipex_flash.tools import gpu_grid, gpu_native
+from ipex_flash.tools import gpu_grid, gpu_native, gpu_spirv
 from ipex_flash.tools.gpu_rules import check_rules
 
 DEFAULT_TARGETS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
@@ -63,46 +62,6 @@ MEASURE_OPTION = "-DIPEX_FLASH_MEASURE_FULL_BLOCK"
 def _module_id(header: str, kernels: list, options: list) -> str:
     text = "\n".join([header, *kernels, *options])
     return Path(header).stem + "-" + hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
-def _spirv_worker(work_dir: str) -> None:
-    """Child process: compiles the modules listed in modules.json to SPIR-V. The runtime
-    dumps every device image of a program it compiles into the working directory, one file
-    per image (a program's kernels are split into images by the device features they use,
-    e.g. fp16), as sycl_spir64.spv, sycl_spir64_1.spv, ..."""
-    from ipex_flash._runtime import C
-    os.chdir(work_dir)
-    modules = json.loads(Path("modules.json").read_text())
-    for module_id, (header, kernels, options) in modules.items():
-        for stale in Path(".").glob("sycl_spir64*.spv"):
-            stale.unlink()
-        try:
-            C.compile_to_spirv(header, kernels, options)
-        except Exception as e:
-            # A GPU's large register file is a kernel property the runtime turns into
-            # -ze-opt-large-register-file, which the CPU device refuses after the SPIR-V was
-            # written: for gpu-check that SPIR-V is the result. Other errors are recorded per
-            # module; the others still build.
-            if not ("-ze-opt-large-register-file" in str(e) and any(Path(".").glob("sycl_spir64*.spv"))):
-                Path(f"{module_id}.error").write_text(str(e))
-                continue
-        for i, image in enumerate(sorted(Path(".").glob("sycl_spir64*.spv"))):
-            image.rename(f"{module_id}.part{i}.spv")
-
-
-def build_spirv(modules: dict, work: Path) -> None:
-    """SPIR-V of every module not yet in `work`, through the kernel compiler in a child
-    process (the dump is switched on by the environment before the SYCL runtime starts)."""
-    todo = {m: spec for m, spec in modules.items()
-            if not any(work.glob(f"{m}.part*.spv")) and not (work / f"{m}.error").exists()}
-    if not todo:
-        return
-    (work / "modules.json").write_text(json.dumps(todo))
-    env = dict(os.environ, SYCL_DUMP_IMAGES="1", SYCL_CACHE_PERSISTENT="0",
-               IPEX_FLASH_QUIET="1")
-    subprocess.run([sys.executable, "-c",
-                    "import sys; from ipex_flash.tools.gpu_check import _spirv_worker; "
-                    "_spirv_worker(sys.argv[1])", str(work)], env=env, check=True)
 
 
 def group_modules(programs: list) -> dict:
@@ -176,16 +135,22 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
         return 2
     start = time.perf_counter()
     programs = [p for target in targets for p in gpu_grid.plan_target(target, full)]
+    # ocloc's binaries and disassembly go to `work`; the SPIR-V to the store kept between runs
+    # (gpu_spirv.py), or to `work` too when the caller names it.
     work = Path(spirv_dir) if spirv_dir else Path(tempfile.mkdtemp(prefix="ipex_flash_gpu_"))
     work.mkdir(parents=True, exist_ok=True)
     modules = group_modules(programs)
-    build_spirv(modules, work)
+    try:
+        store = work if spirv_dir else gpu_spirv.kept_store()
+    except OSError:  # an unwritable cache directory: this run's SPIR-V is not kept
+        store = work
+    gpu_spirv.build(modules, store, jobs)
     pairs = sorted({(p.target, module) for p in programs if not p.error
                     for module in (p.module, p.measure_module) if module})
 
     def compile_pair(pair):
         target, module_id = pair
-        return pair, gpu_native.compile_module(ocloc, work, module_id,
+        return pair, gpu_native.compile_module(ocloc, store, module_id,
                                                gpu_grid.ocloc_device(target),
                                                work / f"{module_id}.{target}")
 
@@ -215,9 +180,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true",
                         help="every head-dim bucket and feature combination (slower)")
     parser.add_argument("--json", help="write every figure to this file")
-    parser.add_argument("--spirv-dir", help="keep SPIR-V, binaries and disassembly here")
+    parser.add_argument("--spirv-dir",
+                        help="build SPIR-V, binaries and disassembly here (default: SPIR-V kept "
+                             "in the kernel cache directory, the rest in a temporary one)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="ocloc processes at once")
+                        help="kernel-compiler and ocloc processes at once")
 
 
 def main(args) -> int:

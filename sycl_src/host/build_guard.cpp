@@ -65,20 +65,6 @@ GuardState& state() {
   return *instance;
 }
 
-uint64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
-  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
-}
-
-uint64_t device_sources_hash() {
-  static const uint64_t hash = [] {
-    uint64_t h = fnv1a("");
-    for (const auto& [name, text] : device_sources()) h = fnv1a(text, fnv1a(name, h));
-    return h;
-  }();
-  return hash;
-}
-
 std::string joined_kernels(const KernelProgram& program) {
   std::string joined;
   for (const std::string& name : program.kernels) joined += (joined.empty() ? "" : ", ") + name;

@@ -7,6 +7,7 @@
 #include "host/cache_check.hpp"
 #include "host/device_limits.hpp"
 #include "host/device_queue.hpp"
+#include "host/device_sources.hpp"
 #include "host/dropout_launch.hpp"
 #include "host/flash_bwd_launch.hpp"
 #include "host/flash_decode_launch.hpp"
@@ -106,6 +107,8 @@ void bind_variant_plans(py::module_& m) {
         return compile_to_spirv(cpu_queue(), KernelProgram{header, kernels, options});
       },
       "header"_a, "kernels"_a, "options"_a, py::call_guard<py::gil_scoped_release>());
+  // What gpu-check keeps its SPIR-V under, beside the kernel compiler's version.
+  m.def("device_sources_hash", &device_sources_hash);
 }
 
 }  // namespace ipex_flash
