@@ -24,5 +24,6 @@ bash scripts/install_ocloc.sh .venv-floor/ocloc
 cd tests
 ../.venv-floor/bin/python -m ipex_flash info
 ../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg
-../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q test_forward.py \
+# One worker per core, the tests spread over both: their first builds are most of the time.
+../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q -n auto test_forward.py \
   test_errors.py "$@"
