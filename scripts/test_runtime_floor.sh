@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The lower end of the SYCL runtime range pyproject.toml accepts: intel-sycl-rt 2026.0.0, the
 # family torch 2.13.0+xpu pins. Builds ipex_flash against it in ./.venv-floor, checks the import
-# and the SYCL CPU device, runs gpu-check for one GPU (its SPIR-V then comes from 2026.0.0's
-# kernel compiler) and the forward and error tests. (scripts/test.sh tests the upper end, 2026.1.2, in full.)
+# and the SYCL CPU device, runs gpu-check of one GPU's XMX kernels (their SPIR-V then comes from
+# 2026.0.0's kernel compiler) and the forward and error tests. (scripts/test.sh tests the upper
+# end, 2026.1.2, in full.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -23,7 +24,10 @@ assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
 bash scripts/install_ocloc.sh .venv-floor/ocloc
 cd tests
 ../.venv-floor/bin/python -m ipex_flash info
-../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg
+# The XMX forward and backward: the kernels that ask most of the kernel compiler (the rest of
+# the grid is checked against the upper end in the main suite).
+../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg --families forward,backward \
+  --dtypes bfloat16
 # One worker per core, the tests spread over both: their first builds are most of the time.
 ../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q -n auto test_forward.py \
   test_errors.py "$@"

@@ -196,6 +196,22 @@ def test_rules_flag_each_defect():
 ALL_GPUS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
 
 
+def run_gpu_check(arguments: list, result_path: str | None = None) -> list:
+    """Runs gpu-check with `arguments`, asserts that it passed, and returns its kernels."""
+    ocloc = gpu_native.find_ocloc()
+    assert ocloc, "ocloc is missing: scripts/setup_env.sh installs it (scripts/install_ocloc.sh)"
+    with tempfile.TemporaryDirectory() as work:
+        result_path = result_path or os.path.join(work, "gpu_check.json")
+        result = subprocess.run(
+            [sys.executable, "-m", "ipex_flash", "gpu-check", *arguments, "--json", result_path],
+            capture_output=True, text=True, cwd=work, timeout=3600)
+        # The kernels that break a rule first: the table's tail alone may not show them.
+        broken = [line for line in result.stdout.splitlines() if "FAIL" in line]
+        assert result.returncode == 0, ("\n".join(broken[:40]) + "\n...\n" +
+                                        result.stdout[-3000:] + result.stderr[-3000:])
+        return json.load(open(result_path))["kernels"]
+
+
 @pytest.mark.parametrize("targets", [
     pytest.param(["bmg"], id="bmg"),
     pytest.param([t for t in ALL_GPUS if t != "bmg"], id="pvc-dg2-lnl-mtl-arl-h",
@@ -207,19 +223,9 @@ def test_every_gpu_passes_gpu_check(targets):
     256 registers, the register kernels); the full tier the other five, among them DG2 and
     Arrow Lake-H (8-wide XMX, 128 registers), whose kernels' data flow the default tier runs
     emulated (emulate8)."""
-    ocloc = gpu_native.find_ocloc()
-    assert ocloc, "ocloc is missing: scripts/setup_env.sh installs it (scripts/install_ocloc.sh)"
-    with tempfile.TemporaryDirectory() as work:
-        # IPEX_FLASH_GPU_CHECK_JSON keeps the figures (scripts/gpu_status_table.py reads them).
-        result_path = os.environ.get("IPEX_FLASH_GPU_CHECK_JSON") or os.path.join(work, "gpu_check.json")
-        result = subprocess.run(
-            [sys.executable, "-m", "ipex_flash", "gpu-check", "--targets", ",".join(targets),
-             "--json", result_path], capture_output=True, text=True, cwd=work, timeout=3600)
-        # The kernels that break a rule first: the table's tail alone may not show them.
-        broken = [line for line in result.stdout.splitlines() if "FAIL" in line]
-        assert result.returncode == 0, ("\n".join(broken[:40]) + "\n...\n" +
-                                        result.stdout[-3000:] + result.stderr[-3000:])
-        kernels = json.load(open(result_path))["kernels"]
+    # IPEX_FLASH_GPU_CHECK_JSON keeps the figures (scripts/gpu_status_table.py reads them).
+    kernels = run_gpu_check(["--targets", ",".join(targets)],
+                            os.environ.get("IPEX_FLASH_GPU_CHECK_JSON"))
     for target in targets:
         mine = [k for k in kernels if k["target"] == target]
         assert {k["family"] for k in mine} == {"forward", "backward", "decode", "dropout_mask",
@@ -227,3 +233,29 @@ def test_every_gpu_passes_gpu_check(targets):
         assert all(k["built"] and not k["violations"] for k in mine)
         xmx = [k for k in mine if k["matrix"] and k["dpas"] > 0]
         assert bool(xmx) == (target != "mtl"), target  # DG2, ARL-H: the 8-wide kernels
+
+
+def test_pvc_xmx_kernels_pass_gpu_check():
+    """PVC's XMX forward and backward (bfloat16, head dims 64 and 128, every feature set) hold
+    the rules in the default tier, the main-loop cost per DPAS among them: PVC builds BMG's
+    programs, so after BMG's check this costs only PVC's ocloc runs. The full tier checks the
+    rest of PVC's grid."""
+    kernels = run_gpu_check(["--targets", "pvc", "--families", "forward,backward",
+                             "--dtypes", "bfloat16"])
+    assert {(k["target"], k["family"], k["dtype"]) for k in kernels} == {
+        ("pvc", "forward", "bfloat16"), ("pvc", "backward", "bfloat16")}
+    assert all(k["built"] and not k["violations"] for k in kernels)
+    measured = [k for k in kernels if k["loop_per_dpas"] > 0]
+    assert {64, 128} <= {k["head_dim"] for k in measured}
+    assert any("dq_matrix_registers" in k["kernel"] for k in measured)
+    assert any("dkdv_matrix_registers" in k["kernel"] for k in measured)
+    assert any("fwd_matrix_registers" in k["kernel"] for k in measured)
+
+
+def test_grid_filters_keep_only_the_named_families_and_dtypes():
+    """gpu-check --families/--dtypes: the plan keeps exactly the calls asked for."""
+    everything = gpu_grid.plan_target("bmg", False)
+    kept = gpu_grid.plan_target("bmg", False, ["decode"], ["float32"])
+    assert kept and {(p.family, p.dtype) for p in kept} == {("decode", "float32")}
+    assert [p.kernels for p in kept] == [p.kernels for p in everything
+                                         if p.family == "decode" and p.dtype == "float32"]

@@ -126,15 +126,17 @@ def kernel_reports(programs: list, native: dict) -> list:
 
 
 def run(targets: list, full: bool = False, json_path: str | None = None,
-        spirv_dir: str | None = None, jobs: int = 2) -> int:
-    """Checks `targets`; returns 0 when every rule holds, 1 otherwise, 2 without ocloc."""
+        spirv_dir: str | None = None, jobs: int = 2, families=None, dtypes=None) -> int:
+    """Checks `targets` (the grid's calls of `families` and `dtypes` only, when given);
+    returns 0 when every rule holds, 1 otherwise, 2 without ocloc."""
     ocloc = gpu_native.find_ocloc()
     if ocloc is None:
         print("gpu-check: ocloc not found; install it with scripts/install_ocloc.sh "
               "(or name it in IPEX_FLASH_OCLOC)", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    programs = [p for target in targets for p in gpu_grid.plan_target(target, full)]
+    programs = [p for target in targets
+                for p in gpu_grid.plan_target(target, full, families, dtypes)]
     # ocloc's binaries and disassembly go to `work`; the SPIR-V to the store kept between runs
     # (gpu_spirv.py), or to `work` too when the caller names it.
     work = Path(spirv_dir) if spirv_dir else Path(tempfile.mkdtemp(prefix="ipex_flash_gpu_"))
@@ -165,7 +167,8 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
           f"{seconds:.0f} s: {len(failed)} break a rule")
     if json_path:
         Path(json_path).write_text(json.dumps(
-            {"targets": targets, "full": full, "seconds": round(seconds, 1),
+            {"targets": targets, "full": full, "families": families, "dtypes": dtypes,
+             "seconds": round(seconds, 1),
              "ocloc": gpu_native.ocloc_version(ocloc),
              "limits": {t: C.profile_limits(t) for t in targets},
              "kernels": [asdict(r) for r in reports]}, indent=1))
@@ -185,6 +188,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in the kernel cache directory, the rest in a temporary one)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="kernel-compiler and ocloc processes at once")
+    parser.add_argument("--families", type=_names(gpu_grid.FAMILIES),
+                        help="comma-separated kernel families to check (default: all of "
+                             f"{', '.join(gpu_grid.FAMILIES)})")
+    parser.add_argument("--dtypes", type=_names(gpu_grid.DTYPES),
+                        help="comma-separated query dtypes to check (default: all of "
+                             f"{', '.join(gpu_grid.DTYPES)}; the KV-cache append into "
+                             "FP8 caches is checked only without this filter)")
+
+
+def _names(known: list):
+    """An argparse type: a comma-separated subset of `known`."""
+    def parse(text: str) -> list:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"expected some of {', '.join(known)}, got {text!r}")
+        return names
+    return parse
 
 
 def main(args) -> int:
@@ -194,4 +215,5 @@ def main(args) -> int:
         print(f"gpu-check: unknown targets {unknown}; known: {C.profile_names()}",
               file=sys.stderr)
         return 2
-    return run(targets, args.full, args.json, args.spirv_dir, args.jobs)
+    return run(targets, args.full, args.json, args.spirv_dir, args.jobs, args.families,
+               args.dtypes)

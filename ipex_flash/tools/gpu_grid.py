@@ -107,8 +107,12 @@ def _calls(full: bool):
         yield "kv_append", dtype, 64, 0, 1, "quantise", 0
 
 
-def plan_target(target: str, full: bool) -> list:
-    """The distinct programs `target` would build for the grid."""
+FAMILIES = ["forward", "backward", "decode", "dropout_mask", "cache_check", "kv_append"]
+
+
+def plan_target(target: str, full: bool, families=None, dtypes=None) -> list:
+    """The distinct programs `target` would build for the grid; `families` and `dtypes`, when
+    given, keep only the calls of those kernel families and those query dtypes."""
     limits = C.profile_limits(target)
     programs, seen = [], set()
     for family, dtype, head_dim, features, rows, mode, head_dim_v in _calls(full):
@@ -116,6 +120,8 @@ def plan_target(target: str, full: bool) -> list:
             if not limits["large_grf"]:
                 continue
             family = "decode"
+        if (families and family not in families) or (dtypes and dtype not in dtypes):
+            continue
         base = dict(target=target, family=family, dtype=dtype, head_dim=head_dim,
                     features=features, rows=rows, mode=mode,
                     slm_limit=limits["local_mem_bytes"], head_dim_v=head_dim_v)
