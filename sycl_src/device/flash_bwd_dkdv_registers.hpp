@@ -106,7 +106,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
         // beside the resident accumulators they would spill (as in the register dQ kernel).
         if constexpr (Packed::TILED) sycl::group_barrier(sg);
         float lse_lane[PARTS], delta_lane[PARTS];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
         for (int r = 0; r < PARTS; ++r) {
           const BwdRowStats stats = BwdRowStats::of(p, seq, kb.batch, h, row0 + r * PART + lane);
           lse_lane[r] = stats.lse_log2;
@@ -127,7 +127,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
                                                                 kb.v_t_pairs, grad);
         slab_product_columns<T, M, K, N, HEAD_DIM, KEY_GROUP>(sg, q_rows, slab, kb.k_t_pairs,
                                                               qk);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
         for (int r = 0; r < SLAB; r += PART) {
           float lse_log2[PART], dropped[PART];
           broadcast_lanes(sg, lse_lane[r / PART], lse_log2);
@@ -152,7 +152,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
         if constexpr (DV && DK) {
           slab_product_columns<T, M, K, N, HEAD_DIM, KEY_GROUP>(sg, do_rows, slab,
                                                                 kb.v_t_pairs, grad);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
           for (int r = 0; r < SLAB; r += PART) {
             float delta[PART];
             broadcast_lanes(sg, delta_lane[r / PART], delta);
@@ -245,19 +245,19 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   using Acc = MatrixAcc<M, N>;
   if constexpr (TWO_PASSES) {
     Acc grad[ACC_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < ACC_TILES; ++t) matrix_fill(sg, grad[t], 0.f);
     dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_DV>(sg, p, kb, grad,
                                                                                    grad);
     store_key_row<M>(sg, grad, out.dv + lid * out.dv_row, out.head_dim_v, 1.f, lid < out.keys);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < ACC_TILES; ++t) matrix_fill(sg, grad[t], 0.f);
     dkdv_register_rows<T, HEAD_DIM, BLOCK_M, BLOCK_N, FEATURES, M, K, N, DKDV_DK>(sg, p, kb, grad,
                                                                                    grad);
     store_key_row<M>(sg, grad, out.dk + lid * out.dk_row, out.head_dim, out.scale, lid < out.keys);
   } else {
     Acc dk[ACC_TILES], dv[ACC_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < ACC_TILES; ++t) {
       matrix_fill(sg, dk[t], 0.f);
       matrix_fill(sg, dv[t], 0.f);
@@ -270,7 +270,7 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
     if (lid >= out.keys) return;
     T* const dk_out = out.dk + lid * out.dk_row;
     T* const dv_out = out.dv + lid * out.dv_row;
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int d = 0; d < SHARE_ROWS; ++d) {
       if (d < out.head_dim) dk_out[d] = from_float<T>(dk_row[d] * out.scale);
       if (d < out.head_dim_v) dv_out[d] = from_float<T>(dv_row[d]);

@@ -84,7 +84,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   constexpr int LDB = Packed::COLUMN_GROUP;
 
   MatrixAcc<M, R> dq[DQ_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
   for (int t = 0; t < DQ_TILES; ++t) matrix_fill(sg, dq[t], 0.f);
   const BlockMask mask = BlockMask::of(c.mask, seq);
   const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
@@ -113,7 +113,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
           keys.k_t + Surface::Order::offset(share * DQ_ROWS, slab, BLOCK_N, BLOCK_N), DQ_ROWS,
           TILED ? BLOCK_N : SLAB, BLOCK_N};
       MatrixAcc<M, R> s[S_TILES], dp[S_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int t = 0; t < S_TILES; ++t) {
         matrix_fill(sg, s[t], 0.f);
         matrix_fill(sg, dp[t], 0.f);
@@ -135,14 +135,14 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
 
       // dS for the lane's row, a chunk of keys at a time, in the dtype.
       T ds[SLAB];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int c0 = 0; c0 < SLAB; c0 += CHUNK) {
         float qk[CHUNK], grad[CHUNK];
         chunk_of_columns<M>(sg, s, c0, qk);
         chunk_of_columns<M>(sg, dp, c0, grad);
         bwd_score_grads<FEATURES>(c, score_mod, mask, fully_visible, block.batch_head, row,
                                   kv_begin + slab + c0, stats, qk, grad);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
         for (int j = 0; j < CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
       if constexpr (DS_STEPS == 1) {  // a lone operand (matrix_mad_surface_step)
@@ -151,7 +151,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
         matrix_mad_surface_step<T, M, K, R, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
       } else {
         MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
         for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
         matrix_mad_surface_wide<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
       }
@@ -165,7 +165,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
            block.head * p.dq_stride.head + (seq.q_row0 + row) * p.dq_stride.row +
            share * DQ_ROWS;
   const int head_dims = c.dims.head_dim - share * DQ_ROWS;  // of this share
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
   for (int d = 0; d < DQ_ROWS; ++d)
     if (d < head_dims) out[d] = from_float<T>(values[d] * c.scale);
 }

@@ -62,7 +62,7 @@ __attribute__((always_inline)) inline void write_output_from_tiles(
   float values[TILES * M];
   lane_row_of_tiles<M>(sg, o, values);
   if (!inside) return;
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
   for (int d = 0; d < TILES * M; ++d)
     if (d0 + d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
   if (d0 == 0) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
@@ -140,13 +140,13 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   constexpr bool Q_IN_REGISTERS = !TILED && WIDEST <= 64 && HEAD_DIM / K >= 2;
   MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
   if constexpr (Q_IN_REGISTERS) {
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int k = 0; k < HEAD_DIM / K; ++k)
       matrix_b_load_packed<T>(sg, q_b[k], q_t + k * K / 2 * Q_GROUP, Q_GROUP);
   }
 
   MatrixAcc<M, R> o[O_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
   for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[t], 0.f);
 
   const BlockMask mask = BlockMask::of(c.mask, seq);
@@ -178,7 +178,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     // of the loop: held through it beside O^T they spilled 3-4 KB on DG2.
     if constexpr (!Q_IN_REGISTERS) sycl::group_barrier(sg);
     MatrixAcc<M, R> s[S_TILES];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
     if constexpr (Q_IN_REGISTERS)
       matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
@@ -191,18 +191,18 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
     // the accumulators, and their max.
     float block_max = NEG_INF;
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float scores[MATRIX_KEY_CHUNK];
       chunk_of_columns<M>(sg, s, c0, scores);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
       if constexpr (FEATURES != 0) {
         float unused_grad[MATRIX_KEY_CHUNK];
         score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
       }
       if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) block_max = sycl::fmax(block_max, scores[j]);
       set_chunk_of_columns<M>(sg, s, c0, scores);
     }
@@ -211,11 +211,11 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     const float rescale = softmax.raise_max(block_max);
     float block_sum = 0.f;
     T probs[BLOCK_N];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float chunk[MATRIX_KEY_CHUNK];
       chunk_of_columns<M>(sg, s, c0, chunk);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
         chunk[j] = softmax.probability(chunk[j]);
         block_sum += chunk[j];
@@ -224,10 +224,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
       if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
         float factor[MATRIX_KEY_CHUNK];
         dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
         for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
       }
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[c0 + j] = from_float<T>(chunk[j]);
     }
     softmax.row_sum += block_sum;
@@ -236,7 +236,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
     // row's max rose (past the first blocks it seldom does): the rescale's multiplies,
     // scheduled among the softmax's, spilled there.
     if (!TILED || sycl::any_of_group(sg, rescale != 1.f)) {
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
     }
     if constexpr (P_STEPS == 1) {  // 16-key blocks (the 8-wide engines): a lone operand
@@ -245,7 +245,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
       matrix_mad_surface_step<T, M, K, R, O_TILES>(sg, o, values, 0, p_t);
     } else {
       MatrixBRegisters<T, K, R> p_t[P_STEPS];
-#pragma unroll
+IPEX_FLASH_TILE_LOOP
       for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
       if constexpr (WIDE)
         matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
