@@ -259,3 +259,11 @@ def test_grid_filters_keep_only_the_named_families_and_dtypes():
     assert kept and {(p.family, p.dtype) for p in kept} == {("decode", "float32")}
     assert [p.kernels for p in kept] == [p.kernels for p in everything
                                          if p.family == "decode" and p.dtype == "float32"]
+
+
+def test_a_filter_that_keeps_nothing_is_an_error(capsys):
+    """float16 is in the --full grid only: asking the quick grid for it checks nothing, which
+    must not pass as a check."""
+    from ipex_flash.tools import gpu_check
+    assert gpu_check.run(["bmg"], dtypes=["float16"]) == 2
+    assert "no calls" in capsys.readouterr().err

@@ -128,15 +128,19 @@ def kernel_reports(programs: list, native: dict) -> list:
 def run(targets: list, full: bool = False, json_path: str | None = None,
         spirv_dir: str | None = None, jobs: int = 2, families=None, dtypes=None) -> int:
     """Checks `targets` (the grid's calls of `families` and `dtypes` only, when given);
-    returns 0 when every rule holds, 1 otherwise, 2 without ocloc."""
+    returns 0 when every rule holds, 1 otherwise, 2 without ocloc or without calls to check."""
+    start = time.perf_counter()
+    programs = [p for target in targets
+                for p in gpu_grid.plan_target(target, full, families, dtypes)]
+    if not programs:  # e.g. float16, which only the --full grid holds
+        print(f"gpu-check: the {'full' if full else 'quick'} grid has no calls of families "
+              f"{families or 'any'} in dtypes {dtypes or 'any'}", file=sys.stderr)
+        return 2
     ocloc = gpu_native.find_ocloc()
     if ocloc is None:
         print("gpu-check: ocloc not found; install it with scripts/install_ocloc.sh "
               "(or name it in IPEX_FLASH_OCLOC)", file=sys.stderr)
         return 2
-    start = time.perf_counter()
-    programs = [p for target in targets
-                for p in gpu_grid.plan_target(target, full, families, dtypes)]
     # ocloc's binaries and disassembly go to `work`; the SPIR-V to the store kept between runs
     # (gpu_spirv.py), or to `work` too when the caller names it.
     work = Path(spirv_dir) if spirv_dir else Path(tempfile.mkdtemp(prefix="ipex_flash_gpu_"))
@@ -193,8 +197,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{', '.join(gpu_grid.FAMILIES)})")
     parser.add_argument("--dtypes", type=_names(gpu_grid.DTYPES),
                         help="comma-separated query dtypes to check (default: all of "
-                             f"{', '.join(gpu_grid.DTYPES)}; the KV-cache append into "
-                             "FP8 caches is checked only without this filter)")
+                             f"{', '.join(gpu_grid.DTYPES)}, float16 in the --full grid "
+                             "only; the KV-cache append into FP8 caches is checked only "
+                             "without this filter)")
 
 
 def _names(known: list):
