@@ -60,22 +60,22 @@ __attribute__((always_inline)) inline void matrix_block_load(MatrixBlock<ROWS, V
   if constexpr (V == 1 && ROWS == 32) {
     const ipex_flash_ushort32 v = __builtin_IB_subgroup_block_read_flat_u16_m32k16v1(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int i = 0; i < ROWS; ++i) block.values[i] = v[i];
   } else if constexpr (V == 1) {
     const ipex_flash_ushort16 v = __builtin_IB_subgroup_block_read_flat_u16_m16k16v1(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int i = 0; i < ROWS; ++i) block.values[i] = v[i];
   } else if constexpr (ROWS == 32) {
     const ipex_flash_ushort64 v = __builtin_IB_subgroup_block_read_flat_u16_m32k16v2(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int i = 0; i < 2 * ROWS; ++i) block.values[i] = v[i];
   } else {
     const ipex_flash_ushort32 v = __builtin_IB_subgroup_block_read_flat_u16_m16k16v2(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int i = 0; i < 2 * ROWS; ++i) block.values[i] = v[i];
   }
 #else
@@ -96,13 +96,13 @@ __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,
                                                             B& b_lo, B& b_hi) {
   using E = typename MatrixElement<T>::type;
   static_assert(K == 16 && ROWS % M == 0, "blocks of 16-wide steps, whole tiles");
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int t = 0; t < ROWS / M; ++t) {
       MatrixA<T, M, K> a_tile;
       auto data = sycl::ext::oneapi::detail::get_wi_data(sg, a_tile);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
       for (int i = 0; i < M; ++i)
         data[i] = sycl::bit_cast<E>(block.values[half * ROWS + t * M + i]);
       jm::joint_matrix_mad(sg, acc[t], a_tile, half == 0 ? b_lo : b_hi, acc[t]);
@@ -119,9 +119,9 @@ __attribute__((always_inline)) inline void matrix_mad_surface_wide(
   if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
     matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);  // not whole blocks
   } else {
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int k = 0; k < DEPTH; k += 2 * K) {
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
       for (int r = 0; r < STRIPS * M; r += ROWS) {
         MatrixBlock<ROWS> block;
         matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
@@ -142,7 +142,7 @@ __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b,
                                                             ldb);  // not whole blocks
   } else {
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int k = 0; k < DEPTH; k += 2 * K) {
       MatrixB<T, K, N> b_lo, b_hi;
       jm::joint_matrix_load(
@@ -150,7 +150,7 @@ IPEX_FLASH_TILE_LOOP
       jm::joint_matrix_load(
           sg, b_hi, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)),
           2 * ldb);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
       for (int r = 0; r < STRIPS * M; r += ROWS) {
         MatrixBlock<ROWS> block;
         matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
@@ -171,15 +171,15 @@ __attribute__((always_inline)) inline void matrix_mad_surface_step_wide(
     int col0, MatrixB<T, K, N>& b) {
   using E = typename MatrixElement<T>::type;
   static_assert(K == 16 && STRIPS * M % ROWS == 0, "whole 16-wide blocks of 16 or 32 rows");
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int r = 0; r < STRIPS * M; r += ROWS) {
     MatrixBlock<ROWS, 1> block;
     matrix_block_load<ROWS, 1>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, col0);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int t = 0; t < ROWS / M; ++t) {
       MatrixA<T, M, K> a_tile;
       auto data = sycl::ext::oneapi::detail::get_wi_data(sg, a_tile);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
       for (int i = 0; i < M; ++i) data[i] = sycl::bit_cast<E>(block.values[t * M + i]);
       jm::joint_matrix_mad(sg, acc[r / M + t], a_tile, b, acc[r / M + t]);
     }
@@ -224,7 +224,7 @@ template <typename T, typename B>
 inline void matrix_b_load_packed(sycl::sub_group sg, B& b, const uint32_t* packed, int ldb) {
   const int n = static_cast<int>(sg.get_local_id()[0]);
   constexpr int K = sizeof(b.column) / sizeof(b.column[0]);
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int i = 0; i < K; ++i) {
     const uint32_t word = packed[i / 2 * ldb + n];
     b.column[i] = from_bits<T>(i % 2 == 0 ? word & 0xffffu : word >> 16);

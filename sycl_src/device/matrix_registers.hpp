@@ -23,10 +23,12 @@
 #include "matrix_surface.hpp"
 #include "matrix_tile.hpp"
 
-// The loops over a kernel's register tiles (here and in the register kernels) are unrolled on
-// the engines: a tile is registers, and an array of them indexed at run time would live in
-// scratch memory. Emulated (the CPU device, in tests), a tile is M floats per lane, and the
-// CPU compiler took 204 s to build a d = 128 forward and backward unrolled, 132 s rolled.
+// The loops over a kernel's register tiles are unrolled on the engines: a tile is registers,
+// and an array of them indexed at run time would live in scratch memory. Emulated (the CPU
+// device, in tests), a tile is M floats per lane, and the CPU compiler took 204 s to build a
+// d = 128 forward and backward unrolled, 132 s rolled. Code for one of the two says which
+// (#pragma unroll or nounroll); code for both (the register kernels, the helpers below the
+// emulation) says IPEX_FLASH_TILE_LOOP.
 #if defined(IPEX_FLASH_MATRIX_EMULATE)
 #define IPEX_FLASH_TILE_LOOP _Pragma("nounroll")
 #else
@@ -50,7 +52,7 @@ template <typename Acc, int M>
 __attribute__((always_inline)) inline void matrix_acc_column(sycl::sub_group sg, Acc& acc,
                                                              float (&column)[M]) {
   auto data = sycl::ext::oneapi::detail::get_wi_data(sg, acc);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int i = 0; i < M; ++i) column[i] = data[i];
 }
 
@@ -59,7 +61,7 @@ template <typename Acc, int M>
 __attribute__((always_inline)) inline void matrix_acc_set_column(sycl::sub_group sg, Acc& acc,
                                                                  const float (&column)[M]) {
   auto data = sycl::ext::oneapi::detail::get_wi_data(sg, acc);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int i = 0; i < M; ++i) data[i] = column[i];
 }
 
@@ -76,7 +78,7 @@ __attribute__((always_inline)) inline void matrix_b_from_column(sycl::sub_group 
                                                                 const T* column) {
   using E = typename MatrixElement<T>::type;
   auto data = sycl::ext::oneapi::detail::get_wi_data(sg, b);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(column[i]);
 }
 
@@ -86,7 +88,7 @@ __attribute__((always_inline)) inline void matrix_b_from_floats(sycl::sub_group 
                                                                 const float (&column)[K]) {
   using E = typename MatrixElement<T>::type;
   auto data = sycl::ext::oneapi::detail::get_wi_data(sg, b);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int i = 0; i < K; ++i) data[i] = sycl::bit_cast<E>(from_float<T>(column[i]));
 }
 
@@ -120,7 +122,7 @@ __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group s
   constexpr int WIDTH = 64 / sizeof(T), ROWS = 32, CHUNK = WIDTH * ROWS;
   constexpr int CHUNKS = ELEMENTS / CHUNK;
   static_assert(ELEMENTS % CHUNK == 0, "whole chunks");
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int i = 0; i < (CHUNKS + PARTS - 1) / PARTS; ++i) {
     const int chunk = part + i * PARTS;
     if (CHUNKS % PARTS == 0 || chunk < CHUNKS)
@@ -142,11 +144,11 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
   static_assert(STRIPS >= 2, "at least two tiles per array (see the overload below)");
   MatrixA<T, M, K> a_tile;
   MatrixB<T, K, N> b_tile;
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
     jm::joint_matrix_load(
         sg, b_tile, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       matrix_load_a(sg, a_tile, a, row0 + s * M, k);
       jm::joint_matrix_mad(sg, acc[s], a_tile, b_tile, acc[s]);
@@ -163,9 +165,9 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
   // (every store after it vanished); two or more are kept.
   static_assert(STRIPS >= 2 && DEPTH / K >= 2, "at least two tiles per array");
   MatrixA<T, M, K> a_tile;
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int k = 0; k < DEPTH; k += K) {
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
     for (int s = 0; s < STRIPS; ++s) {
       matrix_load_a(sg, a_tile, a, row0 + s * M, k);
       jm::joint_matrix_mad(sg, acc[s], a_tile, b[k / K], acc[s]);
@@ -181,7 +183,7 @@ __attribute__((always_inline)) inline void matrix_mad_surface_step(
     int row0, MatrixBRegisters<T, K, N>& b) {
   static_assert(STRIPS >= 2, "at least two tiles per array");
   MatrixA<T, M, K> a_tile;
-IPEX_FLASH_TILE_LOOP
+#pragma unroll
   for (int s = 0; s < STRIPS; ++s) {
     matrix_load_a(sg, a_tile, a, row0 + s * M, 0);
     jm::joint_matrix_mad(sg, acc[s], a_tile, b, acc[s]);
@@ -197,32 +199,32 @@ struct MatrixBRegisters {
 
 template <int M, int N>
 inline void matrix_acc_column(sycl::sub_group, MatrixAcc<M, N>& acc, float (&column)[M]) {
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int m = 0; m < M; ++m) column[m] = acc.column[m];
 }
 
 template <int M, int N>
 inline void matrix_acc_set_column(sycl::sub_group, MatrixAcc<M, N>& acc,
                                   const float (&column)[M]) {
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int m = 0; m < M; ++m) acc.column[m] = column[m];
 }
 
 template <int M, int N>
 inline void matrix_acc_scale_column(sycl::sub_group, MatrixAcc<M, N>& acc, float factor) {
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int m = 0; m < M; ++m) acc.column[m] *= factor;
 }
 
 template <int K, typename T, int N>
 inline void matrix_b_from_column(sycl::sub_group, MatrixBRegisters<T, K, N>& b, const T* column) {
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int i = 0; i < K; ++i) b.column[i] = column[i];
 }
 
 template <int K, typename T, typename B>
 inline void matrix_b_from_floats(sycl::sub_group, B& b, const float (&column)[K]) {
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
   for (int i = 0; i < K; ++i) b.column[i] = from_float<T>(column[i]);
 }
 
@@ -239,15 +241,15 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
 #pragma unroll 1
   for (int s = 0; s < STRIPS; ++s) {
     float column[M];
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
     for (int m = 0; m < M; ++m) column[m] = acc[s].column[m];
     for (int k = 0; k < DEPTH; ++k) {
       const float b_k = to_float(b[k / K].column[k % K]);
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
       for (int m = 0; m < M; ++m)
         column[m] += to_float(a.base[a.offset(row0 + s * M + m, k)]) * b_k;
     }
-IPEX_FLASH_TILE_LOOP
+#pragma nounroll
     for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];
   }
 }
