@@ -10,11 +10,14 @@ from typing import Optional
 
 import torch
 
+from ipex_flash.kvcache import engine_args
 from ipex_flash.kvcache.paged_varlen import paged_varlen_func
+from ipex_flash.kvcache.varlen_engine import engine_call as _engine_call
 from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
 from ipex_flash.ops import fast_path, launch
 from ipex_flash.ops.attn_probs import attn_probs
-from ipex_flash.ops.validation import check_dropout_p, check_scale, check_window
+from ipex_flash.ops.validation import (
+    check_dropout_p, check_max_seqlen, check_scale, check_window)
 
 Tensor = torch.Tensor
 
@@ -93,11 +96,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return out, lse, probs
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False,
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           seqused_k=None, sinks=None, k_descale=None, v_descale=None):
+                           seqused_k=None, sinks=None, s_aux=None, out=None,
+                           return_softmax_lse=False, q_descale=None, k_descale=None,
+                           v_descale=None, scheduler_metadata=None, fa_version=2, num_splits=0):
     """flash_attn_func on packed sequences: q (total_q, nheads, headdim), k and v
     (total_k, nheads_k, headdim or headdim_v); sequence b is rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
@@ -111,17 +116,49 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     page_size, nheads_k, headdim or headdim_v) and sequence b's keys are its first
     seqused_k[b] (or cu_seqlens_k[b+1] - cu_seqlens_k[b]) cache positions: the serving call,
     prefills and decodes mixed (kvcache/paged_varlen.py); no dropout, no backward. The cache
-    may be FP8 with k_descale, v_descale, as in flash_attn_with_kvcache."""
+    may be FP8 (float8_e4m3fn, float8_e5m2) with k_descale, v_descale.
+
+    The keywords vLLM's attention backend passes (flash-attn 2.8's signature is a prefix):
+        out: (total_q, nheads, headdim_v), written in place and returned; any strides with a
+            contiguous last dim (a slice of a larger buffer). With block_table the kernels
+            write into it; without, the result is copied into it.
+        s_aux: a second name for sinks.
+        return_softmax_lse: return (out, softmax_lse (nheads, total_q) float32, natural log).
+        q_descale, k_descale, v_descale: one value or (batch, nheads_k) each (vLLM's
+            expanded views). With an FP8 cache the kernels apply them; q may then be
+            float8_e4m3fn (widened to bfloat16, the output's dtype). With a 16-bit cache they
+            are applied too, by scaling q before and the output after the kernels
+            (kvcache/engine_args.py).
+        scheduler_metadata: None; fa_version: 2; num_splits: 0 chooses, > 1 splits each
+            sequence's keys in the decode kernel (a hint, clamped to one split per 16 keys).
+    """
     fn = "ipex_flash.flash_attn_varlen_func"
+    window_size = engine_args.as_window(window_size)
+    softcap = 0.0 if softcap is None else softcap
+    if s_aux is not None:
+        sinks = engine_args.merged_sinks(fn, sinks, s_aux)
+    if (out is not None or return_softmax_lse or q_descale is not None or k_descale is not None
+            or v_descale is not None or scheduler_metadata is not None or fa_version != 2
+            or num_splits != 0):
+        return _engine_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                            return_attn_probs, block_table, seqused_k, sinks, out,
+                            return_softmax_lse, q_descale, k_descale, v_descale,
+                            scheduler_metadata, fa_version, num_splits,
+                            lambda q_, want_lse: flash_attn_varlen_func(
+                                q_, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                dropout_p, softmax_scale, causal, window_size, softcap,
+                                alibi_slopes, deterministic, want_lse, seqused_k=seqused_k,
+                                sinks=sinks))
     if block_table is not None:  # (it checks what this function checks below)
-        return paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 dropout_p, softmax_scale, causal, window_size, softcap,
-                                 alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
-                                 k_descale, v_descale)
+        out, lse = paged_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                     softcap, alibi_slopes, block_table, seqused_k, sinks,
+                                     want_lse=return_attn_probs)
+        return (out, lse, None) if return_attn_probs else out
     if (dropout_p == 0.0 and type(window_size) is tuple
             and type(max_seqlen_q) is int and type(max_seqlen_k) is int
-            and cu_seqlens_q is not None and cu_seqlens_k is not None
-            and seqused_k is None and k_descale is None and v_descale is None
+            and cu_seqlens_q is not None and cu_seqlens_k is not None and seqused_k is None
             and not fast_path.needs_dispatcher(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                alibi_slopes, sinks)):
         # Nothing for autograd or tracing: the launch plan of this signature (the op checks
@@ -140,11 +177,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_dropout_p(fn, dropout_p)
     check_scale(fn, softmax_scale)
     left, right = check_window(fn, window_size)
-    if k_descale is not None or v_descale is not None:
-        raise ValueError(f"{fn}: k_descale and v_descale are taken with a paged FP8 cache "
-                         "(block_table)")
     if cu_seqlens_q is None or cu_seqlens_k is None:
-        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required")
+        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k are required without a "
+                         "block_table")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        check_max_seqlen(fn, name, value)
     if seqused_k is not None:
         raise ValueError(f"{fn}: seqused_k is taken with a paged KV cache (block_table)")
     seed = _seed(q, dropout_p)

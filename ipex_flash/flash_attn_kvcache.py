@@ -8,7 +8,8 @@ from typing import Union
 
 import torch
 
-from ipex_flash.kvcache import fast_calls, fp8_quant
+from ipex_flash.flash_attn_interface import flash_attn_varlen_func
+from ipex_flash.kvcache import engine_args, fast_calls, fp8_quant, kvcache_engine
 from ipex_flash.kvcache.checks import (
     cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
 from ipex_flash.kvcache.leftpad import check_leftpad, check_leftpad_combination
@@ -26,7 +27,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, sinks=None, k_descale=None,
-                            v_descale=None):
+                            v_descale=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, max_seqlen_k=None,
+                            q_descale=None, out=None, qv=None, rotary_seqlens=None,
+                            attention_chunk=0, scheduler_metadata=None, pack_gqa=None,
+                            sm_margin=0):
     """Attention of new query tokens against a KV cache, with flash-attn's semantics and
     positional order (flash_attn_interface v2.8).
 
@@ -65,9 +70,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             value, or (batch, nheads_k); default 1. New k, v in q's dtype are divided by them
             and rounded to the cache's dtype, saturating; the kernels dequantise in registers.
 
+    flash-attn 3's and sgl-kernel's keywords (their order after v differs from flash-attn 2's,
+    kept above; SGLang passes them by name):
+        page_table: a second name for block_table.
+        cu_seqlens_q, max_seqlen_q: q packed as (total_q, nheads, headdim), sequence b rows
+            cu_seqlens_q[b]:cu_seqlens_q[b+1]; runs flash_attn_varlen_func over the cache
+            (a contiguous cache is read as pages of its rows: seqlen_cache a multiple of 16).
+            Returns out (total_q, nheads, headdim_v) and lse (nheads, total_q).
+        cu_seqlens_k_new: k, v packed as (total_new, nheads_k, headdim), appended per sequence.
+        q_descale, k_descale, v_descale: as in flash_attn_varlen_func (an FP8 q with an FP8
+            cache); with a 16-bit cache, applied by scaling (appended k, v are stored divided
+            by their descales, as in an FP8 cache).
+        out: the output, written in place and returned (shape of the result, q's dtype).
+        max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin: hints, unused. qv,
+        rotary_seqlens and attention_chunk: refused unless None / None / 0.
+
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
     """
+    if page_table is not None:
+        if block_table is not None:
+            raise ValueError(f"{_FN}: give the pages as block_table or as page_table, not both")
+        block_table = page_table
+    window_size = engine_args.as_window(window_size)
+    softcap = 0.0 if softcap is None else softcap
+    if (cu_seqlens_q is not None or q_descale is not None or out is not None
+            or cu_seqlens_k_new is not None or qv is not None or rotary_seqlens is not None
+            or attention_chunk or scheduler_metadata is not None or pack_gqa is not None
+            or sm_margin or (isinstance(q, Tensor) and q.dim() == 3)
+            or ((k_descale is not None or v_descale is not None)
+                and not fp8_quant.is_fp8(k_cache))):
+        return _engine_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                            cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                            window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                            return_softmax_lse, sinks, k_descale, v_descale, cu_seqlens_q,
+                            cu_seqlens_k_new, max_seqlen_q, q_descale, out, qv, rotary_seqlens,
+                            attention_chunk, scheduler_metadata, pack_gqa, sm_margin)
     if (isinstance(cache_seqlens, Tensor) and type(window_size) is tuple
             and type(num_splits) is int
             and (cache_batch_idx is None or (block_table is None
@@ -152,3 +190,47 @@ def _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         q, k_cache, v_cache, seqlens_k, block_table, softmax_scale, causal, left, right,
         float(softcap), alibi_slopes, sinks, num_splits, k_descale, v_descale, cache_leftpad)
     return out, lse
+
+
+def _engine_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                 softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, sinks,
+                 k_descale, v_descale, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, q_descale,
+                 out, qv, rotary_seqlens, attention_chunk, scheduler_metadata, pack_gqa,
+                 sm_margin):
+    """flash-attn 3's form of the call (kvcache/kvcache_engine.py)."""
+    kvcache_engine.check_fa3_extras(qv, rotary_seqlens, attention_chunk)
+    engine_args.check_hints(_FN, scheduler_metadata, 2, num_splits, pack_gqa, sm_margin,
+                            metadata_is_hint=True)
+    if not isinstance(q, Tensor) or q.dim() not in (3, 4):
+        raise ValueError(f"{_FN}: q must be (batch, seqlen, nheads, headdim), or packed "
+                         "(total_q, nheads, headdim) with cu_seqlens_q")
+    if q.dim() == 3:
+        return kvcache_engine.packed_call(
+            q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_cos, out,
+            flash_attn_varlen_func, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            return_softmax_lse=return_softmax_lse, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, num_splits=num_splits)
+    if cu_seqlens_q is not None or cu_seqlens_k_new is not None:
+        raise ValueError(f"{_FN}: cu_seqlens_q and cu_seqlens_k_new are taken with packed q "
+                         "(total_q, nheads, headdim)")
+    if not isinstance(k_cache, Tensor) or k_cache.dim() != 4:
+        check_cache(q, k_cache, v_cache, block_table)  # (raises naming it)
+    descaled = engine_args.apply_descales(_FN, q, k_cache.dtype, q_descale, k_descale, v_descale,
+                                          q.shape[0], k_cache.shape[2])
+    if out is not None:
+        engine_args.check_out(_FN, out, (*q.shape[:3], v_cache.shape[3]), descaled.q.dtype,
+                              q.device)
+    if k is not None and v is not None:  # (with the descales as given, not as folded)
+        k, v = kvcache_engine.stored_as(k, v, k_cache, k_descale, v_descale, q.shape[0])
+    result, lse = _general(descaled.q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                           cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                           softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                           alibi_slopes, num_splits, sinks, descaled.k_descale,
+                           descaled.v_descale)
+    if out is not None:
+        result = out.copy_(result)
+    result = descaled.scaled(result, in_place=True)
+    return (result, lse) if return_softmax_lse else result

@@ -68,20 +68,21 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
                    seqused_k: Tensor, block_table: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: Optional[float], causal: bool, window: tuple, softcap: float,
                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
-                   k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-                   want_lse: bool) -> Optional[Outputs]:
+                   k_descale: Optional[Tensor], v_descale: Optional[Tensor], num_splits: int,
+                   out: Optional[Tensor], want_lse: bool) -> Optional[Outputs]:
     """(out (total_q, Hq, Dv), lse (Hq, total_q) in the exp2 domain, or None unless want_lse)
     of a serving call whose sequences all have max_seqlen_q new tokens, by the plan of this
     signature; None when there is none yet (the caller takes the general path, then calls
-    remember_serving) or the call is not such a step."""
+    remember_serving) or the call is not such a step. out: the caller's output (out=), written
+    in place; its strides are part of the signature."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
-                       k_descale, v_descale)
+                       k_descale, v_descale, num_splits, out)
     plan = launch_plans.cached(key)
     if not plan:
         return None
     max_len_k = launch_plans.cache_values_mode(plan, q.device)  # (and the queries' offsets)
-    out, lse = _serving_outputs(q, v_cache, want_lse)
+    out, lse = _serving_outputs(q, v_cache, want_lse, out)
     descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
                         block_table, descales=descales, cu_seqlens=(cu_seqlens_q, None),
@@ -92,7 +93,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
 
 def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
-                     k_descale, v_descale) -> None:
+                     k_descale, v_descale, num_splits=0, out=None) -> None:
     """After a general serving call succeeded: the plan of its signature, when it is a decode
     step (every sequence max_seqlen_q new tokens, which see a key each: the split-KV decode
     kernel's rows). On an XPU a step of one token reads no value on the host (the values are
@@ -100,7 +101,7 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
     for one read."""
     key = _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
-                       k_descale, v_descale)
+                       k_descale, v_descale, num_splits, out)
     if launch_plans.cached(key) is not None:
         return
     batch = block_table.shape[0]
@@ -111,10 +112,15 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
                 and launch_plans.uniform_sequences(cu_seqlens_q, batch, max_seqlen_q)):
             return None
         q4 = q.view(batch, max_seqlen_q, *q.shape[1:])
-        out, lse = _serving_outputs(q, v_cache)
+        # (an output of out's strides, which the plan's runs then write into)
+        out_like, lse = _serving_outputs(q, v_cache, True, None if out is None else
+                                         torch.empty_strided(out.shape, out.stride(),
+                                                             dtype=out.dtype, device=out.device))
+        if not out_like.is_contiguous():  # (the decode kernel's rows: (B, Nq, Hq, Dv) dense)
+            return None
         plan = _plan(q4, k_cache, v_cache, seqused_k, block_table, None, softmax_scale, causal,
-                     window, softcap, alibi_slopes, sinks, 0,
-                     out.view(batch, max_seqlen_q, *out.shape[1:]),
+                     window, softcap, alibi_slopes, sinks, num_splits,
+                     out_like.view(batch, max_seqlen_q, *out_like.shape[1:]),
                      lse.view(lse.shape[0], batch, max_seqlen_q).transpose(0, 1),
                      # (a one-token step's sequence with no key gets 0 and an LSE of -inf
                      # from the decode kernel as from the general path; with more tokens
@@ -130,17 +136,21 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
 
 def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                  max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
-                 k_descale, v_descale) -> tuple:
+                 k_descale, v_descale, num_splits, out) -> tuple:
     return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
+            num_splits, signature(out),
             signature(q), signature(k_cache), signature(v_cache),
             signature(cu_seqlens_q), signature(seqused_k), signature(block_table),
             signature(alibi_slopes), signature(sinks), signature(k_descale),
             signature(v_descale))
 
 
-def _serving_outputs(q: Tensor, v_cache: Tensor, want_lse: bool = True) -> Outputs:
-    """out (total_q, Hq, Dv) and lse (Hq, total_q), or None for an LSE the caller drops."""
-    out = launch.output_like(q, v_cache.shape[3])
+def _serving_outputs(q: Tensor, v_cache: Tensor, want_lse: bool = True,
+                     out: Optional[Tensor] = None) -> Outputs:
+    """out (total_q, Hq, Dv) (the caller's, else new) and lse (Hq, total_q), or None for an
+    LSE the caller drops."""
+    if out is None:
+        out = launch.output_like(q, v_cache.shape[3])
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) \
         if want_lse else None
     return out, lse

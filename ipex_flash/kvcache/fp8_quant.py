@@ -42,22 +42,25 @@ def descales(fn: str, k_descale: Optional[Tensor], v_descale: Optional[Tensor], 
             raise ValueError(f"{fn}: k_descale and v_descale apply to float8_e4m3fn / "
                              "float8_e5m2 caches only")
         return None, None
-    result = []
-    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is None:
-            result.append(torch.ones((batch, heads_kv), dtype=torch.float32, device=device))
-            continue
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise TypeError(f"{fn}: {name} must be a floating-point tensor, got "
-                            f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
-        if t.device != device:
-            raise ValueError(f"{fn}: {name} is on {t.device}, q on {device}")
-        if t.numel() != 1 and tuple(t.shape) != (batch, heads_kv):
-            raise ValueError(f"{fn}: {name} must hold one value (per tensor) or have shape "
-                             f"(batch, nheads_k) = {(batch, heads_kv)}, got {tuple(t.shape)}")
-        one_or_all = t.reshape(1, 1) if t.numel() == 1 else t
-        result.append(one_or_all.to(torch.float32).expand(batch, heads_kv).contiguous())
-    return result[0], result[1]
+    return tuple(torch.ones((batch, heads_kv), dtype=torch.float32, device=device) if t is None
+                 else descale_table(fn, name, t, batch, heads_kv, device).contiguous()
+                 for name, t in (("k_descale", k_descale), ("v_descale", v_descale)))
+
+
+def descale_table(fn: str, name: str, t, batch: int, heads_kv: int,
+                  device: torch.device) -> Tensor:
+    """A descale as a (batch, heads_kv) float32 view, from one value or from that shape (vLLM's
+    expanded views of one value included)."""
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        raise TypeError(f"{fn}: {name} must be a floating-point tensor, got "
+                        f"{t.dtype if isinstance(t, Tensor) else type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} is on {t.device}, q on {device}")
+    if t.numel() != 1 and tuple(t.shape) != (batch, heads_kv):
+        raise ValueError(f"{fn}: {name} must hold one value (per tensor) or have shape "
+                         f"(batch, nheads_k) = {(batch, heads_kv)}, got {tuple(t.shape)}")
+    one_or_all = t.reshape(1, 1) if t.numel() == 1 else t
+    return one_or_all.to(torch.float32).expand(batch, heads_kv)
 
 
 def quantise(t: Tensor, descale: Tensor, dtype: torch.dtype) -> Tensor:

@@ -82,7 +82,34 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                            window_left: int, window_right: int, softcap: float,
                            alibi_slopes: Optional[Tensor],
                            sinks: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                           v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                           v_descale: Optional[Tensor] = None,
+                           num_splits: int = 0) -> tuple[Tensor, Tensor]:
+    return _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                   alibi_slopes, sinks, k_descale, v_descale, num_splits, None)
+
+
+@torch.library.custom_op("ipex_flash::paged_varlen_attention_out", mutates_args=("out",),
+                         device_types=("cpu", "xpu"))
+def paged_varlen_attention_out(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                               cu_seqlens_q: Tensor, seqused_k: Tensor, block_table: Tensor,
+                               max_seqlen_q: int, max_seqlen_k: int,
+                               softmax_scale: Optional[float], causal: bool, window_left: int,
+                               window_right: int, softcap: float,
+                               alibi_slopes: Optional[Tensor], sinks: Optional[Tensor],
+                               k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+                               num_splits: int, out: Tensor) -> Tensor:
+    """paged_varlen_attention writing its output into `out` (vLLM's out=: a slice of the
+    engine's output buffer); returns the LSE."""
+    return _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                   alibi_slopes, sinks, k_descale, v_descale, num_splits, out)[1]
+
+
+def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+            max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+            alibi_slopes, sinks, k_descale, v_descale, num_splits,
+            out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                         max_seqlen_k, alibi_slopes, sinks)
     k_descale, v_descale = fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch,
@@ -92,7 +119,8 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
         None if t is None else t.contiguous()
         for t in (cu_seqlens_q, seqused_k, block_table, alibi_slopes))
     sinks = launch.float_sinks(sinks)
-    out = launch.output_like(q, v_cache.shape[3])
+    if out is None:
+        out = launch.output_like(q, v_cache.shape[3])
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if batch == 0 or q.shape[0] == 0:
         return out, lse
@@ -160,7 +188,7 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
                               device=q.device)
         options, _kept = options_for(index)
         launch.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
-                        lse_dec, options, 0.0, max_seqlen_k)
+                           lse_dec, options, 0.0, max_seqlen_k, num_splits)
         out[rows] = out_dec
         lse[:, rows] = lse_dec.transpose(0, 1)
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
@@ -170,33 +198,52 @@ def paged_varlen_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqle
 def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                  window_right, softcap, alibi_slopes, sinks=None, k_descale=None,
-                                 v_descale=None):
+                                 v_descale=None, num_splits=0):
+    lse = _attend_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                       max_seqlen_k, alibi_slopes, sinks, k_descale, v_descale)
+    return launch.output_like(q, v_cache.shape[3]), lse
+
+
+@paged_varlen_attention_out.register_fake
+def _paged_varlen_attention_out_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
+                                     max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                     window_left, window_right, softcap, alibi_slopes, sinks,
+                                     k_descale, v_descale, num_splits, out):
+    return _attend_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                        max_seqlen_k, alibi_slopes, sinks, k_descale, v_descale)
+
+
+def _attend_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                 max_seqlen_k, alibi_slopes, sinks, k_descale, v_descale) -> Tensor:
+    """The checks that need no values, and the LSE's fake."""
     batch, fp8 = _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                         max_seqlen_k, alibi_slopes, sinks, values=False)
     fp8_quant.descales(_FN, k_descale, v_descale, fp8, batch, k_cache.shape[2], q.device)
-    return (launch.output_like(q, v_cache.shape[3]),
-            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+    return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                       max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, return_attn_probs, block_table, seqused_k, sinks,
-                      k_descale=None, v_descale=None):
-    """flash_attn_varlen_func with a block_table: keys per sequence from seqused_k, or from
-    cu_seqlens_k's differences when seqused_k is None. A decode step (every sequence the same
-    few new tokens) repeats its launch plan, before any check, once a first call of the same
-    signature has been checked and run by the op."""
+                      alibi_slopes, block_table, seqused_k, sinks, k_descale=None,
+                      v_descale=None, out=None, num_splits=0,
+                      want_lse=False) -> tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_varlen_func with a block_table: (out, natural-log LSE (Hq, total_q) or None
+    unless want_lse). Keys per sequence from seqused_k, or from cu_seqlens_k's differences when
+    seqused_k is None. out: written in place (checked by the caller). A decode step (every
+    sequence the same few new tokens) repeats its launch plan, before any check, once a first
+    call of the same signature has been checked and run by the op."""
     fast = (dropout_p == 0.0 and type(window_size) is tuple and type(max_seqlen_q) is int
             and type(max_seqlen_k) is int
             and not needs_dispatcher(q, k_cache, v_cache, cu_seqlens_q, seqused_k, cu_seqlens_k,
-                                     block_table, alibi_slopes, sinks, k_descale, v_descale))
-    plan_args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
+                                     block_table, alibi_slopes, sinks, k_descale, v_descale,
+                                     out))
+    plan_args = [q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                  max_seqlen_k, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
-                 k_descale, v_descale)
+                 k_descale, v_descale, num_splits, out]
     if fast and seqused_k is not None:
-        result = fast_calls.serving_decode(*plan_args, return_attn_probs)
+        result = fast_calls.serving_decode(*plan_args, want_lse)
         if result is not None:
-            return _returned(*result, return_attn_probs)
+            return _returned(*result, want_lse)
     check_dropout_p(_FN, dropout_p)
     check_scale(_FN, softmax_scale)
     left, right = check_window(_FN, window_size)
@@ -206,22 +253,22 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
         if cu_seqlens_k is None:
             raise ValueError(f"{_FN}: with block_table, give seqused_k or cu_seqlens_k")
         check_cu_seqlens(_FN, "cu_seqlens_k", cu_seqlens_k, 2**31 - 1, q.device)
-        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
-        plan_args = plan_args[:4] + (seqused_k,) + plan_args[5:]
-        result = fast_calls.serving_decode(*plan_args, return_attn_probs) if fast else None
+        seqused_k = plan_args[4] = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        result = fast_calls.serving_decode(*plan_args, want_lse) if fast else None
         if result is not None:
-            return _returned(*result, return_attn_probs)
-    out, lse = torch.ops.ipex_flash.paged_varlen_attention(
-        q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
-        int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
-        sinks, k_descale, v_descale)
+            return _returned(*result, want_lse)
+    args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, int(max_seqlen_q),
+            int(max_seqlen_k), softmax_scale, causal, left, right, float(softcap), alibi_slopes,
+            sinks, k_descale, v_descale, num_splits)
+    if out is None:
+        out, lse = torch.ops.ipex_flash.paged_varlen_attention(*args)
+    else:
+        lse = torch.ops.ipex_flash.paged_varlen_attention_out(*args, out)
     if fast:
         fast_calls.remember_serving(*plan_args)
-    return (out, lse, None) if return_attn_probs else out
+    return out, lse if want_lse else None
 
 
-def _returned(out, lse, return_attn_probs):
+def _returned(out, lse, want_lse):
     """A plan's (out, lse in the kernels' exp2 domain or None) as the caller returns them."""
-    if not return_attn_probs:
-        return out
-    return out, launch.natural_lse(lse, in_place=True), None
+    return out, launch.natural_lse(lse, in_place=True) if want_lse else None

@@ -1,0 +1,144 @@
+"""Arguments the serving engines pass beside flash-attn 2's, normalised to what the kernels take
+or refused with an error that names them: vLLM's (out=, s_aux=, q/k/v descales as
+(num_seqs, num_kv_heads) expanded views of one value, scheduler_metadata, fa_version,
+num_splits, window_size as a list or None, softcap None) and flash-attn 3's / sgl-kernel's
+(page_table, packed queries, pack_gqa, sm_margin).
+
+Descales: with an FP8 cache the kernels apply k_descale and v_descale in registers, and a
+q_descale folds into k_descale (q . k * qd * kd). With a 16-bit cache the kernels carry no
+descale code (kv_quant.hpp), so descales given anyway are applied here: q is multiplied by
+q_descale * k_descale of its sequence and K/V head before the kernels, and the output by
+v_descale after them (two elementwise passes; vLLM passes descales of 1 on every call)."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ipex_flash.kvcache import fp8_quant
+
+Tensor = torch.Tensor
+FA_VERSIONS = (2,)  # the kernels' semantics are flash-attn 2's; 3's extras are keywords here
+
+
+def as_window(window_size):
+    """vLLM passes its sliding window as a list [left, right] or None; the kernels take a
+    tuple (check_window checks its entries)."""
+    if window_size is None:
+        return (-1, -1)
+    if type(window_size) is list:
+        return tuple(window_size)
+    return window_size
+
+
+def merged_sinks(fn: str, sinks: Optional[Tensor], s_aux: Optional[Tensor]) -> Optional[Tensor]:
+    """s_aux is vLLM's name for the attention sinks (GPT-OSS)."""
+    if sinks is not None and s_aux is not None:
+        raise ValueError(f"{fn}: give the attention sinks as sinks or as s_aux, not both")
+    return s_aux if sinks is None else sinks
+
+
+def check_hints(fn: str, scheduler_metadata=None, fa_version=2, num_splits=0,
+                pack_gqa=None, sm_margin=0, metadata_is_hint: bool = False) -> None:
+    """Scheduling arguments: fa_version 2 (the semantics these kernels have); num_splits an
+    int >= 0 (0 chooses); scheduler_metadata None, or with metadata_is_hint (flash-attn 3's
+    kvcache call) any value, unused: the kernels plan their own splits; pack_gqa and
+    sm_margin hints, unused."""
+    if fa_version not in FA_VERSIONS:
+        raise ValueError(f"{fn}: fa_version must be 2 (flash-attn 2's semantics, which these "
+                         f"kernels implement), got {fa_version!r}")
+    if scheduler_metadata is not None and not metadata_is_hint:
+        raise ValueError(f"{fn}: scheduler_metadata must be None: the kernels plan their own "
+                         "schedule (get_scheduler_metadata's result is not read)")
+    if type(num_splits) is not int or num_splits < 0:
+        raise ValueError(f"{fn}: num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise TypeError(f"{fn}: pack_gqa must be None or a bool, got {pack_gqa!r}")
+    if type(sm_margin) is not int or sm_margin < 0:
+        raise ValueError(f"{fn}: sm_margin must be an int >= 0, got {sm_margin!r}")
+
+
+def check_out(fn: str, out, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """out=, which the call writes in place: refused before anything is written unless it has
+    the output's shape, dtype and device and a contiguous last dimension (the kernels write
+    rows as vectors); other strides, e.g. a slice of a larger buffer, are fine."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{fn}: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{fn}: out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"{fn}: out must have dtype {dtype}, got {out.dtype}")
+    if out.device != device:
+        raise ValueError(f"{fn}: out is on {out.device}, q on {device}")
+    if out.stride(-1) != 1 and out.shape[-1] > 1:
+        raise ValueError(f"{fn}: out must have a contiguous last dimension (stride 1), got "
+                         f"strides {out.stride()}")
+    if out.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{fn}: out requires grad; a call writing into out= is not "
+                         "differentiable (leave out=None for a backward)")
+
+
+class Descaled(NamedTuple):
+    q: Tensor
+    k_descale: Optional[Tensor]  # for the kernels: FP8 caches only
+    v_descale: Optional[Tensor]
+    out_scale: Optional[Tensor]  # (batch, heads_kv) float32 the output is multiplied by
+    rows: Optional[Tensor]  # packed q's rows' sequences, where out_scale needs them
+
+    def scaled(self, out: Tensor, in_place: bool) -> Tensor:
+        """The output with out_scale applied (in place where the caller owns it)."""
+        if self.out_scale is None:
+            return out
+        factor = per_row(self.out_scale, out, self.rows)
+        return out.mul_(factor) if in_place else out * factor
+
+
+def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_descale,
+                   v_descale, batch: int, heads_kv: int,
+                   cu_seqlens_q: Optional[Tensor] = None) -> Descaled:
+    """q as the kernels take it and the descales left for them or for the output (module
+    docstring). q is (batch, seqlen, heads, D), or packed (total_q, heads, D) with
+    cu_seqlens_q. An FP8 q (float8_e4m3fn, as flash-attn 3 takes it) is widened to
+    bfloat16, exactly, and needs an FP8 cache."""
+    fp8_cache = cache_dtype in fp8_quant.FP8_DTYPES
+    if fp8_quant.is_fp8(q):
+        if not fp8_cache:
+            raise TypeError(f"{fn}: q is {q.dtype}, which needs an FP8 cache (float8_e4m3fn "
+                            f"or float8_e5m2); the cache is {cache_dtype}")
+        q = q.to(torch.bfloat16)
+    if q_descale is None and k_descale is None and v_descale is None:
+        return Descaled(q, None, None, None, None)
+    table = {name: None if t is None else fp8_quant.descale_table(fn, name, t, batch, heads_kv, q.device)
+             for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
+                             ("v_descale", v_descale))}
+    qk = _product(table["q_descale"], table["k_descale"])
+    if fp8_cache:
+        return Descaled(q, qk, table["v_descale"], None, None)
+    rows = None if cu_seqlens_q is None else sequence_of_rows(cu_seqlens_q, q.shape[0])
+    if qk is not None:
+        q = q * per_row(qk, q, rows)
+    return Descaled(q, None, None, table["v_descale"], rows)
+
+
+def _product(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    if a is None or b is None:
+        return b if a is None else a
+    return a * b
+
+
+def per_row(table: Tensor, like: Tensor, seq_of_row: Optional[Tensor]) -> Tensor:
+    """A (batch, heads_kv) table as a factor that broadcasts over `like`'s rows and heads:
+    like (batch, seqlen, heads, D), or packed (total_q, heads, D) with seq_of_row."""
+    heads = like.shape[-2]
+    per_head = table.repeat_interleave(heads // table.shape[1], dim=1)  # (batch, heads)
+    if seq_of_row is None:
+        return per_head[:, None, :, None].to(like.dtype)
+    return per_head[seq_of_row][:, :, None].to(like.dtype)
+
+
+def sequence_of_rows(cu_seqlens_q: Tensor, total_q: int) -> Tensor:
+    """Each packed row's sequence, on the device, without reading cu_seqlens_q on the host
+    (rows past the last sequence, which no kernel writes, are given the last one)."""
+    rows = torch.arange(total_q, device=cu_seqlens_q.device, dtype=cu_seqlens_q.dtype)
+    seq = torch.searchsorted(cu_seqlens_q[1:], rows, right=True)
+    return seq.clamp_(max=max(cu_seqlens_q.shape[0] - 2, 0))
