@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ipex_flash.kvcache import engine_args
+from ipex_flash.kvcache import engine_args, fp8_quant
 from ipex_flash.kvcache.paged_varlen import paged_varlen_func
 from ipex_flash.kvcache.varlen_engine import engine_call as _engine_call
 from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
@@ -139,7 +139,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
         sinks = engine_args.merged_sinks(fn, sinks, s_aux)
     if (out is not None or return_softmax_lse or q_descale is not None or k_descale is not None
             or v_descale is not None or scheduler_metadata is not None or fa_version != 2
-            or num_splits != 0):
+            or num_splits != 0 or (isinstance(q, torch.Tensor) and fp8_quant.is_fp8(q))):
         return _engine_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                             return_attn_probs, block_table, seqused_k, sinks, out,

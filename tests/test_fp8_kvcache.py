@@ -190,9 +190,6 @@ def _fp8_args(**change):
     (dict(k_descale=torch.ones(2)), ValueError, r"k_descale must hold one value .* \(2, 2\)"),
     (dict(v_descale=torch.ones(2, 2, dtype=torch.int32)), TypeError,
      "v_descale must be a floating-point tensor"),
-    (dict(k_cache=torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16),
-          v_cache=torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16), k_descale=torch.ones(())),
-     ValueError, "apply to float8_e4m3fn / float8_e5m2 caches only"),
     (dict(k=torch.randn(2, 1, 2, 64), v=torch.randn(2, 1, 2, 64)), TypeError,
      r"k.dtype \(torch.float32\) must equal the cache's .* or q's"),
 ])
@@ -204,12 +201,23 @@ def test_bad_input(change, error, match):
     assert torch.equal(args["k_cache"].view(torch.uint8), k_cache_before.view(torch.uint8))
 
 
-def test_descales_without_block_table_are_refused():
-    q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 5], dtype=torch.int32)
-    with pytest.raises(ValueError, match="k_descale and v_descale are taken with a paged FP8"):
-        ipex_flash.flash_attn_varlen_func(q, q[:, :2], q[:, :2], cu, cu, 5, 5,
-                                          k_descale=torch.ones(()))
+@pytest.mark.parametrize("paged", [False, True])
+def test_descales_on_a_16bit_cache_are_applied(paged):
+    """With a 16-bit cache the descales scale what is read (q . k * k_descale, v * v_descale),
+    in flash_attn_with_kvcache as in the serving call (vLLM passes them on every call)."""
+    k_cache, v_cache = (torch.randn(2, 32, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16)
+    k_descale, v_descale = torch.tensor([[0.5, 2.0], [1.0, 0.25]]), torch.tensor(3.0)
+    table = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)[:, :1] if paged else None
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, causal=True,
+                                             block_table=table, k_descale=k_descale,
+                                             v_descale=v_descale)
+    for b in range(2):
+        row = int(table[b, 0]) if paged else b
+        k64 = k_cache[row, :20].double() * k_descale[b][None, :, None]
+        ref, _ = flash_attn_reference(q[b:b + 1], k64[None], v_cache[row:row + 1, :20].double() * 3.0,
+                                      causal=True)
+        torch.testing.assert_close(out[b:b + 1].double(), ref, rtol=1e-2, atol=1e-2)
 
 
 def test_no_backward_through_fp8():
