@@ -71,7 +71,7 @@ def test_packed_append_with_cu_seqlens_k_new(paged):
         rows = torch.tensor([2, 0, 3], dtype=torch.int32)
         where = dict(cache_batch_idx=rows)
         keys_of = lambda cache, b, n: cache[int(rows[b]), :n]  # noqa: E731
-    k_before, v_before = k_cache.clone(), v_cache.clone()
+    k_before = k_cache.clone()
     q, cu = packed_queries(new, torch.float32)
     k_new, v_new = (torch.randn(sum(new), HEADS_KV, HEAD_DIM) for _ in range(2))
     out = torch.full((sum(new) + 2, HEADS_Q, HEAD_DIM), SENTINEL)
