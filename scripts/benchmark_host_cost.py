@@ -14,6 +14,11 @@ layout of the same keys and values:
     kvcache_rotary      the same with rotary tables (of angle 0, so that the attention stays
                         the same; the new key and the query are rotated all the same)
     paged_varlen        flash_attn_varlen_func with block_table (the serving call), same pages
+    vllm_call           the same as vLLM's attention backend calls it: by keyword, out= a slice
+                        of a larger output buffer, descales of 1 as (B, H_kv) expanded views
+                        (applied: the cache is 16-bit), window_size=None, fa_version=2
+    kvcache_fa3         flash_attn_with_kvcache as SGLang calls it: packed q (B, H, D) with
+                        cu_seqlens_q and max_seqlen_q, page_table, the hints it passes
     varlen              flash_attn_varlen_func on the keys packed (B * N, H, D), one query per
                         sequence
     kvpacked            flash_attn_kvpacked_func, keys and values stacked (B, N, 2, H, D)
@@ -91,11 +96,14 @@ SIZES = {"tiny": (1, 4, 1, 1, 16),
          "b1_n256": (1, 256, 32, 8, 128), "b1_n4096": (1, 4096, 32, 8, 128),
          "b8_n256": (8, 256, 32, 8, 128), "b8_n4096": (8, 4096, 32, 8, 128)}
 ENTRY_POINTS = ("torch_sdpa", "sdpa", "op", "flash_attn_func", "kvcache", "kvcache_paged",
-                "kvcache_append", "kvcache_rotary", "paged_varlen", "varlen", "kvpacked")
-XPU_PATH = ("kvcache", "kvcache_paged", "kvcache_append", "kvcache_rotary", "paged_varlen")
+                "kvcache_append", "kvcache_rotary", "paged_varlen", "vllm_call", "kvcache_fa3",
+                "varlen", "kvpacked")
+XPU_PATH = ("kvcache", "kvcache_paged", "kvcache_append", "kvcache_rotary", "paged_varlen",
+            "vllm_call", "kvcache_fa3")
 KERNEL_LAYOUT = {"sdpa": "bhnd", "op": "bhnd", "flash_attn_func": "bnhd", "kvcache": "bnhd",
                  "kvcache_paged": "paged", "kvcache_append": "paged",
-                 "kvcache_rotary": "paged", "paged_varlen": "paged"}
+                 "kvcache_rotary": "paged", "paged_varlen": "paged", "vllm_call": "paged",
+                 "kvcache_fa3": "paged"}
 
 
 def interleaved(fns: dict, rounds: int, repeats: int, warmup: int,
@@ -132,13 +140,15 @@ def tensors(batch, keys, heads_q, heads_kv, head_dim):
     t["k_packed"], t["v_packed"] = (t[f"{n}_bnhd"].view(-1, heads_kv, head_dim) for n in "kv")
     t["cu_q"] = torch.arange(batch + 1, dtype=torch.int32)
     t["cu_k"] = torch.arange(batch + 1, dtype=torch.int32) * keys
+    t["output"] = torch.empty(batch + 3, heads_q, head_dim)  # vLLM's buffer, padded
+    t["descale"] = torch.ones(1).expand(batch, heads_kv)
     return t
 
 
 def entry_points(t: dict, keys: int) -> dict:
     heads_q, heads_kv = t["q"].shape[1], t["k"].shape[1]
     gqa = heads_q != heads_kv
-    batch = t["q"].shape[0]
+    batch, head_dim = t["q"].shape[0], t["q"].shape[3]
     bhnd, bnhd = (t["q"], t["k"], t["v"]), (t["q_bnhd"], t["k_bnhd"], t["v_bnhd"])
     return {
         "torch_sdpa": lambda: F.scaled_dot_product_attention(*bhnd, enable_gqa=gqa),
@@ -158,6 +168,19 @@ def entry_points(t: dict, keys: int) -> dict:
         "paged_varlen": lambda: ipex_flash.flash_attn_varlen_func(
             t["q_bnhd"].view(batch, heads_q, -1), t["k_pages"], t["v_pages"], t["cu_q"], t["cu_k"],
             1, keys, block_table=t["block_table"], seqused_k=t["seqlens"]),
+        "vllm_call": lambda: ipex_flash.flash_attn_varlen_func(
+            q=t["q_bnhd"].view(batch, heads_q, -1), k=t["k_pages"], v=t["v_pages"],
+            out=t["output"][:batch], cu_seqlens_q=t["cu_q"], max_seqlen_q=1,
+            seqused_k=t["seqlens"], max_seqlen_k=keys, softmax_scale=head_dim ** -0.5,
+            causal=True, alibi_slopes=None, window_size=None, block_table=t["block_table"],
+            softcap=0.0, scheduler_metadata=None, fa_version=2, q_descale=t["descale"],
+            k_descale=t["descale"], v_descale=t["descale"], num_splits=0, s_aux=None),
+        "kvcache_fa3": lambda: ipex_flash.flash_attn_with_kvcache(
+            q=t["q_bnhd"].view(batch, heads_q, -1), k_cache=t["k_pages"], v_cache=t["v_pages"],
+            page_table=t["block_table"], cache_seqlens=t["seqlens"], cu_seqlens_q=t["cu_q"],
+            max_seqlen_q=1, softmax_scale=head_dim ** -0.5, causal=True, window_size=(-1, -1),
+            softcap=0.0, return_softmax_lse=False, scheduler_metadata=None, num_splits=0,
+            pack_gqa=None, sm_margin=0),
         "varlen": lambda: ipex_flash.flash_attn_varlen_func(
             t["q_bnhd"].view(batch, heads_q, -1), t["k_packed"], t["v_packed"], t["cu_q"],
             t["cu_k"], 1, keys),

@@ -89,7 +89,10 @@ class Descaled(NamedTuple):
         """The output with out_scale applied (in place where the caller owns it)."""
         if self.out_scale is None:
             return out
-        factor = per_row(self.out_scale, out, self.rows)
+        if self.out_scale.dim() == 0:  # one value (apply_descales)
+            factor = self.out_scale
+        else:
+            factor = per_row(self.out_scale, out, self.rows)
         return out.mul_(factor) if in_place else out * factor
 
 
@@ -108,9 +111,18 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
         q = q.to(torch.bfloat16)
     if q_descale is None and k_descale is None and v_descale is None:
         return Descaled(q, None, None, None, None)
-    table = {name: None if t is None else fp8_quant.descale_table(fn, name, t, batch, heads_kv, q.device)
-             for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
-                             ("v_descale", v_descale))}
+    given = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    if not fp8_cache and all(t is None or _one_value(fn, name, t, q.device) for name, t in given):
+        # One value each (vLLM's expanded views of one scale): scalar factors, no table and
+        # no per-row lookup of sequences (a few elementwise ops on the hot path).
+        for t in (q_descale, k_descale):
+            if t is not None:
+                q = q * t[(0,) * t.dim()]
+        v_scale = None if v_descale is None else v_descale[(0,) * v_descale.dim()]
+        return Descaled(q, None, None, v_scale, None)
+    table = {name: None if t is None
+             else fp8_quant.descale_table(fn, name, t, batch, heads_kv, q.device)
+             for name, t in given}
     qk = _product(table["q_descale"], table["k_descale"])
     if fp8_cache:
         return Descaled(q, qk, table["v_descale"], None, None)
@@ -118,6 +130,13 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
     if qk is not None:
         q = q * per_row(qk, q, rows)
     return Descaled(q, None, None, table["v_descale"], rows)
+
+
+def _one_value(fn: str, name: str, t, device: torch.device) -> bool:
+    """A floating-point descale on q's device holding one value, or an expanded view of one
+    (strides all 0); anything else is checked by fp8_quant.descale_table."""
+    return (isinstance(t, Tensor) and t.is_floating_point() and t.device == device
+            and (t.numel() == 1 or not any(t.stride())))
 
 
 def _product(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
