@@ -11,7 +11,8 @@ import torch
 from ipex_flash.flash_attn_interface import flash_attn_varlen_func
 from ipex_flash.kvcache import engine_args, fast_calls, fp8_quant, kvcache_engine
 from ipex_flash.kvcache.checks import (
-    cache_capacity, check_batch_idx, check_cache, check_fits, check_page_size, check_seqlens)
+    cache_capacity, check_batch_idx, check_block_table_entries, check_cache, check_fits,
+    check_page_size, check_seqlens)
 from ipex_flash.kvcache.leftpad import check_leftpad, check_leftpad_combination
 from ipex_flash.kvcache.rotary import check_rotary, rotate_new_tokens
 from ipex_flash.ops.fast_path import needs_dispatcher
@@ -178,6 +179,9 @@ def _general(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
                 raise TypeError(f"{_FN}: {name}.dtype ({t.dtype}) must equal the cache's "
                                 f"({k_cache.dtype})" + (f" or q's ({q.dtype})" if fp8 else ""))
         check_fits(cache_seqlens, k.shape[1], capacity)
+        if cache_batch_idx is None and block_table is not None:  # (before the append)
+            check_block_table_entries(_FN, block_table, k_cache.shape[0],
+                                      cache_seqlens + k.shape[1], k_cache.shape[1])
         if rotary_dim:
             q, k = rotate_new_tokens(_FN, q, k, rotary_cos, rotary_sin, cache_seqlens,
                                       rotary_interleaved, causal, window_size)

@@ -14,7 +14,10 @@ def check(out, ref, dtype):
 
 def sequence_rows(cache, table, b, rows):
     """Sequence b's cache rows `rows` (a slice of positions), through its pages if paged."""
-    return cache[b, rows] if table is None else cache[table[b].long()].flatten(0, 1)[rows]
+    if table is None:
+        return cache[b, rows]
+    read = -(-rows.stop // cache.shape[1])  # (entries past them are never read)
+    return cache[table[b, :read].long()].flatten(0, 1)[rows]
 
 
 def after_append(cache, table, lengths, new):

@@ -20,4 +20,6 @@ def reference(q, k, v, causal=True, window=(-1, -1), softcap=0.0, sinks=None):
 
 
 def sequence_keys(cache, table_row, n_k):
-    return cache[table_row.long()].flatten(0, 1)[:n_k]
+    """The first n_k keys of a sequence whose pages table_row lists (only those it reads)."""
+    pages = -(-n_k // cache.shape[1])
+    return cache[table_row[:pages].long()].flatten(0, 1)[:n_k]

@@ -201,3 +201,30 @@ def test_fp8_query_needs_an_fp8_cache():
     args["q"] = args["q"].to(torch.float8_e4m3fn)
     with pytest.raises(TypeError, match="q is torch.float8_e4m3fn, which needs an FP8 cache"):
         ipex_flash.flash_attn_varlen_func(**args)
+
+
+def test_table_entries_past_each_sequences_pages_may_hold_anything():
+    """transformers marks a sequence's unallocated table slots -1 and vLLM leaves stale pages
+    there: entries past a sequence's pages are never read, so any value passes, on the serving
+    call's general path and its decode plan, and on the kvcache call with an append; an entry a
+    sequence reads is still checked."""
+    lens = [(1, 20), (1, 33)]
+    query, key_cache, value_cache, tables, cu_q, seqused = vllm_batch(lens, (4, 2), 32, 16,
+                                                                      torch.float32)
+    tables[0, 2:] = -1  # sequence 0 reads 2 pages, sequence 1 all 3
+    tables[1, 3:] = 10 ** 6
+    for _ in range(3):  # (the first call checks on the general path, the others run the plan)
+        out = ipex_flash.flash_attn_varlen_func(query, key_cache, value_cache, cu_q, None, 1, 33,
+                                                causal=True, block_table=tables,
+                                                seqused_k=seqused)
+        check_sequences(out, None, query, key_cache, value_cache, tables, cu_q, lens,
+                        torch.float32)
+    new = torch.randn(2, 1, 2, 32)
+    ipex_flash.flash_attn_with_kvcache(query[:, None], key_cache, value_cache, k=new, v=new,
+                                       cache_seqlens=seqused - 1, block_table=tables)
+    assert torch.equal(key_cache[tables[0, 1].long(), 19 - 16], new[0, 0])
+    bad = tables.clone()
+    bad[0, 1] = -1  # a page sequence 0 reads
+    with pytest.raises(ValueError, match=r"block_table entries must be page indices in \[0, "):
+        ipex_flash.flash_attn_varlen_func(query, key_cache, value_cache, cu_q, None, 1, 33,
+                                          causal=True, block_table=bad, seqused_k=seqused)

@@ -94,3 +94,21 @@ def test_out_of_range_values_give_nan_then_raise(bad, device_seam):
     q, out, lse = serve(pages, table, seqused, dtype)
     check_step(q, out, lse, pages, table, seqused, dtype)
     assert plan_runs == [True, True]  # (the raising step raised before its run)
+
+
+def test_table_entries_past_the_pages_read_are_not_checked(device_seam):
+    """Entries past each sequence's pages (transformers' -1, vLLM's stale pages) are never read:
+    the device's check passes them, the step's answer is the reference's and the next step
+    raises nothing."""
+    enter, plan_runs = device_seam
+    pages, table = page_pool(torch.float32)
+    seqused = torch.tensor([PAGE, 2 * PAGE + 1, 1, MAX_KEYS], dtype=torch.int32)
+    table[0, 1:] = -1
+    table[1, 3:] = POOL + 100
+    table[2, 1:] = -7
+    for call in range(3):
+        if call == 1:
+            enter()
+        q, out, lse = serve(pages, table, seqused, torch.float32)
+        check_step(q, out, lse, pages, table, seqused, torch.float32)
+    assert plan_runs == [True] * 2

@@ -15,7 +15,7 @@ import torch
 
 from ipex_flash._runtime import C
 from ipex_flash.kvcache import fp8_quant
-from ipex_flash.kvcache.checks import check_cache, check_seqlens
+from ipex_flash.kvcache.checks import check_block_table_entries, check_cache, check_seqlens
 from ipex_flash.kvcache.leftpad import check_leftpad, keys_attended
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import check_sinks, softmax_scale as resolve_scale, window_bound
@@ -121,6 +121,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     check_sinks(_FN, sinks, q.transpose(1, 2))
     check_seqlens(seqlens_k, q.shape[0], q.device, "seqlens_k")
     check_leftpad(_FN, cache_leftpad, q.shape[0], q.device)
+    if block_table is not None:
+        check_block_table_entries(_FN, block_table, k_cache.shape[0], seqlens_k,
+                                  k_cache.shape[1])
     q = launch.with_contiguous_last_dim(q)
     # Passed by address: dense, and referenced here until the launch has returned.
     seqlens_k, block_table, alibi_slopes, cache_leftpad = (

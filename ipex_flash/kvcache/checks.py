@@ -16,11 +16,19 @@ _FN = "ipex_flash.flash_attn_with_kvcache"
 PAGE_SIZE_STEP, MAX_PAGE_SIZE = 16, 512
 
 
-def check_block_table_entries(fn: str, block_table: Tensor, pages: int) -> None:
-    """Every entry a page index in [0, pages)."""
-    if block_table.device.type != "meta" and block_table.numel() and (
-            int(block_table.min()) < 0 or int(block_table.max()) >= pages):
-        raise ValueError(f"{fn}: block_table entries must be page indices in [0, {pages})")
+def check_block_table_entries(fn: str, block_table: Tensor, pages: int, keys: Tensor,
+                              page_size: int) -> None:
+    """Every entry a sequence reads a page index in [0, pages): those of its first
+    ceil(keys[b] / page_size) pages. Entries past them are never read and may hold anything
+    (vLLM leaves stale pages there, transformers -1), as in flash-attn."""
+    if block_table.device.type == "meta" or not block_table.numel():
+        return
+    used = (torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size
+            < keys.to(torch.int64)[:, None])
+    bad = used & ((block_table < 0) | (block_table >= pages))
+    if bool(bad.any()):
+        raise ValueError(f"{fn}: block_table entries must be page indices in [0, {pages}) "
+                         "where a sequence reads them (its first ceil(keys / page_size))")
 
 
 def cache_capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
@@ -29,7 +37,8 @@ def cache_capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
 
 
 def check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Optional[Tensor]) -> bool:
-    """Checks the call's tensors; returns whether the cache is FP8 (fp8_quant.py)."""
+    """Checks the call's tensors, all but the block table's entries (which need the keys per
+    sequence: check_block_table_entries); returns whether the cache is FP8 (fp8_quant.py)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -48,7 +57,6 @@ def check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Option
                              f"{tuple(block_table.shape)}")
         if block_table.device != q.device:
             raise ValueError(f"{_FN}: block_table is on {block_table.device}, q on {q.device}")
-        check_block_table_entries(_FN, block_table, k_cache.shape[0])
         k_view, v_view = k_cache[:1].expand(batch, -1, -1, -1), v_cache[:1].expand(batch, -1, -1, -1)
     if v_cache.shape[:3] != k_cache.shape[:3]:  # its head dim may differ
         raise ValueError(f"{_FN}: v_cache must have k_cache's shape but for the head dim, "

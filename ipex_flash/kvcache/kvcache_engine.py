@@ -11,7 +11,8 @@ from typing import Callable, Optional
 import torch
 
 from ipex_flash.kvcache import engine_args, fp8_quant
-from ipex_flash.kvcache.checks import MAX_PAGE_SIZE, PAGE_SIZE_STEP, check_seqlens
+from ipex_flash.kvcache.checks import (
+    MAX_PAGE_SIZE, PAGE_SIZE_STEP, check_block_table_entries, check_seqlens)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
@@ -138,6 +139,7 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cu_seqlens_k_new, block_table
         raise ValueError(f"{_FN}: cache_seqlens and cu_seqlens_k_new must be >= 0 and "
                          f"nondecreasing, their tokens within k ({k.shape[0]}) and their sum "
                          f"within the cache's capacity ({capacity})")
+    check_block_table_entries(_FN, block_table, k_cache.shape[0], after, k_cache.shape[1])
     seq = engine_args.sequence_of_rows(cu_seqlens_k_new, k.shape[0])
     position = (cache_seqlens[seq] + torch.arange(k.shape[0], device=k.device)
                 - cu_seqlens_k_new[seq]).long()

@@ -64,7 +64,8 @@ def _check(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen
         if int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) > max_seqlen_q:
             raise ValueError(f"{_FN}: a sequence of q has more than max_seqlen_q={max_seqlen_q} "
                              "tokens")
-        check_block_table_entries(_FN, block_table, k_cache.shape[0])
+        check_block_table_entries(_FN, block_table, k_cache.shape[0], seqused_k,
+                                  k_cache.shape[1])
     q_bhnd = q.unsqueeze(0).transpose(1, 2)
     fp8 = fp8_quant.check_fp8_cache(_FN, q, k_cache, v_cache)
     check_attention_inputs(_FN, q_bhnd, *(t[:1].transpose(1, 2) for t in (k_cache, v_cache)),

@@ -68,9 +68,13 @@ void cache_check_kernel(CacheCheckParams p) {
     most = sycl::max(most, attended);
   }
   if (p.block_table != nullptr) {
+    // Only the pages a sequence reads: entries past its keys may hold anything (vLLM leaves
+    // stale pages there, transformers -1), as in flash-attn.
     const int64_t entries = static_cast<int64_t>(p.batch) * p.table_width;
     for (int64_t i = lid; i < entries; i += group) {
-      const int32_t page = p.block_table[i / p.table_width * p.table_stride + i % p.table_width];
+      const int64_t b = i / p.table_width, column = i % p.table_width;
+      if (column * p.page_size >= static_cast<int64_t>(p.seqlens[b]) + p.appended) continue;
+      const int32_t page = p.block_table[b * p.table_stride + column];
       if (!page_in_pool(page, p.pages)) bits |= kPageOutOfRange;
     }
   }

@@ -356,6 +356,7 @@ struct CacheCheckParams {
   const int32_t* block_table;  // (B, table_width) rows table_stride apart, or null
   int64_t table_stride;
   int32_t batch, table_width, pages, capacity, appended;
+  int32_t page_size;  // keys per page: sequence b reads its first ceil(keys / page_size) pages
   int32_t rotated, rotary_rows;  // positions from seqlens[b] read in tables of rotary_rows
   int32_t min_keys;             // kFewerKeysThanMin below it
   const int32_t* cu_seqlens_q;  // (B + 1) or null: kQueriesNotUniform unless b * queries

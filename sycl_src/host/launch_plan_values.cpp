@@ -24,17 +24,18 @@ bool LaunchPlan::cache_values_fit(const PlanAddresses& at, int64_t& max_len_k) c
   const int64_t batch = q_.sizes[0];
   const auto* keys = reinterpret_cast<const int32_t*>(at.seqlens_k);
   const auto* starts = reinterpret_cast<const int32_t*>(at.k_start);
+  const int64_t appended = append_ ? append_->new_tokens : 0;
   if (options_.block_table) {
+    // The pages each sequence reads; entries past them may hold anything (cache_check.hpp).
     const TensorView& table = *options_.block_table;
     const auto* pages = reinterpret_cast<const int32_t*>(at.block_table);
-    const int64_t entries = table.sizes[0] * table.sizes[1];
     const int32_t pool = cache_bounds(k_, options_).pages;
-    if (!std::all_of(pages, pages + entries,
-                     [&](int32_t page) { return page_in_pool(page, pool); }))
-      return false;
+    for (int64_t b = 0; b < table.sizes[0]; ++b)
+      for (int64_t column = 0; column < table.sizes[1] &&
+                               column * options_.page_size < keys[b] + appended; ++column)
+        if (!page_in_pool(pages[b * table.strides[0] + column], pool)) return false;
   }
   const int64_t capacity = cache_capacity();
-  const int64_t appended = append_ ? append_->new_tokens : 0;
   const int64_t rotated = rotated_positions();
   max_len_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
@@ -77,6 +78,7 @@ CacheCheckParams LaunchPlan::cache_check_params(const PlanAddresses& at) const {
   params.k_start = reinterpret_cast<const int32_t*>(at.k_start);
   params.block_table = reinterpret_cast<const int32_t*>(at.block_table);
   params.table_stride = table ? table->strides[0] : 0;
+  params.page_size = static_cast<int32_t>(options_.page_size);
   params.batch = static_cast<int32_t>(q_.sizes[0]);
   params.table_width = table ? static_cast<int32_t>(table->sizes[1]) : 0;
   params.pages = cache_bounds(k_, options_).pages;
