@@ -2,8 +2,9 @@
 # The lower end of the SYCL runtime range pyproject.toml accepts: intel-sycl-rt 2026.0.0, the
 # family torch 2.13.0+xpu pins. Builds ipex_flash against it in ./.venv-floor, checks the import
 # and the SYCL CPU device, runs gpu-check of one GPU's XMX kernels (their SPIR-V then comes from
-# 2026.0.0's kernel compiler) and the forward and error tests. (scripts/test.sh tests the upper
-# end, 2026.1.2, in full.)
+# 2026.0.0's kernel compiler), the forward and error tests, and the transformers backend's
+# tests on the oldest transformers it supports. (scripts/test.sh tests the upper end, 2026.1.2,
+# in full, with the newest transformers.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -19,6 +20,9 @@ constraints="$floor"
 [ -f /etc/xdg/pip/constraints.txt ] && constraints="/etc/xdg/pip/constraints.txt $floor"
 .venv-floor/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 PIP_CONSTRAINT="$constraints" .venv-floor/bin/pip install --quiet --disable-pip-version-check ".[cpu,test]"
+# The oldest transformers the backend's continuous batching supports (the main suite has the
+# newest): its "paged|" names and per-layer-type lengths.
+.venv-floor/bin/pip install --quiet --disable-pip-version-check transformers==5.16.0
 .venv-floor/bin/python -c "import importlib.metadata as m; v = m.version('intel-sycl-rt'); \
 assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
 bash scripts/install_ocloc.sh .venv-floor/ocloc
@@ -30,4 +34,4 @@ cd tests
   --dtypes bfloat16
 # One worker per core, the tests spread over both: their first builds are most of the time.
 ../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q -n auto test_forward.py \
-  test_errors.py "$@"
+  test_errors.py test_transformers_backend.py test_transformers_continuous_batching.py "$@"
