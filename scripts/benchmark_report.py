@@ -28,6 +28,7 @@ RUNS = {
     "sdpa.json": "benchmark_sdpa.py",
     "runtime.json": "runtime_costs.py",
     "host_cost.json": "benchmark_host_cost.py",
+    "generate_batch.json": "benchmark_generate_batch.py",
 }
 
 
@@ -229,6 +230,7 @@ def report(d: dict) -> list[str]:
             f"against {1e3 * serving['separate_seconds']:.1f} ms)."]
     out += sdpa_section(d["sdpa.json"])
     out += host_cost_section(d["host_cost.json"])
+    out += generate_batch_section(d["generate_batch.json"])
     out += section("Runtime costs, each in a fresh process", "runtime.json", runtime)
     out += table(["what", "measured"], [
         ["peak memory above inputs and outputs, forward float32 B=1 H=8 N=32768 D=64",
@@ -248,6 +250,22 @@ def report(d: dict) -> list[str]:
             "IR once (the process that compiled from source stores it under another key); "
             "`python -m ipex_flash warmup` does that second build itself. docs/design.md (JIT "
             "build and caches) has the details."]
+    return out
+
+
+def generate_batch_section(data: dict) -> list[str]:
+    """transformers' continuous batching on the backend against its sdpa, one run."""
+    a = data["args"]
+    out = section("transformers continuous batching (generate_batch)", "generate_batch.json",
+                  data)
+    out += table(["attention", "best of " + str(a["repeats"]) + " (s)", "new tokens/s"],
+                 [[name, f"{data['best_seconds'][name]:.2f}",
+                   f"{data['tokens_per_second'][name]:.1f}"] for name in data["best_seconds"]])
+    out += ["", f"{a['requests']} requests of {a['prompt'][0]}-{a['prompt'][1]} prompt tokens, "
+            f"{a['new_tokens']} new tokens each, a random {a['layers']}-layer Llama (GQA "
+            f"{a['heads'][0]}/{a['heads'][1]}, D = {a['head_dim']}, float32): ipex_flash "
+            f"{data['ipex_over_sdpa']:.2f}x sdpa's tokens/s, "
+            + ("the same tokens." if data["same_tokens"] else "DIFFERENT tokens.")]
     return out
 
 
