@@ -7,6 +7,7 @@ import math
 from typing import Iterator, Optional
 
 import torch
+from torch.utils._device import DeviceContext
 
 from ipex_flash.ops import fast_path, launch
 from ipex_flash.ops.validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
@@ -162,13 +163,34 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     return attn_mask is None or attn_mask.device == query.device
 
 
+def _intercepted(tensors: tuple) -> bool:
+    """Whether torch would hand this call to something else first: a tensor subclass (DTensor)
+    or a torch function mode other than a device context, such as torch's context_parallel,
+    which turns SDPA into ring attention over the ranks' shards. Taking such a call here would
+    attend over the local shard alone."""
+    if torch.overrides.has_torch_function(tensors):
+        return True
+    if torch.compiler.is_compiling():  # (the compiler traces the modes itself)
+        return False
+    return any(not isinstance(mode, DeviceContext)
+               for mode in torch.overrides._get_current_function_mode_stack())
+
+
 def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
-    if serves(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    tensors = tuple(t for t in (query, key, value, attn_mask) if isinstance(t, torch.Tensor))
+    if not _intercepted(tensors) and serves(query, key, value, attn_mask, dropout_p, is_causal,
+                                            scale, enable_gqa):
         return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                             scale, enable_gqa)
     return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+# Named as the function it stands in for: code that patches torch.nn.functional's function by
+# its __name__ (torch's context_parallel wraps it so that its calls see DTensors, which
+# _intercepted then hands back to torch) must find it under that name.
+_routed_sdpa.__name__ = _routed_sdpa.__qualname__ = "scaled_dot_product_attention"
 
 
 def enable_sdpa_override(enabled: bool = True) -> None:

@@ -1,0 +1,195 @@
+"""The ring: forward and backward passes over the K/V shards of a process group, as one
+torch.autograd.Function, for every ring entry point (ring.py, varlen.py).
+
+At step s rank r holds the K/V shard of rank (r - s) mod P. Before computing on it, it posts
+the send of that shard to r+1 and the receive of the next from r-1, so the transfer runs
+under the kernels. Each step's partial outputs are merged into a float32 accumulator by
+their LSEs. The LSE stays in the kernels' exp2 domain (log2 of the sum of exp2 of the scaled
+scores, launch.natural_lse) throughout: the backward kernels read it so, to recompute the
+very probabilities of the forward.
+
+The backward visits the shards in the same order. dQ accumulates locally; dK and dV of the
+visited shard travel the ring with it, each rank adding its part (float32), and arrive back
+at their owner after the last step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ipex_flash.distributed._blocks import BlockCall
+from ipex_flash.distributed._comm import RingComm
+from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
+from ipex_flash.ops import score_grads
+from ipex_flash.ops.launch import LN2
+
+Tensor = torch.Tensor
+LOG2E = 1.0 / LN2
+
+
+@dataclass
+class RingProblem:
+    """One call's plan, the same for its forward and backward."""
+    comm: RingComm
+    plans: list[list[BlockCall]]   # by owner rank: this rank's calls against that K/V shard
+    kv_lengths: list[int]          # tokens of each rank's K/V shard
+    scale: float
+    softcap: float
+    # Packed sequences (varlen.py): (cu_seqlens, max_seqlen), the same on every rank.
+    varlen: Optional[tuple[Tensor, int]] = None
+
+    @property
+    def token_dim(self) -> int:  # (B, N, H, D), or (total, H, D) packed
+        return 0 if self.varlen is not None else 1
+
+    def shard_like(self, t: Tensor, owner: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+        shape = list(t.shape)
+        shape[self.token_dim] = self.kv_lengths[owner]
+        return t.new_empty(shape, dtype=dtype or t.dtype)
+
+
+def _rows(t: Tensor, rows: tuple[int, int], dim: int) -> Tensor:
+    return t.narrow(dim, rows[0], rows[1] - rows[0])
+
+
+def _per_row(w: Tensor) -> Tensor:
+    """An LSE-shaped (..., H, n) tensor broadcast against outputs (..., n, H, Dv)."""
+    return w.movedim(-1, -2).unsqueeze(-1)
+
+
+def _kernel_args(problem: RingProblem, call: BlockCall):
+    cu, longest = problem.varlen if problem.varlen is not None else (None, 0)
+    return (cu, cu, longest, longest, problem.scale, False, *call.window, problem.softcap, None,
+            0.0, None)
+
+
+def _block_forward(problem, q, k, v, call, backward_follows):
+    dim = problem.token_dim
+    q_block = _rows(q, call.q_rows, dim)
+    if backward_follows:
+        # The op runs the general kernel, whose arithmetic the backward kernels mirror,
+        # for inputs that need gradients (small blocks would take the decode kernel).
+        q_block = q_block.detach().requires_grad_()
+    return torch.ops.ipex_flash.flash_attn_forward(
+        q_block, _rows(k, call.k_rows, dim), _rows(v, call.k_rows, dim),
+        *_kernel_args(problem, call), None)
+
+
+def merge_into(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor,
+               rows: tuple[int, int], dim: int) -> None:
+    """out, lse (float32 accumulators) <- their rows merged with a block's partial result:
+    lse' = log2(2^lse + 2^block_lse), out' = out 2^(lse - lse') + block_out 2^(block_lse - lse')."""
+    acc_out, acc_lse = _rows(out, rows, dim), _rows(lse, rows, lse.dim() - 1)
+    merged = torch.logaddexp2(acc_lse, block_lse)
+    # Rows that have seen no key yet (-inf on both sides): weights 0, never -inf - -inf.
+    ref = torch.where(torch.isneginf(merged), torch.zeros_like(merged), merged)
+    acc_out.mul_(_per_row(torch.exp2(acc_lse - ref)))
+    acc_out.add_(block_out.float() * _per_row(torch.exp2(block_lse - ref)))
+    acc_lse.copy_(merged)
+
+
+def add_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> None:
+    """Each sink joins its head's denominators once, after every shard has been merged: its
+    logit (natural log) enters the exp2-domain LSE as sink * log2(e); it has no value."""
+    sink = (sinks.float() * LOG2E).view(-1, 1).expand_as(lse)
+    merged = torch.logaddexp2(lse, sink)
+    out.mul_(_per_row(torch.exp2(lse - merged)))
+    lse.copy_(merged)
+
+
+def ring_forward(problem: RingProblem, q: Tensor, k: Tensor, v: Tensor,
+                 sinks: Optional[Tensor], backward_follows: bool) -> tuple[Tensor, Tensor]:
+    """(out in q's dtype, lse float32 exp2 domain: (B, H, N), or (H, total) packed)."""
+    comm, dim = problem.comm, problem.token_dim
+    out = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
+    lse_shape = (q.shape[1], q.shape[0]) if problem.varlen is not None else (
+        q.shape[0], q.shape[2], q.shape[1])
+    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    shard = [k.contiguous(), v.contiguous()]
+    for step in range(comm.size):
+        owner = (comm.rank - step) % comm.size
+        pending = None
+        if step + 1 < comm.size:  # the next shard travels while this one is computed on
+            source = (owner - 1) % comm.size
+            pending = comm.exchange(shard, [problem.shard_like(t, source) for t in shard])
+        for call in problem.plans[owner]:
+            block_out, block_lse = _block_forward(problem, q, *shard, call, backward_follows)
+            merge_into(out, lse, block_out, block_lse, call.q_rows, dim)
+        if pending is not None:
+            shard = pending.wait()
+    if sinks is not None:
+        add_sinks(out, lse, sinks)
+    return out.to(q.dtype), lse
+
+
+def ring_backward(problem: RingProblem, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                  out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    comm, dim = problem.comm, problem.token_dim
+    grad_out = grad_out.contiguous()
+    dq = torch.zeros_like(q, dtype=torch.float32)
+    shard = [k.contiguous(), v.contiguous()]
+    grads_pending = None
+    for step in range(comm.size):
+        owner = (comm.rank - step) % comm.size
+        source = (owner - 1) % comm.size
+        pending = None
+        if step + 1 < comm.size:
+            pending = comm.exchange(shard, [problem.shard_like(t, source) for t in shard])
+        dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in shard)
+        for call in problem.plans[owner]:
+            q_rows = lambda t: _rows(t, call.q_rows, dim)  # noqa: E731
+            k_rows = lambda t: _rows(t, call.k_rows, dim)  # noqa: E731
+            dq_b, dk_b, dv_b = torch.ops.ipex_flash.flash_attn_backward(
+                q_rows(grad_out), q_rows(q), k_rows(shard[0]), k_rows(shard[1]), q_rows(out),
+                _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call))
+            q_rows(dq).add_(dq_b)
+            k_rows(dk).add_(dk_b)
+            k_rows(dv).add_(dv_b)
+        if comm.size == 1:
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        if grads_pending is not None:  # what the ranks before this one added to this shard
+            before_dk, before_dv = grads_pending.wait()
+            dk.add_(before_dk)
+            dv.add_(before_dv)
+        grads_pending = comm.exchange(
+            [dk, dv], [problem.shard_like(t, source, torch.float32) for t in shard])
+        if pending is not None:
+            shard = pending.wait()
+    dk, dv = grads_pending.wait()  # this rank's own shard, every rank's part added
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def sinks_grad(problem: RingProblem, sinks: Tensor, grad_out: Tensor, out: Tensor,
+               lse: Tensor) -> Tensor:
+    """This rank's part of d loss / d sinks (from its own query rows): summed over the group
+    like any replicated parameter's gradient (by DDP/FSDP or an all_reduce)."""
+    delta = score_grads.output_delta(grad_out, out)  # (B, N, H), or (total, H) packed
+    if problem.varlen is not None:
+        return score_grads.sinks_grad(sinks, lse.unsqueeze(0), delta.transpose(0, 1).unsqueeze(0))
+    return score_grads.sinks_grad(sinks, lse, delta.transpose(1, 2))
+
+
+class RingAttention(torch.autograd.Function):
+    """(q, k, v, sinks, problem) -> (out, lse exp2 domain); lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, problem):
+        backward_follows = any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+        out, lse = ring_forward(problem, q, k, v, sinks, backward_follows)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.problem = problem
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable  # the backward runs kernels and the ring, not torch ops
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dq, dk, dv = ring_backward(ctx.problem, grad_out, q, k, v, out, lse)
+        d_sinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            d_sinks = sinks_grad(ctx.problem, sinks, grad_out, out, lse)
+        return dq, dk, dv, d_sinks, None

@@ -1,0 +1,122 @@
+"""Ulysses (DeepSpeed-Ulysses) sequence parallelism: an all-to-all turns each rank's shard of
+the sequence with all heads into the whole sequence with 1/P of the heads, flash_attn_func
+runs on it unchanged, and the inverse all-to-all brings the output back to the rank's
+shard. Every score option works as on one device (ALiBi, windows, softcap, sinks), since
+each rank sees whole sequences; the head counts must divide by the group size.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
+from ipex_flash.distributed._comm import all_to_all, check_same, gather_ints, resolve_group
+from ipex_flash.flash_attn_interface import flash_attn_func
+from ipex_flash.ops.validation import check_alibi
+
+Tensor = torch.Tensor
+
+
+def _to_heads(x: Tensor, lengths: list[int], group) -> Tensor:
+    """(B, n_local, H, D) -> (B, N, H / P, D): rank p receives heads [p H/P, (p+1) H/P) of
+    every rank's tokens, and concatenates them in rank order (the sequence's order)."""
+    world, rank = len(lengths), dist.get_rank(group)
+    batch, n, heads, dim = x.shape
+    part = heads // world
+    send = x.reshape(batch, n, world, part, dim).permute(2, 0, 1, 3, 4).contiguous()
+    sizes = [batch * m * part * dim for m in lengths]
+    recv = x.new_empty(sum(sizes))
+    all_to_all(recv, send.view(-1), sizes, [batch * n * part * dim] * world, group)
+    pieces = [p.view(batch, m, part, dim) for p, m in zip(recv.split(sizes), lengths)]
+    assert lengths[rank] == n
+    return torch.cat(pieces, dim=1)
+
+
+def _to_sequence(y: Tensor, lengths: list[int], group) -> Tensor:
+    """The inverse of _to_heads: (B, N, H / P, D) -> (B, n_local, H, D)."""
+    world, rank = len(lengths), dist.get_rank(group)
+    batch, _, part, dim = y.shape
+    n = lengths[rank]
+    send = torch.cat([p.reshape(-1) for p in y.split(lengths, dim=1)])
+    recv = y.new_empty(world * batch * n * part * dim)
+    all_to_all(recv, send, [batch * n * part * dim] * world,
+               [batch * m * part * dim for m in lengths], group)
+    return recv.view(world, batch, n, part, dim).permute(1, 2, 0, 3, 4).reshape(
+        batch, n, world * part, dim)
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, lengths, group):
+        ctx.lengths, ctx.group = lengths, group
+        return _to_heads(x, lengths, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _to_sequence(grad.contiguous(), ctx.lengths, ctx.group), None, None
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, lengths, group):
+        ctx.lengths, ctx.group = lengths, group
+        return _to_sequence(y, lengths, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _to_heads(grad.contiguous(), ctx.lengths, ctx.group), None, None
+
+
+def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), alibi_slopes=None, deterministic=False,
+                            return_attn_probs=False, group=None, *, softcap=0.0, sinks=None):
+    """Attention over a sequence sharded contiguously across the ranks of `group` (as
+    ring_flash_attn_func: rank p holds the p-th consecutive slice; lengths may differ),
+    computed head-parallel: two all-to-alls of q, k, v and one of the output, each moving
+    (P-1)/P of the rank's shard.
+
+    Args:
+        q: (batch, seqlen_local, nheads, headdim); k: (batch, seqlen_local, nheads_k,
+            headdim), v: (batch, seqlen_local, nheads_k, headdim_v). The group size must
+            divide nheads and nheads_k (ValueError otherwise; GQA/MQA with fewer K/V heads
+            than ranks needs the ring).
+        alibi_slopes: (nheads,) or (batch, nheads) float32, as flash_attn_func; global
+            positions, since each rank attends over whole sequences.
+        window_size, causal, softmax_scale, softcap, sinks: as flash_attn_func on the whole
+            sequence. sinks' gradient is this rank's part (see ring_flash_attn_func).
+        dropout_p: must be 0 (NotImplementedError: ranks would draw correlated masks).
+        deterministic: accepted. return_attn_probs: also return the LSE (batch, nheads,
+            seqlen_local), natural log, and None.
+        group: the process group (default: the world).
+
+    Returns:
+        out (batch, seqlen_local, nheads, headdim_v), or (out, lse, None).
+    """
+    fn = "ipex_flash.distributed.ulysses_flash_attn_func"
+    group = resolve_group(fn, group)
+    _, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
+                            None, sinks, packed=False, ring=False)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    for name, heads in (("nheads (q.shape[2])", q.shape[2]), ("nheads_k (k.shape[2])", k.shape[2])):
+        if heads % world:
+            raise ValueError(f"{fn}: {name} = {heads} must be a multiple of the group size "
+                             f"{world}: each rank takes an equal share of the heads")
+    check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
+    gathered = gather_ints(
+        shape_signature(q, k, v, causal, window, softcap, sinks, False)
+        + [alibi_slopes is not None and alibi_slopes.dim()], q.device, group)
+    check_same(fn, [row[1:] for row in gathered], (*AGREED, "alibi_slopes given"))
+    lengths = [row[0] for row in gathered]
+    heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
+    q_h, k_h, v_h = (_SequenceToHeads.apply(t.contiguous(), lengths, group) for t in (q, k, v))
+    out_h = flash_attn_func(
+        q_h, k_h, v_h, 0.0, softmax_scale, causal, window, float(softcap),
+        None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
+        deterministic, return_attn_probs, sinks=None if sinks is None else sinks[heads])
+    if not return_attn_probs:
+        return _HeadsToSequence.apply(out_h, lengths, group)
+    out_h, lse_h, _ = out_h
+    out = _HeadsToSequence.apply(out_h, lengths, group)
+    with torch.no_grad():  # the LSE is not differentiable: (B, H/P, N) -> (B, H, n_local)
+        lse = _to_sequence(lse_h.transpose(1, 2).unsqueeze(-1).contiguous(), lengths, group)
+    return out, lse.squeeze(-1).transpose(1, 2), None

@@ -1,0 +1,88 @@
+"""Ring attention over packed sequences, with ring-flash-attention's ring_flash_attn_varlen_func:
+every rank holds the p-th contiguous slice of every sequence of the batch (varlen_shard),
+packed as flash-attn's varlen functions take them, with the same local cu_seqlens on every
+rank. The ring engine is the fixed-length one (_ring_engine.py); each step is one varlen
+kernel call over all sequences.
+"""
+from __future__ import annotations
+
+import torch
+
+from ipex_flash.distributed._blocks import BlockCall
+from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
+from ipex_flash.distributed._comm import RingComm, check_same, gather_ints, resolve_group
+from ipex_flash.distributed._ring_engine import RingAttention, RingProblem
+from ipex_flash.ops.launch import natural_lse
+from ipex_flash.ops.validation import check_cu_seqlens, check_max_seqlen
+
+Tensor = torch.Tensor
+
+
+def _plans(rank: int, world: int, total: int, causal: bool) -> list[list[BlockCall]]:
+    """Rank r's slice of each sequence follows those of ranks < r: their keys are all
+    visible, its own are causal, later ranks' hidden (with causal)."""
+    whole = (0, total)
+    plans = []
+    for owner in range(world):
+        if causal and owner > rank:
+            plans.append([])
+        else:
+            right = 0 if causal and owner == rank else -1
+            plans.append([BlockCall(whole, whole, (-1, right))])
+    return plans
+
+
+def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                softmax_scale=None, causal=False, window_size=(-1, -1),
+                                alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                                group=None, *, softcap=0.0, sinks=None):
+    """Attention over packed sequences, each split evenly across the ranks of `group`.
+
+    Args:
+        q: (total_local, nheads, headdim); k: (total_local, nheads_k, headdim), v:
+            (total_local, nheads_k, headdim_v). Sequence b's local tokens are rows
+            cu_seqlens[b]:cu_seqlens[b+1], the p-th of P equal slices of the whole sequence on
+            rank p (ipex_flash.distributed.varlen_shard makes them).
+        cu_seqlens: (batch + 1,) int32, the local offsets, identical on every rank.
+        max_seqlen: the longest local slice.
+        causal: as ring_flash_attn_func (the plain ring: rank p does about (2p + 1) / P^2 of
+            the work).
+        window_size: must be (-1, -1) (NotImplementedError: one call's window cannot place
+            the shards of sequences of different lengths).
+        dropout_p, softmax_scale, alibi_slopes, deterministic, group, softcap, sinks: as
+            ring_flash_attn_func.
+        return_attn_probs: also return the LSE (nheads, total_local) float32, natural log,
+            and None.
+
+    Returns:
+        out (total_local, nheads, headdim_v), or (out, lse, None).
+    """
+    fn = "ipex_flash.distributed.ring_flash_attn_varlen_func"
+    group = resolve_group(fn, group)
+    scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
+                                alibi_slopes, sinks, packed=True)
+    if window != (-1, -1):
+        raise NotImplementedError(
+            f"{fn}: window_size {tuple(window_size)} is not supported with packed sequences: "
+            "the shards of each sequence sit at their own global offsets, which one kernel "
+            "call's window cannot express (ring_flash_attn_func and "
+            "zigzag_ring_flash_attn_func take windows)")
+    batch = check_cu_seqlens(fn, "cu_seqlens", cu_seqlens, q.shape[0], q.device, True)
+    check_max_seqlen(fn, "max_seqlen", max_seqlen)
+    cu_seqlens = cu_seqlens.contiguous()
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    if longest > max_seqlen:
+        raise ValueError(f"{fn}: a sequence has {longest} local tokens, more than "
+                         f"max_seqlen={max_seqlen}")
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, True)
+    gathered = gather_ints(signature + [batch], q.device, group)
+    check_same(fn, gathered, ("total_local tokens", *AGREED, "batch (len(cu_seqlens) - 1)"))
+    # The same local offsets on every rank: slice p of each sequence at a known place.
+    check_same(fn, gather_ints(cu_seqlens.tolist(), q.device, group),
+               [f"cu_seqlens[{i}]" for i in range(batch + 1)])
+    comm = RingComm(group)
+    problem = RingProblem(comm, _plans(comm.rank, comm.size, q.shape[0], bool(causal)),
+                          [q.shape[0]] * comm.size, scale, float(softcap),
+                          varlen=(cu_seqlens, int(max_seqlen)))
+    out, lse = RingAttention.apply(q, k, v, sinks, problem)
+    return (out, natural_lse(lse), None) if return_attn_probs else out
