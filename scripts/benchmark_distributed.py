@@ -247,7 +247,7 @@ def main():
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "machine": machine(torch=torch.__version__, backend="gloo",
-                           device="SYCL CPU device, DPCPP_CPU_NUM_CUS="
+                           rank_device="SYCL CPU device, DPCPP_CPU_NUM_CUS="
                            + os.environ["DPCPP_CPU_NUM_CUS"]),
         "args": {k: (_relative(v) if isinstance(v, Path) else v)
                  for k, v in vars(args).items()},

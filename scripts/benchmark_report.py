@@ -29,6 +29,7 @@ RUNS = {
     "runtime.json": "runtime_costs.py",
     "host_cost.json": "benchmark_host_cost.py",
     "generate_batch.json": "benchmark_generate_batch.py",
+    "distributed.json": "benchmark_distributed.py",
 }
 
 
@@ -231,6 +232,7 @@ def report(d: dict) -> list[str]:
     out += sdpa_section(d["sdpa.json"])
     out += host_cost_section(d["host_cost.json"])
     out += generate_batch_section(d["generate_batch.json"])
+    out += distributed_section(d["distributed.json"])
     out += section("Runtime costs, each in a fresh process", "runtime.json", runtime)
     out += table(["what", "measured"], [
         ["peak memory above inputs and outputs, forward float32 B=1 H=8 N=32768 D=64",
@@ -266,6 +268,40 @@ def generate_batch_section(data: dict) -> list[str]:
             f"{a['heads'][0]}/{a['heads'][1]}, D = {a['head_dim']}, float32): ipex_flash "
             f"{data['ipex_over_sdpa']:.2f}x sdpa's tokens/s, "
             + ("the same tokens." if data["same_tokens"] else "DIFFERENT tokens.")]
+    return out
+
+
+def distributed_section(data: dict) -> list[str]:
+    """Context parallelism: per-rank memory against one device, causal balance, overlap."""
+    a = data["args"]
+    out = section("Context parallelism (ipex_flash.distributed), zigzag causal ring",
+                  "distributed.json", data)
+    longest = max(a["seq_lens"])
+    rows = [r for r in data["memory"] if r["seqlen"] == longest]
+    one = max(r["train_peak_bytes"] for r in rows if r["world"] == 1)
+    out += table(["ranks", "forward peak MiB (most of a rank)",
+                  "forward+backward peak MiB", "vs one device"],
+                 [[w, f"{max(r['forward_peak_bytes'] for r in rows if r['world'] == w) / 2**20:.1f}",
+                   f"{max(r['train_peak_bytes'] for r in rows if r['world'] == w) / 2**20:.1f}",
+                   f"{max(r['train_peak_bytes'] for r in rows if r['world'] == w) / one:.2f}x"]
+                  for w in sorted({r["world"] for r in rows})])
+    balance = []
+    for world in sorted({r["world"] for r in data["balance"]}):
+        for kind in ("zigzag", "contiguous"):
+            ranks = [r for r in data["balance"] if r["world"] == world and r["kind"] == kind]
+            if not ranks:
+                continue
+            pairs = [r["pairs"] for r in ranks]
+            mean = sum(pairs) / len(pairs)
+            balance.append([world, kind, f"{100 * max(abs(p - mean) for p in pairs) / mean:.1f}%"])
+    out += [""] + table(["ranks", "sharding", "most a rank's attended pairs differ from the mean"],
+                        balance)
+    steps = data["overlap"]
+    out += ["", f"N = {longest}, B = {a['batch']}, H = {a['heads']}, D = {a['head_dim']}, "
+            f"{a['dtype']}, memory above each rank's own inputs. Overlap at 2 ranks: a ring step "
+            f"takes {min(s['step'] for s in steps) / min(s['kernel'] for s in steps):.2f}x its "
+            f"kernel alone ({1e3 * min(s['kernel'] for s in steps):.0f} ms; the K/V exchange "
+            f"alone {1e3 * min(s['exchange'] for s in steps):.1f} ms)."]
     return out
 
 
