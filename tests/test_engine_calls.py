@@ -228,3 +228,21 @@ def test_table_entries_past_each_sequences_pages_may_hold_anything():
     with pytest.raises(ValueError, match=r"block_table entries must be page indices in \[0, "):
         ipex_flash.flash_attn_varlen_func(query, key_cache, value_cache, cu_q, None, 1, 33,
                                           causal=True, block_table=bad, seqused_k=seqused)
+
+
+def test_a_scale_changed_in_place_is_seen():
+    """One-value descales are read on the host once per tensor and version: a scale tensor
+    updated in place between steps (a calibration) is applied as updated."""
+    lens = [(1, 40), (3, 20)]
+    query, key_cache, value_cache, tables, cu_q, seqused = vllm_batch(lens, (4, 2), 32, 16,
+                                                                      torch.float32)
+    k_scale, v_scale = torch.ones(1), torch.ones(1)
+    for value in (1.0, 2.0, 0.5):
+        k_scale.fill_(value)
+        v_scale.fill_(1 / value)
+        out = ipex_flash.flash_attn_varlen_func(
+            q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_q, max_seqlen_q=3,
+            seqused_k=seqused, max_seqlen_k=40, causal=True, block_table=tables,
+            k_descale=k_scale.expand(2, 2), v_descale=v_scale.expand(2, 2))
+        check_sequences(out, None, query, key_cache, value_cache, tables, cu_q, lens,
+                        torch.float32, scales=(1.0, value, 1 / value))

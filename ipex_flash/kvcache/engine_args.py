@@ -8,10 +8,12 @@ Descales: with an FP8 cache the kernels apply k_descale and v_descale in registe
 q_descale folds into k_descale (q . k * qd * kd). With a 16-bit cache the kernels carry no
 descale code (kv_quant.hpp), so descales given anyway are applied here: q is multiplied by
 q_descale * k_descale of its sequence and K/V head before the kernels, and the output by
-v_descale after them (two elementwise passes; vLLM passes descales of 1 on every call)."""
+v_descale after them; one-value descales are read on the host once per tensor and version, so
+those of 1, which vLLM passes on every call, cost nothing."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import weakref
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -82,14 +84,15 @@ class Descaled(NamedTuple):
     q: Tensor
     k_descale: Optional[Tensor]  # for the kernels: FP8 caches only
     v_descale: Optional[Tensor]
-    out_scale: Optional[Tensor]  # (batch, heads_kv) float32 the output is multiplied by
+    # what the output is multiplied by: one value, or (batch, heads_kv) float32
+    out_scale: Union[float, Tensor, None]
     rows: Optional[Tensor]  # packed q's rows' sequences, where out_scale needs them
 
     def scaled(self, out: Tensor, in_place: bool) -> Tensor:
         """The output with out_scale applied (in place where the caller owns it)."""
         if self.out_scale is None:
             return out
-        if self.out_scale.dim() == 0:  # one value (apply_descales)
+        if isinstance(self.out_scale, float) or self.out_scale.dim() == 0:  # one value
             factor = self.out_scale
         else:
             factor = per_row(self.out_scale, out, self.rows)
@@ -114,7 +117,15 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
     given = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     if not fp8_cache and all(t is None or _one_value(fn, name, t, q.device) for name, t in given):
         # One value each (vLLM's expanded views of one scale): scalar factors, no table and
-        # no per-row lookup of sequences (a few elementwise ops on the hot path).
+        # no per-row lookup of sequences; read on the host once per scale tensor and version,
+        # they cost nothing where they are 1 (vLLM's 16-bit caches) and one multiplication each
+        # of q and the output elsewhere.
+        values = [None if t is None else _host_value(t) for _, t in given]
+        if all(v is not None or t is None for v, (_, t) in zip(values, given)):
+            q_scale, k_scale, v_scale = (1.0 if v is None else v for v in values)
+            if q_scale * k_scale != 1.0:
+                q = q * (q_scale * k_scale)
+            return Descaled(q, None, None, None if v_scale == 1.0 else v_scale, None)
         for t in (q_descale, k_descale):
             if t is not None:
                 q = q * t[(0,) * t.dim()]
@@ -130,6 +141,30 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
     if qk is not None:
         q = q * per_row(qk, q, rows)
     return Descaled(q, None, None, table["v_descale"], rows)
+
+
+# One-value descales as host floats, by (tensor, address, version): vLLM passes the same scale
+# tensors, as fresh expanded views, on every call of every step.
+_HOST_VALUES: dict = {}
+
+
+def _host_value(t: Tensor) -> Optional[float]:
+    """t's one value as a float, read on the host once per tensor and version (an in-place
+    change makes a new version); None where it cannot be read or tracked (tracing, fake and
+    inference tensors: those keep no version)."""
+    base = t if t._base is None else t._base
+    if (torch.compiler.is_compiling() or t.device.type == "meta" or base.is_inference()
+            or isinstance(t, torch._subclasses.FakeTensor)):
+        return None
+    key = (id(base), t.data_ptr(), base._version)
+    known = _HOST_VALUES.get(key)
+    if known is not None and known[0]() is base:
+        return known[1]
+    value = float(t[(0,) * t.dim()])
+    if len(_HOST_VALUES) >= 256:
+        _HOST_VALUES.clear()
+    _HOST_VALUES[key] = (weakref.ref(base), value)
+    return value
 
 
 def _one_value(fn: str, name: str, t, device: torch.device) -> bool:
