@@ -21,8 +21,9 @@ constraints="$floor"
 .venv-floor/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 PIP_CONSTRAINT="$constraints" .venv-floor/bin/pip install --quiet --disable-pip-version-check ".[cpu,test]"
 # The oldest transformers the backend's continuous batching supports (the main suite has the
-# newest): its "paged|" names and per-layer-type lengths.
-.venv-floor/bin/pip install --quiet --disable-pip-version-check transformers==5.16.0
+# newest): its "paged|" names and per-layer-type lengths. psutil: that release sizes continuous
+# batching's cache from the host's free memory, which it reads with psutil on the CPU.
+.venv-floor/bin/pip install --quiet --disable-pip-version-check transformers==5.16.0 psutil
 .venv-floor/bin/python -c "import importlib.metadata as m; v = m.version('intel-sycl-rt'); \
 assert v == '2026.0.0', v; print('intel-sycl-rt', v)"
 bash scripts/install_ocloc.sh .venv-floor/ocloc
