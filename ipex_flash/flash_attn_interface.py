@@ -125,9 +125,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
         s_aux: a second name for sinks.
         return_softmax_lse: return (out, softmax_lse (nheads, total_q) float32, natural log).
         q_descale, k_descale, v_descale: one value or (batch, nheads_k) each (vLLM's
-            expanded views). With an FP8 cache the kernels apply them; q may then be
-            float8_e4m3fn (widened to bfloat16, the output's dtype). With a 16-bit cache they
-            are applied too, by scaling q before and the output after the kernels
+            expanded views). q_descale goes with a float8_e4m3fn q (widened to bfloat16, the
+            output's dtype, and an FP8 cache); with a 16-bit q it must be 1. With an FP8 cache
+            the kernels apply k_descale and v_descale; with a 16-bit cache they are applied
+            too, by scaling q before and the output after the kernels
             (kvcache/engine_args.py).
         scheduler_metadata: None; fa_version: 2; num_splits: 0 chooses, > 1 splits each
             sequence's keys in the decode kernel (a hint, clamped to one split per 16 keys).

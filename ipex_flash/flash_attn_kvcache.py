@@ -80,8 +80,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             Returns out (total_q, nheads, headdim_v) and lse (nheads, total_q).
         cu_seqlens_k_new: k, v packed as (total_new, nheads_k, headdim), appended per sequence.
         q_descale, k_descale, v_descale: as in flash_attn_varlen_func (an FP8 q with an FP8
-            cache); with a 16-bit cache, applied by scaling (appended k, v are stored divided
-            by their descales, as in an FP8 cache).
+            cache; with a 16-bit q, q_descale must be 1); with a 16-bit cache, applied by
+            scaling. Appended 16-bit k, v are stored divided by their descales, FP8 or 16-bit
+            cache alike; k, v in the FP8 cache's dtype as given.
         out: the output, written in place and returned (shape of the result, q's dtype).
         max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin: hints, unused. qv,
         rotary_seqlens and attention_chunk: refused unless None / None / 0.

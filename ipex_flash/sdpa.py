@@ -168,7 +168,7 @@ def _intercepted(tensors: tuple) -> bool:
     or a torch function mode other than a device context, such as torch's context_parallel,
     which turns SDPA into ring attention over the ranks' shards. Taking such a call here would
     attend over the local shard alone."""
-    if torch.overrides.has_torch_function(tensors):
+    if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors):
         return True
     if torch.compiler.is_compiling():  # (the compiler traces the modes itself)
         return False

@@ -104,18 +104,33 @@ def test_num_splits_is_honoured(num_splits):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_descales_on_a_16bit_cache_are_applied(dtype):
-    """q . k * q_descale * k_descale, and v * v_descale, per (sequence, K/V head)."""
+    """q . k * k_descale and v * v_descale, per (sequence, K/V head) or one value; a 16-bit q
+    takes q_descale 1 only (nothing quantised it), in either form. Powers of two: with a 16-bit
+    cache the descales scale q and the output in their dtype, whose rounding other factors
+    would add to the kernels' error."""
     lens = [(1, 50), (9, 30)]
     query, key_cache, value_cache, tables, cu_q, seqused = vllm_batch(lens, (4, 2), 64, 16,
                                                                       dtype)
-    q_scale, k_scale, v_scale = 0.5, 2.0, 3.0
-    out = ipex_flash.flash_attn_varlen_func(
-        q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_q, max_seqlen_q=9,
-        seqused_k=seqused, max_seqlen_k=50, causal=True, block_table=tables,
-        q_descale=torch.tensor([q_scale]).expand(2, 2), k_descale=torch.full((2, 2), k_scale),
-        v_descale=torch.tensor(v_scale))
-    check_sequences(out, None, query, key_cache, value_cache, tables, cu_q, lens, dtype,
-                    scales=(q_scale, k_scale, v_scale))
+    k_scale, v_scale = torch.tensor([[2.0, 0.5], [0.25, 4.0]]), 2.0
+    for q_descale in (torch.ones(1).expand(2, 2), torch.ones(2, 2), None):
+        out = ipex_flash.flash_attn_varlen_func(
+            q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_q, max_seqlen_q=9,
+            seqused_k=seqused, max_seqlen_k=50, causal=True, block_table=tables,
+            q_descale=q_descale, k_descale=k_scale, v_descale=torch.tensor(v_scale))
+        rtol, atol = OUTPUT_TOLERANCE[dtype]
+        for b, (_, n_k) in enumerate(lens):
+            rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+            k = sequence_keys(key_cache, tables[b], n_k).double() * k_scale[b][:, None]
+            v = sequence_keys(value_cache, tables[b], n_k).double() * v_scale
+            ref, _ = reference(query[rows].double(), k, v)
+            torch.testing.assert_close(out[rows].double(), ref, rtol=rtol, atol=atol)
+    for q_descale in (torch.tensor([0.5]).expand(2, 2), torch.tensor([[1.0, 2.0], [1.0, 1.0]])):
+        with pytest.raises(ValueError, match="q_descale applies to an FP8 q"):
+            ipex_flash.flash_attn_varlen_func(
+                q=query, k=key_cache, v=value_cache, cu_seqlens_q=cu_q, max_seqlen_q=9,
+                seqused_k=seqused, max_seqlen_k=50, causal=True, block_table=tables,
+                q_descale=q_descale)
+
 
 
 def test_fp8_query_and_cache_with_descales():
@@ -183,6 +198,7 @@ def _vllm_args(**change):
     (dict(return_softmax_lse=True, return_attn_probs=True), ValueError,
      "return_softmax_lse .* or return_attn_probs"),
     (dict(q_descale=torch.ones(3)), ValueError, r"q_descale must hold one value .* \(2, 2\)"),
+    (dict(q_descale=torch.tensor(2.0)), ValueError, "q_descale applies to an FP8 q"),
     (dict(k_descale=torch.ones(2, 2, dtype=torch.int32)), TypeError,
      "k_descale must be a floating-point tensor"),
     (dict(block_table=None), ValueError, "cu_seqlens_k is required without a block_table"),

@@ -103,29 +103,39 @@ def _positions(cache, keys_of, b, start, stop):
     return mask.view(cache.shape[:2])
 
 
-def test_fp8_cache_append_and_descales():
-    """An FP8 cache: 16-bit k, v appended are stored divided by their descales; q_descale
-    folds into the scores; the descales in SGLang's (batch, nheads_k) expanded form."""
-    old, new = [20, 5], [2, 1]
+@pytest.mark.parametrize("quantised", [False, True])
+@pytest.mark.parametrize("packed", [True, False])
+def test_fp8_cache_append_and_descales(packed, quantised):
+    """flash-attn 3's FP8 call: 16-bit k, v appended are stored divided by their descales, k, v
+    already FP8 are stored as given; an FP8 q's q_descale folds into the scores; the descales
+    in SGLang's (batch, nheads_k) expanded form; packed (cu_seqlens_k_new) and 4-D q alike."""
+    old, new = [20, 5], [2, 2]
     k_cache, v_cache, table = paged_cache([o + n for o, n in zip(old, new)], 16, torch.float32)
     fp8 = torch.float8_e4m3fn
     k_cache, v_cache = k_cache.to(fp8), v_cache.to(fp8)
     q, cu = packed_queries(new, torch.bfloat16)
+    q8 = q.to(fp8)
     k_new, v_new = (torch.randn(sum(new), HEADS_KV, HEAD_DIM, dtype=torch.bfloat16)
                     for _ in range(2))
     k_scale, v_scale, q_scale = 0.5, 0.25, 2.0
+    if quantised:  # (what the cache is to hold)
+        k_new, v_new = (k_new.double() / k_scale).to(fp8), (v_new.double() / v_scale).to(fp8)
+    stored_k = k_new if quantised else (k_new.double() / k_scale).to(fp8)
+    shape = dict(cu_seqlens_q=cu, cu_seqlens_k_new=cu, max_seqlen_q=2) if packed else {}
+    as_call = (lambda t: t) if packed else (lambda t: t.view(2, 2, *t.shape[1:]))
     out = ipex_flash.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k=k_new, v=v_new, page_table=table,
-        cache_seqlens=torch.tensor(old, dtype=torch.int32), cu_seqlens_q=cu, cu_seqlens_k_new=cu,
-        max_seqlen_q=2, causal=True, q_descale=torch.tensor([q_scale]).expand(2, HEADS_KV),
+        as_call(q8), k_cache, v_cache, k=as_call(k_new), v=as_call(v_new), page_table=table,
+        cache_seqlens=torch.tensor(old, dtype=torch.int32), causal=True,
+        q_descale=torch.tensor([q_scale]).expand(2, HEADS_KV),
         k_descale=torch.tensor([k_scale]).expand(2, HEADS_KV),
-        v_descale=torch.tensor([v_scale]).expand(2, HEADS_KV))
+        v_descale=torch.tensor([v_scale]).expand(2, HEADS_KV), **shape).reshape(q.shape)
+    assert out.dtype == torch.bfloat16
     for b, (n_old, n_new) in enumerate(zip(old, new)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
         k_seq = sequence_keys(k_cache, table[b], n_old + n_new).double()
         v_seq = sequence_keys(v_cache, table[b], n_old + n_new).double()
-        torch.testing.assert_close(k_seq[n_old:], (k_new[rows].double() / k_scale).to(fp8).double())
-        ref, _ = reference(q[rows].double() * q_scale, k_seq * k_scale, v_seq * v_scale)
+        assert torch.equal(k_seq[n_old:], stored_k[rows].double())
+        ref, _ = reference(q8[rows].double() * q_scale, k_seq * k_scale, v_seq * v_scale)
         torch.testing.assert_close(out[rows].double(), ref, rtol=1e-2, atol=1e-2)
 
 
@@ -155,6 +165,16 @@ def _args(**change):
     (dict(sm_margin=-1), ValueError, "sm_margin must be an int >= 0"),
     (dict(out=torch.zeros(3, 8, 32)), ValueError, r"out must have shape \(3, 8, 64\)"),
     (dict(cache_seqlens=torch.tensor([20, 9])), TypeError, "cache_seqlens must be an int or an int32"),
+    # An append is checked with the attention's arguments before it writes.
+    (dict(k=torch.ones(3, 2, 64), v=torch.ones(3, 2, 64), cache_seqlens=torch.tensor(
+        [10, 5], dtype=torch.int32), cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32),
+        out=torch.zeros(3, 8, 32)), ValueError, r"out must have shape \(3, 8, 64\)"),
+    (dict(k=torch.ones(3, 2, 64), v=torch.ones(3, 2, 64), cache_seqlens=torch.tensor(
+        [10, 5], dtype=torch.int32), cu_seqlens_k_new=torch.tensor([0, 1, 3], dtype=torch.int32),
+        softmax_scale=float("nan")), ValueError, "softmax_scale"),
+    (dict(k=torch.ones(4, 2, 64), v=torch.ones(4, 2, 64), cache_seqlens=torch.tensor(
+        [10, 5], dtype=torch.int32), cu_seqlens_k_new=torch.tensor([1, 2, 4], dtype=torch.int32)),
+     ValueError, "cu_seqlens_k_new must start at 0"),
 ])
 def test_bad_input(change, error, match):
     args = _args(**change)

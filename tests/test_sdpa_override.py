@@ -88,6 +88,20 @@ def test_override_routes_and_restores(dtype, monkeypatch):
     torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
 
 
+def test_override_serves_inside_a_device_context(monkeypatch):
+    """torch's device context (`with torch.device(...)`, set_default_device) is a function
+    mode of its own; the override still serves calls made inside one (other modes and tensor
+    subclasses go to torch: tests/test_distributed_failures.py)."""
+    q, k, v = random_qkv(1, 2, 2, 8, 8, 16, torch.float32)
+    calls = []
+    real = sdpa.scaled_dot_product_attention
+    monkeypatch.setattr(sdpa, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with ipex_flash.sdpa_override(), torch.device("cpu"):
+        F.scaled_dot_product_attention(q, k, v)
+    assert len(calls) == 1
+
+
 def test_global_switch():
     try:
         ipex_flash.enable_sdpa_override()

@@ -4,8 +4,9 @@ or refused with an error that names them: vLLM's (out=, s_aux=, q/k/v descales a
 num_splits, window_size as a list or None, softcap None) and flash-attn 3's / sgl-kernel's
 (page_table, packed queries, pack_gqa, sm_margin).
 
-Descales: with an FP8 cache the kernels apply k_descale and v_descale in registers, and a
-q_descale folds into k_descale (q . k * qd * kd). With a 16-bit cache the kernels carry no
+Descales: with an FP8 cache the kernels apply k_descale and v_descale in registers, and an
+FP8 q's q_descale folds into k_descale (q . k * qd * kd); with a 16-bit q, which nothing
+quantised, q_descale must be 1. With a 16-bit cache the kernels carry no
 descale code (kv_quant.hpp), so descales given anyway are applied here: q is multiplied by
 q_descale * k_descale of its sequence and K/V head before the kernels, and the output by
 v_descale after them; one-value descales are read on the host once per tensor and version, so
@@ -13,11 +14,13 @@ those of 1, which vLLM passes on every call, cost nothing."""
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from typing import NamedTuple, Optional, Union
 
 import torch
 
 from ipex_flash.kvcache import fp8_quant
+from ipex_flash.ops import launch_plans
 
 Tensor = torch.Tensor
 FA_VERSIONS = (2,)  # the kernels' semantics are flash-attn 2's; 3's extras are keywords here
@@ -112,6 +115,9 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
             raise TypeError(f"{fn}: q is {q.dtype}, which needs an FP8 cache (float8_e4m3fn "
                             f"or float8_e5m2); the cache is {cache_dtype}")
         q = q.to(torch.bfloat16)
+    elif q_descale is not None:
+        _check_unquantised_q(fn, q_descale, batch, heads_kv, q.device)
+        q_descale = None
     if q_descale is None and k_descale is None and v_descale is None:
         return Descaled(q, None, None, None, None)
     given = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
@@ -143,35 +149,63 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
     return Descaled(q, None, None, table["v_descale"], rows)
 
 
-# One-value descales as host floats, by (tensor, address, version): vLLM passes the same scale
-# tensors, as fresh expanded views, on every call of every step.
-_HOST_VALUES: dict = {}
+# One-value descales as host floats where reading them waits for a device (an XPU), by
+# (tensor, address, version), least recently used last: vLLM passes the same scale tensors, as
+# fresh expanded views, on every call of every step, three per layer.
+_HOST_VALUES: "OrderedDict[tuple, tuple]" = OrderedDict()
+_HOST_VALUES_KEPT = 4096
 
 
 def _host_value(t: Tensor) -> Optional[float]:
-    """t's one value as a float, read on the host once per tensor and version (an in-place
-    change makes a new version); None where it cannot be read or tracked (tracing, fake and
-    inference tensors: those keep no version)."""
-    base = t if t._base is None else t._base
-    if (torch.compiler.is_compiling() or t.device.type == "meta" or base.is_inference()
+    """t's one value as a float, None where it cannot be read (tracing, fake tensors). Read
+    on every call where the device shares host memory (the CPU device: free); elsewhere once
+    per tensor and version, so an in-place update is seen but a write that bypasses the version
+    counter (through .data, or another tensor on the same storage) is not; inference tensors,
+    which keep no version, and IPEX_FLASH_SYNC_CACHE_CHECKS=1 read every call."""
+    if (torch.compiler.is_compiling() or t.device.type == "meta"
             or isinstance(t, torch._subclasses.FakeTensor)):
         return None
+    one = t[(0,) * t.dim()]
+    if launch_plans.reads_host_memory(t.device) or launch_plans.SYNC_CACHE_CHECKS:
+        return float(one)
+    base = t if t._base is None else t._base
+    if base.is_inference():
+        return float(one)
     key = (id(base), t.data_ptr(), base._version)
     known = _HOST_VALUES.get(key)
     if known is not None and known[0]() is base:
+        _HOST_VALUES.move_to_end(key)
         return known[1]
-    value = float(t[(0,) * t.dim()])
-    if len(_HOST_VALUES) >= 256:
-        _HOST_VALUES.clear()
+    value = float(one)
     _HOST_VALUES[key] = (weakref.ref(base), value)
+    if len(_HOST_VALUES) > _HOST_VALUES_KEPT:
+        _HOST_VALUES.popitem(last=False)
     return value
+
+
+def _check_unquantised_q(fn: str, q_descale, batch: int, heads_kv: int,
+                         device: torch.device) -> None:
+    """q_descale says how an FP8 q was quantised; a 16-bit q was not, so it must be 1 (which
+    engines pass for unquantised queries): any other value is refused rather than applied to
+    a q it does not describe, or ignored."""
+    if _one_value(fn, "q_descale", q_descale, device):
+        value = _host_value(q_descale)
+    else:  # (checks its type, device and shape)
+        table = fp8_quant.descale_table(fn, "q_descale", q_descale, batch, heads_kv, device)
+        value = None if table.device.type == "meta" or torch.compiler.is_compiling() \
+            else (1.0 if bool((table == 1).all()) else float("nan"))
+    if value is not None and value != 1.0:
+        shown = value if value == value else "values"
+        raise ValueError(f"{fn}: q_descale applies to an FP8 q (float8_e4m3fn); with a 16-bit "
+                         f"q it must be 1, got {shown} other than 1: pass the quantised q, or "
+                         "q_descale=None")
 
 
 def _one_value(fn: str, name: str, t, device: torch.device) -> bool:
     """A floating-point descale on q's device holding one value, or an expanded view of one
     (strides all 0); anything else is checked by fp8_quant.descale_table."""
     return (isinstance(t, Tensor) and t.is_floating_point() and t.device == device
-            and (t.numel() == 1 or not any(t.stride())))
+            and (t.numel() == 1 or (t.numel() > 1 and not any(t.stride()))))
 
 
 def _product(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:

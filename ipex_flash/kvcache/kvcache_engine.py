@@ -13,6 +13,8 @@ import torch
 from ipex_flash.kvcache import engine_args, fp8_quant
 from ipex_flash.kvcache.checks import (
     MAX_PAGE_SIZE, PAGE_SIZE_STEP, check_block_table_entries, check_seqlens)
+from ipex_flash.ops.validation import (
+    check_alibi, check_scale, check_sinks, check_softcap, check_window)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
@@ -63,14 +65,32 @@ def packed_call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
     if (k is None) != (v is None):
         raise ValueError(f"{_FN}: k and v must be given together")
     if k is not None:
+        _check_attention(q, v_cache, batch, out, attention)  # (before the append writes)
         seqused_k = _append(k_cache, v_cache, k, v, cache_seqlens, cu_seqlens_k_new, block_table,
                             capacity, attention.get("k_descale"), attention.get("v_descale"),
-                            q.dtype)
+                            torch.bfloat16 if fp8_quant.is_fp8(q) else q.dtype)
     elif cu_seqlens_k_new is not None:
         raise ValueError(f"{_FN}: cu_seqlens_k_new is given without k and v")
     return varlen_call(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                        seqused_k=seqused_k, max_seqlen_k=capacity, block_table=block_table,
                        out=out, **attention)
+
+
+def _check_attention(q: Tensor, v_cache: Tensor, batch: int, out: Optional[Tensor],
+                     attention: dict) -> None:
+    """The attention's arguments that would refuse the call, checked before an append writes
+    into the cache (a refused call leaves the cache as it was)."""
+    check_scale(_FN, attention["softmax_scale"])
+    check_window(_FN, attention["window_size"])
+    check_softcap(_FN, attention["softcap"])
+    check_alibi(_FN, attention["alibi_slopes"], batch, q.shape[1], q.device)
+    check_sinks(_FN, attention["sinks"], q.unsqueeze(0).transpose(1, 2))
+    descaled = engine_args.apply_descales(
+        _FN, q[:0], v_cache.dtype, attention["q_descale"], attention["k_descale"],
+        attention["v_descale"], batch, v_cache.shape[2])
+    if out is not None:
+        engine_args.check_out(_FN, out, (q.shape[0], q.shape[1], v_cache.shape[3]),
+                              descaled.q.dtype, q.device)
 
 
 def _rows_as_pages(k_cache: Tensor, v_cache: Tensor, cache_batch_idx: Optional[Tensor],
@@ -134,22 +154,24 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cu_seqlens_k_new, block_table
     new_lengths = cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1]
     after = cache_seqlens + new_lengths
     if k.device.type != "meta" and batch and (
-            int(cache_seqlens.min()) < 0 or int(new_lengths.min()) < 0
-            or int(after.max()) > capacity or int(cu_seqlens_k_new[-1]) > k.shape[0]):
-        raise ValueError(f"{_FN}: cache_seqlens and cu_seqlens_k_new must be >= 0 and "
-                         f"nondecreasing, their tokens within k ({k.shape[0]}) and their sum "
-                         f"within the cache's capacity ({capacity})")
+            int(cu_seqlens_k_new[0]) != 0 or int(cache_seqlens.min()) < 0
+            or int(new_lengths.min()) < 0 or int(after.max()) > capacity
+            or int(cu_seqlens_k_new[-1]) > k.shape[0]):
+        raise ValueError(f"{_FN}: cu_seqlens_k_new must start at 0 and not decrease, its "
+                         f"tokens within k ({k.shape[0]}); cache_seqlens >= 0, and with the "
+                         f"new tokens within the cache's capacity ({capacity})")
     check_block_table_entries(_FN, block_table, k_cache.shape[0], after, k_cache.shape[1])
+    # The rows of the sequences (k may hold padding rows past them, written nowhere).
+    kept = torch.arange(k.shape[0], device=k.device) < cu_seqlens_k_new[-1]
+    k, v = k[kept], v[kept]
     seq = engine_args.sequence_of_rows(cu_seqlens_k_new, k.shape[0])
     position = (cache_seqlens[seq] + torch.arange(k.shape[0], device=k.device)
                 - cu_seqlens_k_new[seq]).long()
     page_size = k_cache.shape[1]
     pages = block_table.long()[seq, position // page_size]
-    kept = torch.arange(k.shape[0], device=k.device) < cu_seqlens_k_new[-1]
     k, v = stored_as(k, v, k_cache, k_descale, v_descale, batch, seq)
-    pages, slots = pages[kept], position[kept] % page_size
-    k_cache[pages, slots] = k[kept]
-    v_cache[pages, slots] = v[kept]
+    k_cache[pages, position % page_size] = k
+    v_cache[pages, position % page_size] = v
     return after.to(torch.int32)
 
 
@@ -159,7 +181,9 @@ def stored_as(k: Tensor, v: Tensor, cache: Tensor, k_descale, v_descale, batch: 
     k / k_descale, FP8 or 16-bit alike) and rounded to the cache's dtype, saturating for FP8.
     k, v (batch, seqlen_new, nheads_k, D), or packed (total_new, nheads_k, D) with seq their
     tokens' sequences."""
-    fp8 = fp8_quant.is_fp8(cache) and k.dtype != cache.dtype
+    if k.dtype == cache.dtype and fp8_quant.is_fp8(cache):
+        return k, v  # (quantised already: what the cache is to hold)
+    fp8 = fp8_quant.is_fp8(cache)
     if not fp8 and k_descale is None and v_descale is None:
         return k, v
     tables = fp8_quant.descales(_FN, k_descale, v_descale, True, batch, cache.shape[2],

@@ -1,7 +1,8 @@
 """vLLM's per-layer KV-cache write, reshape_and_cache_flash: each token's key and value rows
 copied into a paged cache at the slot slot_mapping gives it (slot = block * block_size +
 offset; -1: the token is not cached), quantised for an FP8 cache. The same arguments and
-semantics as vllm-xpu-kernels' csrc/cache.cpp, written with torch ops, registered as
+semantics as vllm-xpu-kernels' csrc/cache.cpp (but for a NaN, which stays NaN here where its
+saturation turns it into the format's largest value), written with torch ops, registered as
 
     ipex_flash::reshape_and_cache_flash(key, value, key_cache!, value_cache!, slot_mapping,
         kv_cache_dtype, k_scale, v_scale) -> ()
