@@ -85,7 +85,7 @@ import torch.nn.functional as F
 from ipex_flash._runtime import C
 from ipex_flash.kvcache.cache_ops import cache_options
 from ipex_flash.ops import launch, launch_plans
-from ipex_flash.ops.attention import sdpa_options
+from ipex_flash.ops.attention_forward import sdpa_options
 from ipex_flash.ops.flash_attn_args import flash_options
 
 REPO = Path(__file__).resolve().parent.parent

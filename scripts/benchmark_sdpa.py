@@ -27,7 +27,7 @@ import ipex_flash  # before torch: shortens torch's OpenMP spin (ipex_flash/_run
 import torch
 import torch.nn.functional as F
 from ipex_flash.ops import launch
-from ipex_flash.ops.attention import sdpa_options
+from ipex_flash.ops.attention_forward import sdpa_options
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -441,7 +441,7 @@ def test_forward_scratch_is_checked(matrix_mode, mode):
     (launch.flash_fwd): its size follows from the problem, and a short one is refused before
     anything runs."""
     from ipex_flash.ops import launch
-    from ipex_flash.ops.attention import sdpa_options
+    from ipex_flash.ops.attention_forward import sdpa_options
     matrix_mode(mode)
     q, k, v = random_qkv(2, 4, 2, 30, 100, 40, torch.bfloat16)
     options = sdpa_options(q, False, None, 0.0, None)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import ipex_flash
 from ipex_flash.ops import launch
-from ipex_flash.ops.attention import sdpa_options
+from ipex_flash.ops.attention_forward import sdpa_options
 from ipex_flash._runtime import C
 from ipex_flash.reference import attention_reference, flash_attn_reference, sdpa_reference
 

@@ -15,7 +15,9 @@ torch.nn.functional.scaled_dot_product_attention.
     ipex_flash::dropout_mask(dropout_seed, shape, dropout_p) -> keep (uint8)
         The keep-mask the kernels apply for a seed, for tests (small shapes).
 
-CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue.
+CPU tensors run on the SYCL CPU device, XPU tensors on their stream's SYCL queue. The forward
+itself (options, outputs, checks, the kernels' call) is in ops/attention_forward.py, which the
+launch plans of ops/fast_path.py share.
 """
 from __future__ import annotations
 
@@ -24,74 +26,17 @@ from typing import Optional
 import torch
 
 from ipex_flash._runtime import C
-from ipex_flash.ops import score_grads
+from ipex_flash.ops import fast_path, score_grads
+from ipex_flash.ops.attention_forward import (
+    attention_forward_impl, check_forward, forward_outputs, sdpa_options)
 from ipex_flash.ops.launch import (
-    draw_dropout_seed, dropout_params, fill_unattended, flash_bwd, float_sinks,
-    nothing_to_attend, output_like, run_forward, view, wants_backward, with_contiguous_last_dim)
-from ipex_flash.ops.validation import (
-    check_attention_inputs, check_attn_mask, check_backward_inputs, check_dropout, check_sinks,
-    check_softcap, softmax_scale)
+    draw_dropout_seed, dropout_params, flash_bwd, nothing_to_attend, view,
+    with_contiguous_last_dim)
+from ipex_flash.ops.validation import check_backward_inputs, check_dropout, softmax_scale
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.attention"
 
-
-
-def sdpa_options(q: Tensor, causal: bool, scale: Optional[float], dropout_p: float,
-                 dropout_seed: Optional[Tensor], attn_mask: Optional[Tensor] = None,
-                 sinks: Optional[Tensor] = None, softcap: float = 0.0) -> "C.AttentionOptions":
-    """SDPA's semantics: the causal mask is top-left aligned (row i sees keys 0..i), and ANDed
-    with attn_mask when both are given. sinks must already be float32 and contiguous."""
-    plain = dropout_p == 0.0 and softcap == 0.0 and attn_mask is None and sinks is None
-    key = (causal, scale, q.shape[-1])
-    if plain and key in _PLAIN_OPTIONS:  # never modified once made
-        return _PLAIN_OPTIONS[key]
-    options = C.AttentionOptions()
-    options.scale = softmax_scale(scale, q.shape[-1])
-    options.mask = C.MaskParams(-1, 0 if causal else -1, False)  # window left, right; top-left
-    options.dropout = dropout_params(dropout_p, dropout_seed)
-    options.softcap = softcap
-    if attn_mask is not None:
-        options.attn_mask = view(attn_mask)
-    if sinks is not None:
-        options.sinks = view(sinks)
-    if plain and len(_PLAIN_OPTIONS) < 64:
-        _PLAIN_OPTIONS[key] = options
-    return options
-
-
-# The options of calls without mask, sinks, softcap or dropout, by (causal, scale, head dim):
-# building them is a visible part of a small call's host time.
-_PLAIN_OPTIONS: dict = {}
-
-
-def forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """out in q's layout with v's head dim (a (B, N, H, D) tensor transposed to (B, H, N, D)
-    gets the same dimension order back), lse (B, Hq, Nq) float32."""
-    out = output_like(q, v.shape[-1])
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    return out, lse
-
-
-def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                           scale: Optional[float] = None, dropout_p: float = 0.0,
-                           dropout_seed: Optional[Tensor] = None, deterministic: bool = False,
-                           attn_mask: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
-                           softcap: float = 0.0) -> tuple[Tensor, Tensor]:
-    # deterministic only matters to the backward; it is an argument here so that autograd
-    # can hand it on. attn_mask is a (B, Hq, Nq, Nk) view, read in place through its strides.
-    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
-    q, k, v = (with_contiguous_last_dim(t) for t in (q, k, v))
-    out, lse = forward_outputs(q, v)
-    sinks = float_sinks(sinks)
-    if nothing_to_attend(q, k):
-        fill_unattended(out, lse, sinks)
-        return out, lse
-    run_forward(q, k, v, out, lse,
-                sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
-                             softcap),
-                dropout_p, backward_follows=wants_backward(q, k, v))
-    return out, lse
 
 
 attention_forward = torch.library.custom_op(
@@ -99,18 +44,10 @@ attention_forward = torch.library.custom_op(
     device_types=("cpu", "xpu"))
 
 
-def _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap) -> None:
-    check_attention_inputs(_FN, q, k, v, scale)
-    check_softcap(_FN, softcap)
-    check_dropout(_FN, dropout_p, dropout_seed)
-    check_attn_mask(_FN, attn_mask, q, k)
-    check_sinks(_FN, sinks, q)
-
-
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, causal=False, scale=None, dropout_p=0.0, dropout_seed=None,
                             deterministic=False, attn_mask=None, sinks=None, softcap=0.0):
-    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
+    check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, sinks, softcap)
     return forward_outputs(with_contiguous_last_dim(q), v)
 
 
@@ -130,7 +67,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
     # deterministic: every kernel already sums in a fixed order (dK/dV per K block, dQ in its
     # own pass, no atomics), so both settings give bitwise-reproducible gradients. Sinks need
     # nothing here: the LSE the forward kept includes them.
-    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
+    check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
     check_backward_inputs(_FN, grad_out, out, lse, q, v)
     q, k, v, out, grad_out = (with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()  # passed by address: must stay referenced through the launch
@@ -149,7 +86,7 @@ def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
 def _attention_backward_fake(grad_out, q, k, v, out, lse, causal=False, scale=None,
                              dropout_p=0.0, dropout_seed=None, deterministic=False,
                              attn_mask=None, softcap=0.0):
-    _check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
+    check_forward(q, k, v, scale, dropout_p, dropout_seed, attn_mask, None, softcap)
     check_backward_inputs(_FN, grad_out, out, lse, q, v)
     return _gradients_like(q, k, v)
 
@@ -205,7 +142,6 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? s
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                scale: Optional[float] = None, dropout_p: float = 0.0,
                deterministic: bool = False) -> Tensor:
-    from ipex_flash.ops import fast_path  # (it imports this module)
     if dropout_p == 0.0 and not fast_path.needs_dispatcher(q, k, v):
         # The launch plan of this signature (the op's own dispatch is then all the host time
         # a small call has left), made after attention_forward has checked a first call.

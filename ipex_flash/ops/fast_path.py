@@ -13,7 +13,7 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ipex_flash.ops import (
-    attention as attention_ops, flash_attn_args, launch, launch_plans, varlen_decode)
+    attention_forward as attention_ops, flash_attn_args, launch, launch_plans, varlen_decode)
 from ipex_flash.ops.launch_plans import tensor_signature as signature
 from ipex_flash.ops.validation import check_window, softmax_scale as softmax_scale_value
 
