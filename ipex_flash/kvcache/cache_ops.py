@@ -59,9 +59,8 @@ def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, block_table, k_d
 
 
 def kvcache_outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
-    out = launch.output_like(launch.with_contiguous_last_dim(q), v_cache.shape[3])
-    return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
-                            device=q.device)
+    return launch.attention_outputs(launch.with_contiguous_last_dim(q), v_cache.shape[3],
+                                    (q.shape[0], q.shape[2], q.shape[1]))
 
 
 def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:

@@ -48,9 +48,8 @@ def kvcache_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
     plan = launch_plans.cached(key)
     if plan:
         descales = _descales(q, k_cache, k_descale, v_descale)
-        out = launch.output_like(q, v_cache.shape[3])
-        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
-                          device=q.device) if want_lse else None
+        out, lse = launch.attention_outputs(q, v_cache.shape[3],
+                                            (q.shape[0], q.shape[2], q.shape[1]), want_lse)
         if _run(plan, q, k_cache, v_cache, k, v, out, lse, alibi_slopes, sinks, seqlens_k,
                 block_table, k_start, descales, rotary[:2]):
             return out, launch.natural_lse(lse, in_place=True) if want_lse else lse
@@ -149,11 +148,8 @@ def _serving_outputs(q: Tensor, v_cache: Tensor, want_lse: bool = True,
                      out: Optional[Tensor] = None) -> Outputs:
     """out (total_q, Hq, Dv) (the caller's, else new) and lse (Hq, total_q), or None for an
     LSE the caller drops."""
-    if out is None:
-        out = launch.output_like(q, v_cache.shape[3])
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) \
-        if want_lse else None
-    return out, lse
+    return launch.attention_outputs(q, v_cache.shape[3], (q.shape[1], q.shape[0]), want_lse,
+                                    out)
 
 
 def _descales(q, k_cache, k_descale, v_descale, batch=None) -> tuple:

@@ -120,9 +120,7 @@ def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqle
         None if t is None else t.contiguous()
         for t in (cu_seqlens_q, seqused_k, block_table, alibi_slopes))
     sinks = launch.float_sinks(sinks)
-    if out is None:
-        out = launch.output_like(q, v_cache.shape[3])
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    out, lse = launch.attention_outputs(q, v_cache.shape[3], (q.shape[1], q.shape[0]), out=out)
     if batch == 0 or q.shape[0] == 0:
         return out, lse
     scale = resolve_scale(softmax_scale, q.shape[-1], _FN)
@@ -167,9 +165,8 @@ def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqle
                                            output_size=general_rows)
             rows = rows.long() + torch.arange(general_rows, device=q.device)
         q_gen = q if rows is None else q[rows]
-        out_gen = out if rows is None else launch.output_like(q_gen, v_cache.shape[3])
-        lse_gen = lse if rows is None else torch.empty((q.shape[1], q_gen.shape[0]),
-                                                       dtype=torch.float32, device=q.device)
+        out_gen, lse_gen = (out, lse) if rows is None else launch.attention_outputs(
+            q_gen, v_cache.shape[3], (q.shape[1], q_gen.shape[0]))
         options, _kept = options_for(index)
         options.cu_seqlens_q = launch.view(cu_general)
         options.max_seqlen_q = max_seqlen_q
@@ -184,9 +181,8 @@ def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqle
         index = (short & (lengths_q == length)).nonzero().flatten()
         rows = cu_seqlens_q[:-1][index].long()[:, None] + torch.arange(length, device=q.device)
         q_dec = q[rows]  # (B_dec, length, H, D)
-        out_dec = launch.output_like(q_dec, v_cache.shape[3])
-        lse_dec = torch.empty((q_dec.shape[0], q.shape[1], length), dtype=torch.float32,
-                              device=q.device)
+        out_dec, lse_dec = launch.attention_outputs(q_dec, v_cache.shape[3],
+                                                    (q_dec.shape[0], q.shape[1], length))
         options, _kept = options_for(index)
         launch.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
                            lse_dec, options, 0.0, max_seqlen_k, num_splits)

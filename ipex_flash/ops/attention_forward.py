@@ -9,8 +9,8 @@ import torch
 
 from ipex_flash._runtime import C
 from ipex_flash.ops.launch import (
-    dropout_params, fill_unattended, float_sinks, nothing_to_attend, output_like, run_forward,
-    view, wants_backward, with_contiguous_last_dim)
+    attention_outputs, dropout_params, fill_unattended, float_sinks, nothing_to_attend,
+    run_forward, view, wants_backward, with_contiguous_last_dim)
 from ipex_flash.ops.validation import (
     check_attention_inputs, check_attn_mask, check_dropout, check_sinks, check_softcap,
     softmax_scale)
@@ -50,9 +50,7 @@ _PLAIN_OPTIONS: dict = {}
 def forward_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """out in q's layout with v's head dim (a (B, N, H, D) tensor transposed to (B, H, N, D)
     gets the same dimension order back), lse (B, Hq, Nq) float32."""
-    out = output_like(q, v.shape[-1])
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    return out, lse
+    return attention_outputs(q, v.shape[-1], q.shape[:3])
 
 
 def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,

@@ -89,12 +89,9 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float
         max_len_k = launch_plans.packed_values(*cu_seqlens, q, k, *lengths, plan.packed_queries)
         fits = max_len_k >= 0
     if plan and fits:
-        out = launch.output_like(q, v.shape[-1])
-        lse = None
-        if want_lse:
-            lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if packed is None \
-                else (q.shape[1], q.shape[0])
-            lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if packed is None \
+            else (q.shape[1], q.shape[0])
+        out, lse = launch.attention_outputs(q, v.shape[-1], lse_shape, want_lse)
         if launch_plans.run(plan, q, k, v, out, lse, alibi_slopes, sinks, cu_seqlens=cu_seqlens,
                             max_len_k=max_len_k):
             return out, lse

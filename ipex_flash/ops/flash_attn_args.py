@@ -81,6 +81,5 @@ def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def forward_outputs(q: Tensor, v: Tensor, packed: bool) -> tuple[Tensor, Tensor]:
-    out = launch.output_like(launch.with_contiguous_last_dim(q), v.shape[-1])  # v's head dim
     lse_shape = (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
-    return out, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return launch.attention_outputs(launch.with_contiguous_last_dim(q), v.shape[-1], lse_shape)

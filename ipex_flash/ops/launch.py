@@ -125,6 +125,17 @@ def output_like(q: Tensor, head_dim_v: int) -> Tensor:
     return out.permute(*(order.index(i) for i in range(q.dim() - 1)), q.dim() - 1)
 
 
+def attention_outputs(q: Tensor, head_dim_v: int, lse_shape: tuple, want_lse: bool = True,
+                      out: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """Every entry point's (out, lse): out uninitialised in q's memory order with v's head dim
+    (output_like), or the caller's own (out=); lse float32 of lse_shape, or None where nothing
+    reads it (a launch plan then keeps it in its scratch)."""
+    if out is None:
+        out = output_like(q, head_dim_v)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if want_lse else None
+    return out, lse
+
+
 # The kernels keep each row's log-sum-exp in their exp2 domain (log2 of the sum of
 # exp2(scale * log2(e) * q.k)), so that the backward recomputes probabilities from the scores
 # the forward used without a round trip through the natural log. Users see the natural log.
