@@ -122,7 +122,7 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
     if q_descale is None and k_descale is None and v_descale is None:
         return Descaled(q, None, None, None, None)
     given = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-    if not fp8_cache and all(t is None or _one_value(fn, name, t, q.device) for name, t in given):
+    if not fp8_cache and all(t is None or _one_value(t, q.device) for _, t in given):
         # One value each (vLLM's expanded views of one scale): scalar factors, no table and
         # no per-row lookup of sequences; read on the host once per scale tensor and version,
         # they cost nothing where they are 1 (vLLM's 16-bit caches) and one multiplication each
@@ -170,18 +170,15 @@ def _host_value(t: Tensor) -> Optional[float]:
         if t.dtype == torch.float32:  # (straight from host memory: a tensor op costs ~2 us)
             return ctypes.c_float.from_address(t.data_ptr()).value
         return float(t[(0,) * t.dim()])
-    one = t[(0,) * t.dim()]
-    if launch_plans.SYNC_CACHE_CHECKS:
-        return float(one)
     base = t if t._base is None else t._base
-    if base.is_inference():
-        return float(one)
+    if launch_plans.SYNC_CACHE_CHECKS or base.is_inference():
+        return float(t[(0,) * t.dim()])
     key = (id(base), t.data_ptr(), base._version)
     known = _HOST_VALUES.get(key)
     if known is not None and known[0]() is base:
         _HOST_VALUES.move_to_end(key)
         return known[1]
-    value = float(one)
+    value = float(t[(0,) * t.dim()])
     _HOST_VALUES[key] = (weakref.ref(base), value)
     if len(_HOST_VALUES) > _HOST_VALUES_KEPT:
         _HOST_VALUES.popitem(last=False)
@@ -193,7 +190,7 @@ def _check_unquantised_q(fn: str, q_descale, batch: int, heads_kv: int,
     """q_descale says how an FP8 q was quantised; a 16-bit q was not, so it must be 1 (which
     engines pass for unquantised queries): any other value is refused rather than applied to
     a q it does not describe, or ignored."""
-    if _one_value(fn, "q_descale", q_descale, device):
+    if _one_value(q_descale, device):
         value = _host_value(q_descale)
     else:  # (checks its type, device and shape)
         table = fp8_quant.descale_table(fn, "q_descale", q_descale, batch, heads_kv, device)
@@ -206,7 +203,7 @@ def _check_unquantised_q(fn: str, q_descale, batch: int, heads_kv: int,
                          "q_descale=None")
 
 
-def _one_value(fn: str, name: str, t, device: torch.device) -> bool:
+def _one_value(t, device: torch.device) -> bool:
     """A floating-point descale on q's device holding one value, or an expanded view of one
     (strides all 0); anything else is checked by fp8_quant.descale_table."""
     return (isinstance(t, Tensor) and t.is_floating_point() and t.device == device
