@@ -3,7 +3,7 @@ tracing, modes, transforms) skip it, and a call whose signature was seen before 
 plan (launch_plans.py) in one crossing, on CPU tensors and XPU streams alike. The op's way
 through torch.library (autograd wrapper, dispatcher, Python redispatch) and the checks of every
 argument cost more host time than a small call's kernels (measured on the CPU device:
-scripts/benchmark_host_cost.py)."""
+scripts/bench/benchmark_host_cost.py)."""
 from __future__ import annotations
 
 from typing import Callable, Optional

@@ -4,7 +4,7 @@ demo       attention on the default device: error against torch SDPA, time next 
 warmup     build the common kernel variants into the persistent cache ahead of time
 info       the SYCL device, its limits and the kernel cache location
 gpu-check  compile every kernel an Intel GPU would run to its native code (needs ocloc:
-           scripts/install_ocloc.sh) and check registers, spills, local memory and XMX use
+           scripts/setup/install_ocloc.sh) and check registers, spills, local memory and XMX use
 selftest   about a minute of correctness checks of every kernel family on a device
 """
 from __future__ import annotations

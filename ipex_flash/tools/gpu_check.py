@@ -3,7 +3,7 @@
 For each target (a named GPU profile, sycl_src/host/device_limits.cpp) it asks the host module
 which kernel variants that GPU would build for a grid of calls reaching every kernel, has our
 own kernel-compiler path write their SPIR-V, compiles it with Intel's offline compiler (ocloc,
-with IGC; scripts/install_ocloc.sh) for that GPU, and reads the result: SIMD width, registers,
+with IGC; scripts/setup/install_ocloc.sh) for that GPU, and reads the result: SIMD width, registers,
 local memory, spills, private (scratch) memory, DPAS instructions. Then it applies the rules
 (gpu_rules.py) and prints a table; --json keeps every figure.
 """
@@ -78,7 +78,7 @@ def group_modules(programs: list) -> dict:
         module_id = _module_id(p.header, names, list(p.options))
         modules[module_id] = (p.header, names, list(p.options))
         p.module, p.measure_module = module_id, None
-        if p.matrix and p.header != "matrix_layout_probe.hpp":
+        if p.matrix and p.header != "programs/matrix_layout_probe.hpp":
             # its XMX main loops, measured (KernelReport)
             measure_options = [*p.options, MEASURE_OPTION]
             p.measure_module = _module_id(p.header, names, measure_options)
@@ -138,7 +138,7 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
         return 2
     ocloc = gpu_native.find_ocloc()
     if ocloc is None:
-        print("gpu-check: ocloc not found; install it with scripts/install_ocloc.sh "
+        print("gpu-check: ocloc not found; install it with scripts/setup/install_ocloc.sh "
               "(or name it in IPEX_FLASH_OCLOC)", file=sys.stderr)
         return 2
     # ocloc's binaries and disassembly go to `work`; the SPIR-V to the store kept between runs

@@ -12,12 +12,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-# Where scripts/install_ocloc.sh puts it, relative to the environment's prefix.
+# Where scripts/setup/install_ocloc.sh puts it, relative to the environment's prefix.
 _INSTALLED = Path("ocloc") / "bin" / "ocloc"
 
 
 def find_ocloc() -> str | None:
-    """$IPEX_FLASH_OCLOC, the environment's own ocloc (scripts/install_ocloc.sh), or PATH."""
+    """$IPEX_FLASH_OCLOC, the environment's own ocloc (scripts/setup/install_ocloc.sh), or PATH."""
     import sys
     if os.environ.get("IPEX_FLASH_OCLOC"):
         return os.environ["IPEX_FLASH_OCLOC"]

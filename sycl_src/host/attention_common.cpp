@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "device/pack_rows.hpp"
+#include "device/matrix/pack_rows.hpp"
 
 namespace ipex_flash {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
 #include "host/tensor_view.hpp"
 
 namespace ipex_flash {

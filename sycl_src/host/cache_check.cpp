@@ -10,6 +10,7 @@
 #include "host/device_limits.hpp"
 #include "host/device_queue.hpp"
 #include "host/launch.hpp"
+#include "device/probes/params.hpp"
 
 namespace ipex_flash {
 
@@ -78,7 +79,7 @@ FillView nan_fill_view(const TensorView& view, std::uintptr_t address) {
 KernelProgram cache_check_program(const DeviceLimits& limits) {
   KernelVariant variant{"float32", 0, 0, 0, 0};
   variant.cpu_device = limits.is_cpu;
-  return {"cache_check.hpp", {"ipex_flash::cache_check_kernel"}, program_options(variant)};
+  return {"programs/cache_check.hpp", {"ipex_flash::cache_check_kernel"}, program_options(variant)};
 }
 
 void check_cache_values(CacheCheckParams params, std::uintptr_t queue_handle) {

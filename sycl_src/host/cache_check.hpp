@@ -3,7 +3,8 @@
 
 #include <cstdint>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
+#include "device/probes/params.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/tensor_view.hpp"
 #include "host/variants.hpp"

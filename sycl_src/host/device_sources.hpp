@@ -8,7 +8,7 @@
 
 namespace ipex_flash {
 
-// (file name, file text) for every device header.
+// (path from sycl_src/device, file text) for every device header.
 const std::vector<std::pair<std::string, std::string>>& device_sources();
 
 // FNV-1a of `text`, continuing from `hash`: the same value in every process and build, so it

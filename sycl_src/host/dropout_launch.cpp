@@ -9,6 +9,7 @@
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
+#include "device/probes/params.hpp"
 
 namespace ipex_flash {
 
@@ -21,7 +22,7 @@ DropoutParams make_dropout(double p, uint64_t seed, uint64_t offset) {
 }
 
 KernelProgram dropout_mask_program() {
-  return {"dropout_mask.hpp", {"ipex_flash::dropout_mask_kernel"}};
+  return {"programs/dropout_mask.hpp", {"ipex_flash::dropout_mask_kernel"}};
 }
 
 void dropout_mask(const TensorView& keep, const DropoutParams& dropout,

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
 #include "host/tensor_view.hpp"
 #include "host/variants.hpp"
 

@@ -4,13 +4,14 @@
 #include <stdexcept>
 #include <vector>
 
-#include "device/pack_rows.hpp"
+#include "device/matrix/pack_rows.hpp"
 #include "host/build_guard.hpp"
 #include "host/device_queue.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/launch.hpp"
 #include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
+#include "device/backward/params.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -161,15 +162,15 @@ KernelProgram bwd_program(const KernelVariant& variant) {
                                                ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel");
     if (dkdv_registers) dkdv = with_trailing(dkdv, {shares.dkdv});
-    return {dkdv_registers ? "flash_bwd_dkdv_registers.hpp"
-            : dq_registers ? "flash_bwd_dq_registers.hpp"
-                           : "flash_bwd_matrix.hpp",
+    return {dkdv_registers ? "programs/flash_bwd_dkdv_registers.hpp"
+            : dq_registers ? "programs/flash_bwd_dq_registers.hpp"
+                           : "programs/flash_bwd_matrix.hpp",
             {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
              "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape,
              dkdv, dq},
             program_options(variant)};
   }
-  return {"flash_bwd.hpp",
+  return {"programs/flash_bwd.hpp",
           {preprocess, variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),
            variant.instantiate("ipex_flash::flash_bwd_dq_kernel")},
           program_options(variant)};

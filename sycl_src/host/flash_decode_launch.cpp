@@ -11,6 +11,8 @@
 #include "host/launch.hpp"
 #include "host/matrix_path.hpp"
 #include "host/variants.hpp"
+#include "device/decode/params.hpp"
+#include "device/kvcache/params.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -146,7 +148,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
 
 // The split kernel and the merge kernel, built together from one program.
 KernelProgram decode_program(const KernelVariant& variant) {
-  return {"flash_decode.hpp",
+  return {"programs/flash_decode.hpp",
           {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
            "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
           program_options(variant)};

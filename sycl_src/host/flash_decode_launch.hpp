@@ -7,6 +7,7 @@
 #include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
 #include "host/variants.hpp"
+#include "device/decode/params.hpp"
 
 namespace ipex_flash {
 

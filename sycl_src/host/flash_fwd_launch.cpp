@@ -12,6 +12,7 @@
 #include "host/launch.hpp"
 #include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
+#include "device/forward/params.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -137,7 +138,7 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
 
 KernelProgram fwd_program(const KernelVariant& variant) {
   if (variant.matrix_m > 0)
-    return {variant.matrix_registers ? "flash_fwd_matrix_registers.hpp" : "flash_fwd_matrix.hpp",
+    return {variant.matrix_registers ? "programs/flash_fwd_matrix_registers.hpp" : "programs/flash_fwd_matrix.hpp",
             {variant.matrix_registers
                  ? with_trailing(
                        variant.instantiate("ipex_flash::flash_fwd_matrix_registers_kernel"),
@@ -148,7 +149,7 @@ KernelProgram fwd_program(const KernelVariant& variant) {
                  ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
                  std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
             program_options(variant)};
-  return {"flash_fwd.hpp",
+  return {"programs/flash_fwd.hpp",
           {with_trailing(variant.instantiate("ipex_flash::flash_fwd_kernel"),
                          {variant.value_head_dim()})},
           program_options(variant)};

@@ -52,13 +52,27 @@ constexpr double kReportBuildSeconds = 1.0;
 
 std::atomic<bool> warmup_mode{false};
 
+// The device headers are handed to the kernel compiler as virtual files under one root that
+// exists on no real file system, and that root is the include path: a header in any folder
+// names another by its path from the root ("common/params.hpp"), and a file of the user's
+// working directory can never stand in for one of ours.
+constexpr const char* kDeviceSourceRoot = "/ipex_flash_device_sources";
+
 sycl::kernel_bundle<sycl::bundle_state::ext_oneapi_source> source_bundle(
     sycl::queue& queue, const KernelProgram& program) {
   syclex::include_files includes;
-  for (const auto& [name, text] : device_sources()) includes.add(name, text);
+  for (const auto& [name, text] : device_sources())
+    includes.add(std::string(kDeviceSourceRoot) + "/" + name, text);
   const std::string source = "#include \"" + program.header + "\"\n";
   return syclex::create_kernel_bundle_from_source(
       queue.get_context(), syclex::source_language::sycl, source, syclex::properties{includes});
+}
+
+// The program's build options with the device sources' root as the include path.
+std::vector<std::string> build_options(const KernelProgram& program) {
+  std::vector<std::string> options = program.options;
+  options.push_back(std::string("-I") + kDeviceSourceRoot);
+  return options;
 }
 
 sycl::kernel_bundle<sycl::bundle_state::executable> compile_bundle(sycl::queue& queue,
@@ -67,7 +81,7 @@ sycl::kernel_bundle<sycl::bundle_state::executable> compile_bundle(sycl::queue& 
   auto source = source_bundle(queue, program);
   return syclex::build(
       source, std::vector<sycl::device>{queue.get_device()},
-      syclex::properties{syclex::build_options{program.options},
+      syclex::properties{syclex::build_options{build_options(program)},
                          syclex::registered_names{program.kernels}, syclex::save_log{&log}});
 }
 
@@ -140,7 +154,7 @@ std::string compile_to_spirv(sycl::queue& queue, const KernelProgram& program) {
   try {
     auto source = source_bundle(queue, program);
     syclex::compile(source, std::vector<sycl::device>{queue.get_device()},
-                    syclex::properties{syclex::build_options{program.options},
+                    syclex::properties{syclex::build_options{build_options(program)},
                                        syclex::registered_names{program.kernels},
                                        syclex::save_log{&log}});
   } catch (const sycl::exception& e) {

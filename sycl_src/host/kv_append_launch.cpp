@@ -4,6 +4,7 @@
 #include "host/device_limits.hpp"
 #include "host/device_queue.hpp"
 #include "host/launch.hpp"
+#include "device/kvcache/params.hpp"
 
 namespace ipex_flash {
 
@@ -32,7 +33,7 @@ KernelProgram kv_append_program(const std::string& dtype, const std::string& new
              ", " + device_type_name(dtype) + ">>";
   else
     kernel = "ipex_flash::kv_append_kernel<ipex_flash::StoreBits<" + element_bits(dtype) + ">>";
-  return {"kv_append.hpp", {kernel}, program_options(variant)};
+  return {"programs/kv_append.hpp", {kernel}, program_options(variant)};
 }
 
 void kv_append(const KvAppendParams& params, const std::string& dtype,

@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
+#include "device/kvcache/params.hpp"
 #include "host/kernel_cache.hpp"
 #include "host/variants.hpp"
 

@@ -13,6 +13,7 @@
 #include "host/flash_fwd_launch.hpp"
 #include "host/kv_append_launch.hpp"
 #include "host/launch.hpp"
+#include "device/kvcache/params.hpp"
 
 namespace ipex_flash {
 

@@ -12,7 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
+#include "device/kvcache/params.hpp"
+#include "device/probes/params.hpp"
 #include "host/attention_common.hpp"
 #include "host/tensor_view.hpp"
 

@@ -5,6 +5,7 @@
 
 #include "host/cache_check.hpp"
 #include "host/launch_plan.hpp"
+#include "device/probes/params.hpp"
 
 namespace ipex_flash {
 

@@ -36,7 +36,7 @@ bool mismatch_seam() {
 KernelProgram layout_probe_program(const KernelVariant& variant) {
   std::vector<std::string> options = program_options(variant);
   if (mismatch_seam()) options.push_back("-DIPEX_FLASH_TEST_LAYOUT_MISMATCH");
-  return {"matrix_layout_probe.hpp",
+  return {"programs/matrix_layout_probe.hpp",
           {"ipex_flash::matrix_layout_probe_kernel<" + device_type_name(variant.dtype) + ", " +
            std::to_string(variant.matrix_m) + ", " + std::to_string(variant.matrix_k) + ", " +
            std::to_string(variant.matrix_n) + ">"},

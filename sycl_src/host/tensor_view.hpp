@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "device/params.hpp"
+#include "device/common/params.hpp"
 
 namespace ipex_flash {
 

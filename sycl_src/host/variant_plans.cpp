@@ -16,6 +16,7 @@
 #include "host/kernel_cache.hpp"
 #include "host/matrix_layout_probe.hpp"
 #include "host/matrix_path.hpp"
+#include "device/probes/params.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;

@@ -62,7 +62,7 @@ std::string with_trailing(const std::string& name, std::initializer_list<int> ar
 
 // Kernels built together from one device header (one compiler run).
 struct KernelProgram {
-  std::string header;                // e.g. "flash_fwd.hpp"
+  std::string header;                // e.g. "programs/flash_fwd.hpp"
   std::vector<std::string> kernels;  // template instantiations, as registered_names
   std::vector<std::string> options;  // the kernel compiler's build options (program_options)
 };

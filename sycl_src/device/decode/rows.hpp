@@ -1,0 +1,119 @@
+// The query rows of a decode work-group (flash_decode.hpp): which query head and new token
+// each row is, and their Q and running state put into local memory before the keys. (The
+// partial results stay in the kernel: as a function here, taking the local memory by
+// reference, they made Arc A, Meteor Lake and Arrow Lake-H spill 64-128 B in the bf16 d=64
+// one-row decode, past its rule.) Dimension legend as in decode_traits.hpp.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+
+#include "decode/traits.hpp"
+#include "common/dtypes.hpp"
+#include "common/online_softmax.hpp"
+#include "common/params.hpp"
+#include "decode/params.hpp"
+#include "kvcache/params.hpp"
+#include "kvcache/rotary.hpp"
+#include "common/seq_info.hpp"
+#include "vector/tile_io.hpp"
+
+namespace ipex_flash {
+
+// Rows row0 .. row0 + GROUP_ROWS - 1 of the heads_per_kv x Nq rows of each of the group's K/V
+// heads (more rows than lanes are served in slices, a work-group each): row r of K/V head h_kv
+// is query head h_kv * heads_per_kv + (row0 + r) / Nq, new token (row0 + r) % Nq.
+struct DecodeRows {
+  const DecodeParams& p;
+  const SeqInfo& seq;
+  int b;
+  int head0;  // the group's first K/V head
+  int row0;
+  int count;  // rows from row0 (beyond GROUP_ROWS: later slices')
+
+  int query_head(int h_kv, int r) const {
+    return h_kv * p.common.dims.heads_per_kv + (row0 + r) / seq.len_q;
+  }
+  int token(int r) const { return (row0 + r) % seq.len_q; }
+  // Element d of Q row r (`row`: rows.q), rotated first with FEATURE_ROTARY (rotary.hpp).
+  template <class Tr>
+  typename Tr::T q_element(const typename Tr::T* row, int r, int d) const {
+    if constexpr (Tr::ROTARY) {
+      const RotaryParams& rotary = p.rotary;
+      const int64_t position =
+          p.common.seq.seqlens_k[b] + (rotary.q_positions_advance ? token(r) : 0);
+      return rotated_element<typename Tr::T, typename Tr::Cos>(rotary, row, d, position);
+    }
+    return row[d];
+  }
+  // Row r of the group's K/V head hk in (B, Hq, Nq) order, as the partial buffers index rows.
+  int64_t index(int hk, int r) const {
+    const AttentionDims& dims = p.common.dims;
+    return (static_cast<int64_t>(b) * dims.heads_q + query_head(head0 + hk, r)) * dims.len_q +
+           token(r);
+  }
+  // Q row r of the group's K/V head hk (a padding row reads the group's first row instead).
+  template <typename T>
+  const T* q(int hk, int r, bool ok) const {
+    return static_cast<const T*>(p.q) + b * p.q_stride.batch +
+           query_head(head0 + (ok ? hk : 0), ok ? r : 0) * p.q_stride.head +
+           (seq.q_row0 + (ok ? token(r) : 0)) * p.q_stride.row;
+  }
+};
+
+// The rows' state in local memory: Q (* prescale) and O in vector order (i = vi * LANES +
+// lane, column Row::column(vi, lane)), each head's running softmax per lane (lane = row *
+// KEYS_PER_STEP + key), and for matrix scores Q^T packed per head set (word [d / 2][column],
+// column = head in set * GROUP_ROWS + r).
+template <class Tr>
+struct DecodeRowState {
+  float (&q)[Tr::MAX_HEADS][Tr::GROUP_ROWS][Tr::HEAD_DIM];
+  float (&acc)[Tr::MAX_HEADS][Tr::GROUP_ROWS][Tr::HEAD_DIM];
+  float (&row_max)[Tr::MAX_HEADS][Tr::LANES];
+  float (&row_sum)[Tr::MAX_HEADS][Tr::LANES];
+  uint32_t (&q_t)[Tr::MATRIX_SETS][Tr::HEAD_DIM / 2][Tr::LANES];
+};
+
+// Q of every row into local memory (as Q^T for matrix scores), O and the running softmax
+// reset. Ends with a barrier.
+template <class Tr>
+inline void decode_load_queries(sycl::group<1> group, const DecodeRows& rows, int group_heads,
+                                int head_dim, int lid, const DecodeRowState<Tr>& state) {
+  using T = typename Tr::T;
+  using Row = typename Tr::Row;
+  constexpr int LANES = Tr::LANES, GROUP_ROWS = Tr::GROUP_ROWS, HEAD_DIM = Tr::HEAD_DIM;
+  for (int hk = 0; hk < group_heads; ++hk) {
+    for (int r = 0; r < GROUP_ROWS; ++r) {  // lanes along d
+      const bool row_ok = r < rows.count;
+      const T* q = rows.q<T>(hk, r, row_ok);
+      for (int i = lid; i < HEAD_DIM; i += LANES) {
+        const int d = Row::column(i / LANES, lid);
+        if constexpr (!Tr::MATRIX)
+          state.q[hk][r][i] =
+              row_ok && d < head_dim
+                  ? rows.p.common.q_prescale * to_float(rows.q_element<Tr>(q, r, d))
+                  : 0.f;
+        state.acc[hk][r][i] = 0.f;
+      }
+    }
+    const OnlineSoftmaxRow fresh;
+    state.row_max[hk][lid] = fresh.row_max;
+    state.row_sum[hk][lid] = fresh.row_sum;
+  }
+  if constexpr (Tr::MATRIX) {  // lane = column
+    const int hk = lid / GROUP_ROWS, r = lid % GROUP_ROWS;
+    for (int set = 0; set * Tr::HEADS_PER_SET < group_heads; ++set) {
+      const bool col_ok = r < rows.count && set * Tr::HEADS_PER_SET + hk < group_heads;
+      const T* q = rows.q<T>(set * Tr::HEADS_PER_SET + hk, r, col_ok);
+      for (int d = 0; d < HEAD_DIM; d += 2)
+        state.q_t[set][d / 2][lid] =
+            pack_pair(col_ok && d < head_dim ? rows.q_element<Tr>(q, r, d) : tile_zero<T>(),
+                      col_ok && d + 1 < head_dim ? rows.q_element<Tr>(q, r, d + 1)
+                                                 : tile_zero<T>());
+    }
+  }
+  sycl::group_barrier(group);
+}
+
+}  // namespace ipex_flash

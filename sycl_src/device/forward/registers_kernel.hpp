@@ -1,0 +1,261 @@
+// FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
+// kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
+// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX, and the 8-wide engines
+// with score changes), without the SLM round trips. For the 256-register GPUs (PVC, BMG, Lunar
+// Lake; sub-group 16) and the 8-wide engines of Arc A-series and Arrow Lake-H (128 registers;
+// sub-group 8, 16-key blocks, two sub-groups per query rows past head dim 64: VALUE_SPLIT) up
+// to head dim 128, and their emulations.
+// Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of one
+// sub-group, one per lane.
+//
+// One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
+// lanes; lane r of a sub-group owns query row r. Everything is computed transposed so that a
+// row's values are its lane's column of each tile (matrix_registers.hpp). Per K/V block:
+//   S^T (kv, r) = K (kv, d) . Q^T (d, r)     BLOCK_N / MATRIX_M accumulators, in registers
+//   softmax over kv                          each lane on its own column: no exchange
+//   P^T (kv, r)                              B operands built in registers from the column
+//   O^T (dv, r) = rescale * O^T + V^T . P^T  DV / MATRIX_M accumulators (DV below), resident
+//                                            for the whole K/V loop
+// HEAD_DIM is Q's and K's compiled head dim, HEAD_DIM_V V's and O's: the host compiles them
+// apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
+// at V's head dim rather than the larger one; equal otherwise.
+// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
+// tiles (matrix_block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T is
+// staged once in SLM in the matrix engine's packed B layout and read as whole B tiles (once,
+// up to d = 64; per block above and on the 8-wide engines), the only SLM the kernel uses; each
+// sub-group reads only its own columns, so there is no work-group barrier.
+// P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include "score/dropout.hpp"
+#include "forward/block_edges.hpp"
+#include "forward/pack_kv.hpp"
+#include "common/kernel_props.hpp"
+#include "common/kv_quant.hpp"
+#include "score/block_mask.hpp"
+#include "matrix/block_io.hpp"
+#include "common/online_softmax.hpp"
+#include "common/params.hpp"
+#include "forward/params.hpp"
+#include "score/softcap_alibi.hpp"
+
+namespace ipex_flash {
+
+namespace syclexp = sycl::ext::oneapi::experimental;
+
+// Writes the lane's output row from the O^T accumulators (column d0 + d of the row is element
+// d % M of tile d / M), normalised, and where d0 = 0 its log-sum-exp. Called by every lane of
+// the sub-group (the column reads are collective).
+template <typename T, int M, typename Acc, int TILES>
+__attribute__((always_inline)) inline void write_output_from_tiles(
+    const FwdParams& p, const QueryBlock& block, int lid, int d0, sycl::sub_group sg,
+    Acc (&o)[TILES], const OnlineSoftmaxRow& softmax, float v_descale) {
+  const AttentionCommon& c = p.common;
+  const SeqInfo& seq = block.seq;
+  const int64_t row = block.begin + lid;
+  const bool inside = row < seq.len_q;
+  const float inv_sum = softmax.inverse_sum() * v_descale;
+  T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
+           block.head * p.out_stride.head +
+           (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row + d0;
+  float values[TILES * M];
+  lane_row_of_tiles<M>(sg, o, values);
+  if (!inside) return;
+IPEX_FLASH_TILE_LOOP
+  for (int d = 0; d < TILES * M; ++d)
+    if (d0 + d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
+  if (d0 == 0) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
+}
+
+// VALUE_SPLIT sub-groups share each MATRIX_N query rows, each computing their scores and
+// softmax alike (the same arithmetic: the same results) and its own HEAD_DIM_V / VALUE_SPLIT
+// of O^T: the 8-wide engines at head dim 128, whose 128 registers a whole O^T would fill. The
+// work-group is BLOCK_M x VALUE_SPLIT work-items.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
+          int MATRIX_K, int MATRIX_N, int HEAD_DIM_V, int VALUE_SPLIT>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
+IPEX_FLASH_REGISTER_FILE
+void flash_fwd_matrix_registers_kernel(FwdParams p) {
+  constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
+  constexpr int DV = HEAD_DIM_V / VALUE_SPLIT;  // O^T's rows (V's head dims) of a sub-group
+  constexpr int S_TILES = BLOCK_N / M, O_TILES = DV / M, P_STEPS = BLOCK_N / K;
+  // The register budget below is sized by the wider of the two head dims: O^T's accumulators
+  // grow with DV, and at HEAD_DIM above 64 Q^T is read from SLM per block, costing no
+  // registers that stay.
+  constexpr int WIDEST = HEAD_DIM > DV ? HEAD_DIM : DV;
+  // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
+  // where 32-row blocks spilled beside the 128 registers of O^T. With ALiBi or a mask above
+  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC). Softcap
+  // alone keeps the blocks (17.4 instructions per DPAS on BMG at d = 128 tile by tile, 11.8).
+  constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
+  // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
+  // the pack (matrix_surface.hpp): they have no 2-D block loads.
+  using Surface = PackedSurface<T, M, K, R>;
+  constexpr bool TILED = Surface::Order::TILED;
+  constexpr bool WIDE =
+      !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0);
+  static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
+                    BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
+                    HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),
+                "tile shape");
+  // Q^T (d/2, q) packed, a copy per share of V's head dims; tile by tile, each sub-group's
+  // columns together (one block a B tile).
+  static syclexp::work_group_static<uint32_t[VALUE_SPLIT * HEAD_DIM / 2 * BLOCK_M]> q_slm;
+  constexpr int Q_GROUP = TILED ? R : BLOCK_M;  // load_tile_packed's grouping of the columns
+
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const auto sg = item.get_sub_group();
+  const int item_id = static_cast<int>(item.get_local_id(0));
+  // The work-item's query row in the block, and its share of V's head dims (uniform per
+  // sub-group); constants without a split (the work-group is BLOCK_M then, which the compiler
+  // cannot know).
+  const int lid = VALUE_SPLIT == 1 ? item_id : item_id % BLOCK_M;
+  const int share = VALUE_SPLIT == 1 ? 0 : item_id / BLOCK_M;
+  uint32_t* q_words = static_cast<uint32_t*>(q_slm) + share * (HEAD_DIM / 2 * BLOCK_M);
+  const int r0 = lid - static_cast<int>(sg.get_local_id()[0]);  // sub-group's first row
+  constexpr int SUB_GROUPS = BLOCK_M / MATRIX_N;  // of one share (prefetches: VALUE_SPLIT 1)
+  const int sub_group = r0 / MATRIX_N;
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
+  const int64_t row = q_begin + lid;
+  const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
+  const float score_scale = c.q_prescale * descale.k;
+  using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
+
+  // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
+  load_tile_packed<BLOCK_M, HEAD_DIM, Q_GROUP>(q_words, forward_operands<T>(p, block).q,
+                                               p.q_stride.row, static_cast<int>(q_end - q_begin),
+                                               c.dims.head_dim, lid, BLOCK_M);
+  sycl::group_barrier(sg);
+  const uint32_t* q_t = q_words + (TILED ? sub_group * (HEAD_DIM / 2 * R) : r0);  // (d/2, r)
+
+  // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
+  // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128), and
+  // on the 8-wide engines, whose 128 registers of 32 bytes hold O^T's 64 at d = 64.
+  constexpr bool Q_IN_REGISTERS = !TILED && WIDEST <= 64 && HEAD_DIM / K >= 2;
+  MatrixBRegisters<T, K, R> q_b[Q_IN_REGISTERS ? HEAD_DIM / K : 2];
+  if constexpr (Q_IN_REGISTERS) {
+IPEX_FLASH_TILE_LOOP
+    for (int k = 0; k < HEAD_DIM / K; ++k)
+      matrix_b_load_packed<T>(sg, q_b[k], q_t + k * K / 2 * Q_GROUP, Q_GROUP);
+  }
+
+  MatrixAcc<M, R> o[O_TILES];
+IPEX_FLASH_TILE_LOOP
+  for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[t], 0.f);
+
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
+  const int64_t kv_end = mask.end_key(q_end);
+  OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
+
+  const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_first / BLOCK_N);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end;
+       kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
+    const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
+    const Surface values{k_tile + BLOCK_N * HEAD_DIM + share * DV * BLOCK_N, DV, BLOCK_N,
+                         BLOCK_N};  // the share's rows of V^T (whole tile rows in either order)
+    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+
+    // The next block's K and V^T, shared by the sub-groups, asked for while this one computes.
+    // Up to d = 64: at 128 the addresses spilled beside the resident accumulators on PVC.
+    if constexpr (WIDEST <= 64 && !TILED) {
+      if (kv_begin + BLOCK_N < kv_end)
+        matrix_prefetch_run<Packed::BLOCK_ELEMENTS, SUB_GROUPS>(
+            sg, k_tile + Packed::BLOCK_ELEMENTS, sub_group);
+    }
+
+    // S^T: every key tile against one Q^T B tile per reduction step. The sub-group barrier
+    // (no instruction on the engine) keeps IGC from hoisting the loop-invariant Q^T loads out
+    // of the loop: held through it beside O^T they spilled 3-4 KB on DG2.
+    if constexpr (!Q_IN_REGISTERS) sycl::group_barrier(sg);
+    MatrixAcc<M, R> s[S_TILES];
+IPEX_FLASH_TILE_LOOP
+    for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
+    if constexpr (Q_IN_REGISTERS)
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
+    else if constexpr (WIDE)
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_t,
+                                                                      Q_GROUP);
+    else
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, q_t, Q_GROUP);
+
+    // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
+    // the accumulators, and their max.
+    float block_max = NEG_INF;
+IPEX_FLASH_TILE_LOOP
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float scores[MATRIX_KEY_CHUNK];
+      chunk_of_columns<M>(sg, s, c0, scores);
+IPEX_FLASH_TILE_LOOP
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
+      if constexpr (FEATURES != 0) {
+        float unused_grad[MATRIX_KEY_CHUNK];
+        score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
+      }
+      if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
+IPEX_FLASH_TILE_LOOP
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) block_max = sycl::fmax(block_max, scores[j]);
+      set_chunk_of_columns<M>(sg, s, c0, scores);
+    }
+
+    // Probabilities against the new max, row sum, dropout; P in the dtype.
+    const float rescale = softmax.raise_max(block_max);
+    float block_sum = 0.f;
+    T probs[BLOCK_N];
+IPEX_FLASH_TILE_LOOP
+    for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
+      float chunk[MATRIX_KEY_CHUNK];
+      chunk_of_columns<M>(sg, s, c0, chunk);
+IPEX_FLASH_TILE_LOOP
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
+        chunk[j] = softmax.probability(chunk[j]);
+        block_sum += chunk[j];
+      }
+      // After the row sum: dropout rescales P, not the softmax.
+      if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+        float factor[MATRIX_KEY_CHUNK];
+        dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
+IPEX_FLASH_TILE_LOOP
+        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
+      }
+IPEX_FLASH_TILE_LOOP
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[c0 + j] = from_float<T>(chunk[j]);
+    }
+    softmax.row_sum += block_sum;
+
+    // O^T = rescale * O^T + V^T . P^T. Tile by tile (the 8-wide engines), only where some
+    // row's max rose (past the first blocks it seldom does): the rescale's multiplies,
+    // scheduled among the softmax's, spilled there.
+    if (!TILED || sycl::any_of_group(sg, rescale != 1.f)) {
+IPEX_FLASH_TILE_LOOP
+      for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
+    }
+    if constexpr (P_STEPS == 1) {  // 16-key blocks (the 8-wide engines): a lone operand
+      MatrixBRegisters<T, K, R> p_t;
+      matrix_b_from_column<K>(sg, p_t, probs);
+      matrix_mad_surface_step<T, M, K, R, O_TILES>(sg, o, values, 0, p_t);
+    } else {
+      MatrixBRegisters<T, K, R> p_t[P_STEPS];
+IPEX_FLASH_TILE_LOOP
+      for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
+      if constexpr (WIDE)
+        matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+      else
+        matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
+    }
+  }
+
+  write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
+}
+
+}  // namespace ipex_flash

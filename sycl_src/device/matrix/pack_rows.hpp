@@ -1,0 +1,78 @@
+// Where each sequence's blocks sit in the matrix kernels' packs (fwd_pack_kv.hpp,
+// bwd_packed.hpp), which both the pack kernels and the kernels reading them address through
+// here. Packs are sized by the real sequences, not batch x the longest: sequence b, rows
+// [cu[b], cu[b + 1]) of the packed batch, starts at block (cu[b] + b (BLOCK - 1)) / BLOCK.
+// Successive starts differ by at least ceil(len_b / BLOCK), since floor(x + y) >= floor(x) +
+// floor(y), so sequences never share a block; the pack holds (total + B (BLOCK - 1)) / BLOCK
+// blocks per head, at most total / BLOCK + B, which the host knows from the packed tensor's
+// length without reading cu. A gap block (at most one per sequence) is written as zeros and
+// never read.
+#pragma once
+
+#include <cstdint>
+
+#include "common/params.hpp"
+
+namespace ipex_flash {
+
+// Whether the backward's packs (bwd_packed.hpp) are tile by tile for tiles N columns wide: on
+// the 8-wide engines (N = 8), which have no 2-D block loads, up to head dim 128. Past 128 the
+// SLM-staged kernels reading tiles spilled more than row by row on DG2 (dQ at d = 192: 0.6-1.8
+// KB where it spilled 0-0.4), and the pack's staging 768 bytes. The host names the pack
+// kernels by it, the kernels reading the packs address them by it.
+constexpr bool bwd_pack_tiled(int head_dim, int matrix_n) {
+  return matrix_n == 8 && head_dim <= 128;
+}
+
+// First block of a sequence preceded by `rows_before` rows in `sequence` sequences.
+inline int64_t blocks_before(int64_t rows_before, int64_t sequence, int block) {
+  return (rows_before + sequence * (block - 1)) / block;
+}
+
+// Blocks per head of a pack of `batch` sequences: with cu_rows, `total_rows` of them (their
+// last prefix sum, or any larger bound); fixed length: seq_blocks each.
+inline PackRows pack_rows(const int32_t* cu_rows, int64_t total_rows, int batch,
+                          int64_t seq_blocks, int block) {
+  const int64_t blocks = cu_rows != nullptr ? blocks_before(total_rows, batch, block)
+                                            : batch * seq_blocks;
+  return PackRows{cu_rows, static_cast<int32_t>(seq_blocks), static_cast<int32_t>(blocks)};
+}
+
+template <int BLOCK>
+inline int64_t pack_first_block(const PackRows& pack, int batch) {
+  return pack.cu_rows != nullptr ? blocks_before(pack.cu_rows[batch], batch, BLOCK)
+                                 : static_cast<int64_t>(batch) * pack.seq_blocks;
+}
+
+// Index of block `block` of sequence `batch`, head `head`, among the pack's blocks.
+template <int BLOCK>
+inline int64_t pack_block_index(const PackRows& pack, int batch, int head, int64_t block) {
+  return static_cast<int64_t>(head) * pack.blocks + pack_first_block<BLOCK>(pack, batch) + block;
+}
+
+// The block a pack kernel's work-group writes: work-groups run over every block of every head
+// (head-major), each finds its sequence, the last whose first block is at or before it (a
+// binary search over the starts: empty sequences start where the next one does).
+struct PackedBlock {
+  int batch;
+  int head;
+  int64_t block;  // within the sequence; past its end in a gap block
+};
+
+template <int BLOCK>
+inline PackedBlock packed_block(const PackRows& pack, int batch_size, int64_t group) {
+  const int head = static_cast<int>(group / pack.blocks);
+  const int64_t index = group % pack.blocks;
+  int lo = 0, hi = batch_size - 1;
+  if (pack.cu_rows == nullptr) {
+    lo = static_cast<int>(index / pack.seq_blocks);
+  } else {
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (pack_first_block<BLOCK>(pack, mid) <= index) lo = mid; else hi = mid - 1;
+    }
+  }
+  return PackedBlock{lo, head, index - pack_first_block<BLOCK>(pack, lo)};
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,9 @@
+// Program entry: one module for the kernel compiler (one compiler run).
+// The matrix backward whose dQ kernel keeps its tiles in registers: the preprocess, the packs, the
+// SLM-staged dK/dV kernel and flash_bwd_dq_matrix_registers_kernel.
+#pragma once
+
+#include "backward/preprocess_kernel.hpp"
+#include "backward/pack_operands.hpp"
+#include "backward/matrix_kernels.hpp"
+#include "backward/dq_registers_kernel.hpp"

@@ -1,0 +1,7 @@
+// Program entry: one module for the kernel compiler (one compiler run).
+// Decode against a KV cache: flash_decode_kernel (vector or matrix scores, with or without the
+// append) and flash_decode_merge_kernel for split keys.
+#pragma once
+
+#include "decode/kernel.hpp"
+#include "decode/merge_kernel.hpp"

@@ -1,0 +1,98 @@
+// Softcap and ALiBi, applied where the scores are made, in the exp2 domain. Q is loaded
+// multiplied by AttentionCommon::q_prescale, so a dot product x = q.k * q_prescale is
+//   without softcap: scale * log2(e) * q.k       (already the exp2-domain score)
+//   with softcap:    scale / softcap * q.k       (score = softcap * log2(e) * tanh(x))
+// and ALiBi then subtracts slope * log2(e) * |r + diag - c|; the user's mask comes last
+// (attn_mask.hpp).
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+
+#include "score/tensor_mask.hpp"
+#include "common/online_softmax.hpp"
+#include "common/params.hpp"
+#include "common/seq_info.hpp"
+
+namespace ipex_flash {
+
+// softcap's tanh from one exp2 and one reciprocal: tanh(x) = 1 - 2r and
+// 1 - tanh(x)^2 = 4r(1 - r), with r = 1 / (1 + exp(2x)) (0 where exp overflows, 1 where it
+// underflows: tanh +-1). sycl::tanh compiles (IGC) to about 150 instructions an element, which
+// made the register forward's loop issue 170 per DPAS on BMG at d = 64, where it issues 11
+// without softcap. The error is a few ulp of 1 absolute: what the scores, softcap * tanh, and
+// their softmax see (as 1 - t * t, the derivative's error was absolute too). Softcap alone
+// only: with ALiBi or a mask as well, IGC's schedule of it spilled where sycl::tanh's did not
+// (1728 bytes in BMG's register forward at d = 128; 160-448 in DG2's and Arrow Lake-H's
+// SLM-staged backward).
+inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
+
+struct ScoreMod {
+  float softcap_log2;  // softcap * log2(e); 0 = off
+  float alibi_log2;    // this (batch, head)'s ALiBi slope * log2(e); 0 = off
+  int64_t diag;        // the sequence's diagonal (ALiBi distances are measured from it)
+  AttnMaskPlane attn_mask;  // this (batch, head)'s plane of the user's mask
+
+  static inline ScoreMod of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
+    const ScoreModParams& p = c.score_mod;
+    const float slope =
+        p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
+    return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag, AttnMaskPlane::of(c, seq, b, h)};
+  }
+
+  // The online softmax a row of head h starts from: empty, or holding head h's sink (a logit
+  // in the denominator with no value: exp2(sink - max) counts in the sum from the start).
+  static inline OnlineSoftmaxRow start_row(const AttentionCommon& c, int h) {
+    OnlineSoftmaxRow row;
+    if (c.score_mod.sinks != nullptr) {
+      row.row_max = c.score_mod.sinks[h] * LOG2E;
+      row.row_sum = row.row_max > NEG_INF ? 1.f : 0.f;
+    }
+    return row;
+  }
+
+  // Turns dot products into scores for a kernel compiled with FEATURES; softcap_grad[j]
+  // receives d score / d (scale * q.k) in the natural domain (1 - tanh^2), which the backward
+  // needs when FEATURES has FEATURE_SOFTCAP. Element j is (row0 + j * row_step,
+  // key0 + j * key_step): a work-item's row against consecutive keys (0, 1), or its key against
+  // consecutive rows (1, 0).
+  template <int FEATURES, int N>
+  inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
+                    int row_step, int key_step) const {
+    apply_from<FEATURES>(scores, softcap_grad, distance(row0, key0),
+                         static_cast<float>(row_step - key_step));
+    attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
+  }
+
+  // ALiBi distances are floats from element 0's, taken once in 64 bits: 64-bit integers are
+  // emulated on Arc A-series and Meteor Lake GPUs, and per element they made the kernels
+  // spill there. Exact while distances stay below 2^24.
+  inline float distance(int64_t row, int64_t key) const {
+    return static_cast<float>(row + diag - key);
+  }
+
+  // The same from element 0's ALiBi distance and the distance step between elements.
+  template <int FEATURES, int N>
+  inline void apply_from(float (&scores)[N], float (&softcap_grad)[N], float distance0,
+                         float step) const {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
+        if constexpr (!softcap_beside_score_changes(FEATURES)) {
+          const float r = tanh_complement(scores[j]);
+          softcap_grad[j] = 4.f * r * (1.f - r);
+          scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap*log2(e)*tanh
+        } else {
+          const float t = sycl::tanh(scores[j]);
+          softcap_grad[j] = 1.f - t * t;
+          scores[j] = softcap_log2 * t;
+        }
+      }
+      if constexpr ((FEATURES & FEATURE_ALIBI) != 0)
+        scores[j] -= alibi_log2 * sycl::fabs(distance0 + step * static_cast<float>(j));
+    }
+  }
+};
+
+}  // namespace ipex_flash

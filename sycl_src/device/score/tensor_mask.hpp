@@ -1,0 +1,134 @@
+// The user's attention mask (SDPA's attn_mask), read in place through its strides: a
+// broadcast dimension has stride 0, so a (1, 1, Nq, Nk) mask serves every batch entry and head
+// without a copy. Applied after softcap and ALiBi (score_mod.hpp), in the exp2 domain.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/dtypes.hpp"
+#include "common/online_softmax.hpp"
+#include "common/params.hpp"
+#include "common/seq_info.hpp"
+
+namespace ipex_flash {
+
+// One (batch, head) plane of the mask, and the sequence's extent: elements past it are never
+// read (the kernels' index mask hides them).
+struct AttnMaskPlane {
+  const uint8_t* base;  // address of element (b, h, 0, 0); null: no mask
+  int64_t row_stride;   // bytes
+  int64_t col_stride;
+  int64_t len_q;
+  int64_t len_k;
+
+  static inline AttnMaskPlane of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
+    const AttnMaskParams& m = c.score_mod.attn_mask;
+    const uint8_t* base = static_cast<const uint8_t*>(m.data);
+    if (base != nullptr) base += b * m.batch + h * m.head;
+    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k};
+  }
+
+  // The element `offset` bytes from base as an exp2-domain addend: 0 or -inf for a bool mask.
+  template <int FEATURES>
+  inline float addend(int64_t offset) const {
+    const uint8_t* at = base + offset;
+    if constexpr ((FEATURES & FEATURE_MASK_BOOL) != 0) {
+      return *at != 0 ? 0.f : NEG_INF;
+    } else if constexpr ((FEATURES & FEATURE_MASK_F32) != 0) {
+      return *reinterpret_cast<const float*>(at) * LOG2E;
+    } else if constexpr ((FEATURES & FEATURE_MASK_F16) != 0) {
+      return to_float(*reinterpret_cast<const sycl::half*>(at)) * LOG2E;
+    } else {
+      return to_float(*reinterpret_cast<const bfloat16_bits*>(at)) * LOG2E;
+    }
+  }
+
+  // Adds the mask to scores[j], the score of (row0 + j * row_step, key0 + j * key_step). The
+  // bounds are taken once in 64 bits; per element only a 32-bit count is compared (64-bit
+  // integers are emulated on Arc A-series and Meteor Lake GPUs).
+  template <int FEATURES, int N>
+  inline void apply(float (&scores)[N], int64_t row0, int64_t key0, int row_step,
+                    int key_step) const {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {
+      const int valid = std::min(inside(len_q - row0, row_step, N), inside(len_k - key0, key_step, N));
+      const int64_t offset0 = row0 * row_stride + key0 * col_stride;
+      const int64_t step = row_step * row_stride + key_step * col_stride;
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        if (j < valid) scores[j] += addend<FEATURES>(offset0 + j * step);
+    }
+  }
+
+  // Whether the user's mask hides every element of rows [row0, row_end) x keys [key0,
+  // key_end): the backward kernels skip such blocks. Always false without a mask (FEATURES);
+  // otherwise collective over the work-group, as any_visible.
+  template <int FEATURES>
+  inline bool hides_block(sycl::group<1> group, float& slot, int64_t row0, int64_t row_end,
+                          int64_t key0, int64_t key_end, int lid, int lanes) const {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
+      return false;
+    } else {
+      return !any_visible<FEATURES>(group, slot, row0, static_cast<int>(row_end - row0), key0,
+                                    static_cast<int>(key_end - key0), lid, lanes);
+    }
+  }
+
+  // Whether any element of rows [row0, row0 + rows) x keys [key0, key0 + keys) (both inside the
+  // sequence) is visible; the work-group's `lanes` items scan it together, a row each, and
+  // meet in `slot`, a float of local memory the caller's next step overwrites after a barrier
+  // (a tile about to be reloaded). Not sycl::any_of_group: on Intel GPUs it takes local memory
+  // of its own, which tiles sized to the device's limit do not leave.
+  template <int FEATURES>
+  inline bool any_visible(sycl::group<1> group, float& slot, int64_t row0, int rows,
+                          int64_t key0, int keys, int lid, int lanes) const {
+    bool any = false;
+    for (int r = lid; r < rows && !any; r += lanes)
+      any = line_visible<FEATURES>(row0 + r, key0, 0, 1, keys);
+    sycl::group_barrier(group);  // the slot's previous readers are done
+    if (lid == 0) slot = 0.f;
+    sycl::group_barrier(group);
+    if (any) slot = 1.f;  // every writer writes the same value
+    sycl::group_barrier(group);
+    return slot != 0.f;
+  }
+
+  // hides_block for the register kernels, whose sub-groups share nothing else and skip alone:
+  // each lane scans its own line of the block, `length` elements from (row, key) on, stepping
+  // (row_step, key_step) (its query row across the keys, or its key down the rows), if `valid`,
+  // and the sub-group votes. No local memory.
+  template <int FEATURES>
+  inline bool hides_lines(sycl::sub_group sg, bool valid, int64_t row, int64_t key,
+                          int row_step, int key_step, int64_t length) const {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
+      return false;
+    } else {
+      const bool any = valid && line_visible<FEATURES>(row, key, row_step, key_step, length);
+      return !sycl::any_of_group(sg, any);
+    }
+  }
+
+ private:
+  // Whether any of `length` elements from (row, key) on, stepping (row_step, key_step), is
+  // visible: one item's share of any_visible and hides_lines.
+  template <int FEATURES>
+  inline bool line_visible(int64_t row, int64_t key, int row_step, int key_step,
+                           int64_t length) const {
+    const int64_t offset = row * row_stride + key * col_stride;
+    const int64_t step = row_step * row_stride + key_step * col_stride;
+    bool any = false;
+    for (int64_t j = 0; j < length && !any; ++j) any = addend<FEATURES>(offset + j * step) > NEG_INF;
+    return any;
+  }
+
+  // How many j in [0, N) satisfy j * step < left.
+  static inline int inside(int64_t left, int step, int n) {
+    if (left <= 0) return 0;
+    if (step == 0) return n;
+    return static_cast<int>(std::min<int64_t>(left, n));
+  }
+};
+
+}  // namespace ipex_flash
