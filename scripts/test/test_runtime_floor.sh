@@ -34,5 +34,6 @@ cd tests
 ../.venv-floor/bin/python -m ipex_flash gpu-check --targets bmg --families forward,backward \
   --dtypes bfloat16
 # One worker per core, the tests spread over both: their first builds are most of the time.
-../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q -n auto test_forward.py \
-  test_errors.py test_transformers_backend.py test_transformers_continuous_batching.py "$@"
+../.venv-floor/bin/python -m pytest -c ../pyproject.toml --rootdir .. -q -n auto \
+  forward/test_forward.py api/test_errors.py serving/test_transformers_backend.py \
+  serving/test_transformers_continuous_batching.py "$@"

@@ -1,0 +1,126 @@
+"""ring_flash_attn_varlen_func at 2 and 4 ranks over gloo on the SYCL CPU device: packed
+sequences of different lengths, each split evenly across the ranks (varlen_shard), forward
+and gradients against one process's flash_attn_varlen_func and float64; windows refused."""
+from helpers import distributed_cases as dc
+import pytest
+import torch
+import torch.distributed as dist
+
+import ipex_flash
+from ipex_flash import distributed as ifd
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, softcap=0.0,
+                sinks=False, seed=0):
+    torch.manual_seed(seed)
+    hq, hkv = heads
+    total = sum(lengths)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    q = torch.randn(total, hq, head_dim, dtype=dtype)
+    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
+    sink = torch.randn(hq) if sinks else None
+    cut = lambda t: ifd.varlen_shard(t, cu, rank, world)[0]  # noqa: E731
+    _, cu_local, longest = ifd.varlen_shard(q, cu, rank, world)
+
+    local = dc._leaves(cut(q), cut(k), cut(v), sink)
+    out = ifd.ring_flash_attn_varlen_func(*local[:3], cu_local, longest, causal=causal,
+                                          softcap=softcap, sinks=local[3])
+    out.backward(cut(grad_out))
+    got = [out] + [t.grad for t in local if t is not None]
+    if sinks:
+        dist.all_reduce(got[-1])
+    single = dc._leaves(q, k, v, sink)
+    single_out = ipex_flash.flash_attn_varlen_func(*single[:3], cu, cu, max(lengths),
+                                                   max(lengths), causal=causal,
+                                                   softcap=softcap, sinks=single[3])
+    single_out.backward(grad_out)
+    singles = [single_out] + [t.grad for t in single if t is not None]
+    wants = {}
+    for precision in (torch.float64, dtype):
+        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
+        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal,
+                               softcap=softcap, sinks=ref[3], dtype=precision)[0]
+                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+        torch.cat(pieces).backward(grad_out.to(precision))
+        wants[precision] = [torch.cat(pieces)] + [t.grad for t in ref if t is not None]
+    results = {}
+    for i, name in enumerate(["out", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])):
+        part = (lambda t: t) if name == "dsinks" else cut
+        truth = part(wants[torch.float64][i])
+        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
+        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
+                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
+    return results
+
+
+@pytest.fixture(scope="module")
+def world2():
+    world = dc.World(2)
+    yield world
+    world.close()
+
+
+@pytest.mark.parametrize("dtype,causal", [(F32, False), (F32, True), (BF16, True)])
+def test_two_ranks(world2, dtype, causal):
+    dc.check_errors(world2.run(varlen_case, dtype=dtype, causal=causal, lengths=[16, 42, 6]),
+                    dtype)
+
+
+def test_softcap_and_sinks(world2):
+    dc.check_errors(world2.run(varlen_case, dtype=F32, causal=True, lengths=[24, 10],
+                               softcap=6.0, sinks=True), F32)
+
+
+def _packed_forms(rank, world):
+    """The qkv- and kv-packed forms give the unpacked function's output."""
+    torch.manual_seed(2)
+    cu = torch.tensor([0, 8, 20], dtype=torch.int32)
+    qkv = torch.randn(20, 3, 2, 16)
+    local, cu_local, longest = ifd.varlen_shard(qkv, cu, rank, world)
+    q, k, v = local.unbind(1)
+    want = ifd.ring_flash_attn_varlen_func(q, k, v, cu_local, longest, causal=True)
+    got_qkv = ifd.ring_flash_attn_varlen_qkvpacked_func(local, cu_local, longest, causal=True)
+    got_kv = ifd.ring_flash_attn_varlen_kvpacked_func(q, local[:, 1:], cu_local, longest,
+                                                      causal=True)
+    return torch.equal(got_qkv, want) and torch.equal(got_kv, want)
+
+
+def test_packed_forms(world2):
+    assert world2.run(_packed_forms) == [True, True]
+
+
+def _window(rank, world):
+    q = torch.randn(8, 2, 16)
+    ifd.ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8,
+                                    window_size=(4, 0))
+
+
+def test_window_refused(world2):
+    for ok, (kind, message, _) in world2.run_raw(_window):
+        assert not ok and kind == "NotImplementedError" and "window_size" in message
+
+
+def _different_offsets(rank, world):
+    q = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 3 + rank, 8], dtype=torch.int32)
+    ifd.ring_flash_attn_varlen_func(q, q, q, cu, 8)
+
+
+def test_different_offsets_refused_on_every_rank(world2):
+    for ok, (kind, message, _) in world2.run_raw(_different_offsets):
+        assert not ok and kind == "ValueError" and "cu_seqlens[1] differs" in message
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_four_ranks(dtype, causal):
+    world = dc.World(4)
+    try:
+        dc.check_errors(world.run(varlen_case, dtype=dtype, causal=causal,
+                                  lengths=[8, 52, 4, 32], heads=(4, 1)), dtype)
+    finally:
+        world.close()

@@ -1,0 +1,269 @@
+"""gpu-check: every kernel each Intel GPU profile would run is compiled to that GPU's native
+code by Intel's offline compiler (ocloc, installed by scripts/setup/setup_env.sh through
+scripts/setup/install_ocloc.sh) and must pass the rules of ipex_flash/tools/gpu_rules.py. This is the CI
+gate for the GPU path; the parsing and the rules themselves are tested on made-up input."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from ipex_flash.tools import gpu_grid, gpu_native
+from ipex_flash.tools.gpu_check import KernelReport
+from ipex_flash.tools.gpu_rules import kernel_violations
+
+ZE_INFO = """\
+version:         '1.73'
+kernels:
+  - name:            _ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE
+    execution_env:
+      grf_count:       128
+      simd_size:       32
+      slm_size:        65536
+      spill_size:      640
+      private_size:    2048
+  - name:            Intel_Symbol_Table_Void_Program
+    execution_env:
+      simd_size:       16
+kernels_misc_info:
+  - name:            _ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE
+    args_info:
+"""
+
+
+def test_ze_info_is_parsed_per_kernel():
+    kernels = gpu_native.parse_ze_info(ZE_INFO)
+    fwd = kernels["_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"]
+    assert fwd == {"grf_count": "128", "simd_size": "32", "slm_size": "65536",
+                   "spill_size": "640", "private_size": "2048"}
+    assert set(kernels) == {*kernels} and len(kernels) == 2
+
+
+MAIN_LOOP_ASM = """\
+L0:
+(W)     mov (1|M0)               r1.0<1>:d     0:w
+L32:
+(W)     mov (1|M0)               r7.5<1>:ud    16:w
+        dpas.8x8 (16|M0)         r32:f         null:f            r23:bf            r11.0:bf         {$2}
+        sync.nop                             null                             {$2.src}
+L80:
+        mul (16|M0)              r40.0<1>:f    r40.0<1;1,0>:f    r9.0<0;1,0>:f
+(W&~f0.0) jmpi                               L80
+        send.ugm (1|M0)          r11      r7  null:0  0x0            0x02400203           {$6} // wr:1+0, rd:4; load_block2d.ugm.d16.a64
+        send.ugm (1|M0)          null     r8  null:0  0x0            0x02400203           {$7} // wr:1+0, rd:0; load_block2d.ugm.d16.a64.ca.ca
+        dpas.8x8 (16|M0)         r48:f         r48:f            r25:bf            r12.0:bf         {$3}
+(W&f0.1) jmpi                               L32
+(W)     send.ugm (1|M0)          null     r2  null:0  0x0            0x0200F506
+"""
+
+
+def test_main_loop_cost_is_read_from_disassembly(tmp_path):
+    """The main loop is the longest loop holding DPAS; its issued instructions leave sync.*
+    out, and the loops nested in it, its 2-D block loads and its prefetches are counted."""
+    asm = tmp_path / "kernel.asm"
+    asm.write_text(MAIN_LOOP_ASM)
+    counts = gpu_native._asm_counts(asm)
+    assert counts["dpas"] == 2 and counts["instructions"] == 11
+    assert counts["loop_dpas"] == 2 and counts["loop_instructions"] == 9
+    assert counts["loop_issued"] == 8 and counts["loop_nested"] == 1
+    assert counts["loop_block_loads"] == 1 and counts["loop_prefetches"] == 1
+
+
+@pytest.mark.parametrize("registered,mangled", [
+    ("ipex_flash::flash_fwd_kernel<float, 64, 64, 64, 0>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIfLi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_fwd_kernel<ipex_flash::bfloat16_bits, 128, 64, 64, 3>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelINS_13bfloat16_bitsELi128ELi64ELi64ELi3EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_fwd_kernel<sycl::half, 64, 64, 64, 0>",
+     "_ZN24__sycl_kernel_ipex_flash16flash_fwd_kernelIN4sycl3_V16detail9half_impl4halfELi64ELi64ELi64ELi0EEEvNS_9FwdParamsE"),
+    ("ipex_flash::flash_bwd_pack_keys_kernel<ipex_flash::bfloat16_bits, 64, 64, 64, true>",
+     "_ZN24__sycl_kernel_ipex_flash26flash_bwd_pack_keys_kernelINS_13bfloat16_bitsELi64ELi64ELi64ELb1EEEvNS_9BwdParamsE"),
+])
+def test_kernel_names_match_their_mangled_form(registered, mangled):
+    assert gpu_grid.registered_key(registered) == gpu_grid.mangled_key(mangled)
+    other = (registered.replace(", 64, 0>", ", 64, 1>").replace(", 3>", ", 2>")
+             .replace("true>", "false>"))
+    assert gpu_grid.registered_key(other) != gpu_grid.mangled_key(mangled)
+
+
+def report(**figures):
+    base = dict(target="bmg", family="forward", dtype="bfloat16", head_dim=64, features=0,
+                rows=1, mode="auto", variant="v", kernel="ipex_flash::flash_fwd_kernel<...>",
+                matrix=False, large_grf=False, slm_estimate=65536, slm_limit=131072, built=True, simd=16,
+                grf=128, slm=65536)
+    base.update(figures)
+    return KernelReport(**base)
+
+
+def test_rules_flag_each_defect():
+    assert kernel_violations(report()) == []
+    assert kernel_violations(report(built=False, error="IGC crashed")) == ["not built: IGC crashed"]
+    assert "spills 640 bytes" in kernel_violations(report(spill=640))
+    assert "private memory 2048 bytes" in kernel_violations(report(private=2048))
+    assert kernel_violations(report(spill=640, private=64, head_dim=80)) == []  # reported only
+    assert any("> 131072" in v for v in kernel_violations(report(slm=139264, slm_estimate=139264)))
+    assert any("estimate" in v for v in kernel_violations(report(slm=70000)))
+    assert kernel_violations(report(matrix=True)) == ["XMX variant without DPAS"]
+    assert kernel_violations(report(matrix=True, dpas=64, loop_per_dpas=14.9)) == []
+    assert kernel_violations(report(matrix=True, dpas=64)) == ["main loop not measured"]
+    probe = dict(matrix=True, kernel="ipex_flash::matrix_layout_probe_kernel<...>")
+    assert kernel_violations(report(dpas=4, private=1024, **probe)) == []
+    assert kernel_violations(report(**probe)) == ["XMX variant without DPAS"]
+    registers = dict(matrix=True, dpas=128, head_dim=128,
+                     kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
+    assert kernel_violations(report(loop_per_dpas=12.5, **registers)) == [
+        "main loop issues 12.5 instructions per DPAS (at most 12.0)"]
+    assert kernel_violations(report(loop_per_dpas=30.5, **{**registers, "features": 7})) == []
+    assert kernel_violations(report(loop_per_dpas=11.6, **registers)) == []
+    eight_wide = {**registers, "head_dim": 64, "simd": 8, "grf": 128}  # DG2, Arrow Lake-H
+    assert kernel_violations(report(loop_per_dpas=27.2, **eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=28.5, **eight_wide)) == [
+        "main loop issues 28.5 instructions per DPAS (at most 28.0)"]
+    for kernel in ("flash_bwd_dq_matrix_registers_kernel", "flash_bwd_dkdv_matrix_registers_kernel"):
+        backward = {**registers, "family": "backward", "kernel": f"ipex_flash::{kernel}<...>"}
+        assert kernel_violations(report(loop_per_dpas=13.5, **backward)) == [
+            "main loop issues 13.5 instructions per DPAS (at most 13.0)"]
+        assert kernel_violations(report(loop_per_dpas=11.9, **backward)) == []
+        assert kernel_violations(report(loop_per_dpas=75.7, **{**backward, "features": 7})) == []
+    dq_eight_wide = {**eight_wide, "family": "backward",
+                     "kernel": "ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>"}
+    assert kernel_violations(report(loop_per_dpas=23.7, **dq_eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=26.5, **dq_eight_wide)) == [
+        "main loop issues 26.5 instructions per DPAS (at most 26.0)"]
+    dkdv_eight_wide = {**dq_eight_wide,
+                       "kernel": "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>"}
+    assert kernel_violations(report(loop_per_dpas=25.2, **dkdv_eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=27.5, **dkdv_eight_wide)) == [
+        "main loop issues 27.5 instructions per DPAS (at most 27.0)"]
+    assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
+    assert kernel_violations(report(large_grf=True)) == [
+        "large register file asked for, 128 registers given"]
+    assert kernel_violations(report(large_grf=True, grf=256)) == []
+    # The known spills (gpu_rules.py) are reported only where they are known, and only for them.
+    decode = dict(family="decode", kernel="ipex_flash::flash_decode_kernel<...>", rows=8,
+                  features=3, spill=448)
+    assert kernel_violations(report(target="dg2", **decode)) == []
+    assert kernel_violations(report(target="bmg", **decode)) == ["spills 448 bytes"]
+    assert kernel_violations(report(target="dg2", **{**decode, "features": 0})) == [
+        "spills 448 bytes"]
+    # The second: the fp32 d=128 forward with every score change, on MTL and ARL-H only.
+    forward = dict(family="forward", kernel="ipex_flash::flash_fwd_kernel<...>", dtype="float32",
+                   head_dim=128, features=7, spill=160)
+    assert kernel_violations(report(target="mtl", **forward)) == []
+    assert kernel_violations(report(target="dg2", **forward)) == ["spills 160 bytes"]
+    assert kernel_violations(report(target="mtl", **{**forward, "features": 5})) == [
+        "spills 160 bytes"]
+    # The third: the float32 one-row decode at d=128 on the 128-register GPUs, up to 512 bytes.
+    one_row = dict(family="decode", kernel="ipex_flash::flash_decode_kernel<...>",
+                   dtype="float32", head_dim=128, rows=1, features=7, spill=512)
+    assert kernel_violations(report(target="dg2", **one_row)) == []
+    assert kernel_violations(report(target="arl-h", **{**one_row, "dtype": "bfloat16"})) == [
+        "spills 512 bytes"]
+    assert kernel_violations(report(target="mtl", **{**one_row, "head_dim": 64})) == [
+        "spills 512 bytes"]
+    assert kernel_violations(report(target="lnl", **one_row)) == ["spills 512 bytes"]
+    assert kernel_violations(report(target="dg2", **{**one_row, "spill": 640})) == [
+        "spills 640 bytes"]
+    assert kernel_violations(report(target="dg2", **{**one_row, "rows": 8, "features": 0})) == [
+        "spills 512 bytes"]
+    # The fourth: the 8-wide register dK/dV at d = 64 with a float mask, up to 64 bytes.
+    dkdv_mask = dict(family="backward", head_dim=64, features=8, spill=64,
+                     kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>")
+    assert kernel_violations(report(target="dg2", **dkdv_mask)) == []
+    assert kernel_violations(report(target="arl-h", **{**dkdv_mask, "features": 32})) == []
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 128})) == [
+        "spills 128 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "features": 4})) == [
+        "spills 64 bytes"]
+    assert kernel_violations(report(target="bmg", **dkdv_mask)) == ["spills 64 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "head_dim": 128})) == [
+        "spills 64 bytes"]
+    # Any other spill fails: the register dQ kernel's at d=128, and the register dK/dV
+    # kernel's at d=128 with softcap, among them.
+    dq = dict(family="backward", kernel="ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>",
+              head_dim=128, spill=704)
+    assert kernel_violations(report(target="bmg", **dq)) == ["spills 704 bytes"]
+    assert kernel_violations(report(target="pvc", **{**dq, "spill": 576})) == ["spills 576 bytes"]
+    dkdv = dict(family="backward", kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>",
+                head_dim=128, features=7, spill=512)
+    assert kernel_violations(report(target="pvc", **dkdv)) == ["spills 512 bytes"]
+    assert kernel_violations(report(target="lnl", **{**dkdv, "features": 1, "spill": 128})) == [
+        "spills 128 bytes"]
+
+
+ALL_GPUS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
+
+
+def run_gpu_check(arguments: list, result_path: str | None = None) -> list:
+    """Runs gpu-check with `arguments`, asserts that it passed, and returns its kernels."""
+    ocloc = gpu_native.find_ocloc()
+    assert ocloc, "ocloc is missing: scripts/setup/setup_env.sh installs it (scripts/setup/install_ocloc.sh)"
+    with tempfile.TemporaryDirectory() as work:
+        result_path = result_path or os.path.join(work, "gpu_check.json")
+        result = subprocess.run(
+            [sys.executable, "-m", "ipex_flash", "gpu-check", *arguments, "--json", result_path],
+            capture_output=True, text=True, cwd=work, timeout=3600)
+        # The kernels that break a rule first: the table's tail alone may not show them.
+        broken = [line for line in result.stdout.splitlines() if "FAIL" in line]
+        assert result.returncode == 0, ("\n".join(broken[:40]) + "\n...\n" +
+                                        result.stdout[-3000:] + result.stderr[-3000:])
+        return json.load(open(result_path))["kernels"]
+
+
+@pytest.mark.parametrize("targets", [
+    pytest.param(["bmg"], id="bmg"),
+    pytest.param([t for t in ALL_GPUS if t != "bmg"], id="pvc-dg2-lnl-mtl-arl-h",
+                 marks=pytest.mark.full)])
+def test_every_gpu_passes_gpu_check(targets):
+    """The gate: every variant of the quick grid (head dims 64 and 128, every dtype, family,
+    feature set and matrix mode) for each GPU builds, fits, does not spill, has no private
+    memory, and its XMX kernels contain DPAS. The default tier checks BMG (XMX 16 lanes wide,
+    256 registers, the register kernels); the full tier the other five, among them DG2 and
+    Arrow Lake-H (8-wide XMX, 128 registers), whose kernels' data flow the default tier runs
+    emulated (emulate8)."""
+    # IPEX_FLASH_GPU_CHECK_JSON keeps the figures (scripts/records/gpu_status_table.py reads them).
+    kernels = run_gpu_check(["--targets", ",".join(targets)],
+                            os.environ.get("IPEX_FLASH_GPU_CHECK_JSON"))
+    for target in targets:
+        mine = [k for k in kernels if k["target"] == target]
+        assert {k["family"] for k in mine} == {"forward", "backward", "decode", "dropout_mask",
+                                              "cache_check", "kv_append"}
+        assert all(k["built"] and not k["violations"] for k in mine)
+        xmx = [k for k in mine if k["matrix"] and k["dpas"] > 0]
+        assert bool(xmx) == (target != "mtl"), target  # DG2, ARL-H: the 8-wide kernels
+
+
+def test_pvc_xmx_kernels_pass_gpu_check():
+    """PVC's XMX forward and backward (bfloat16, head dims 64 and 128, every feature set) hold
+    the rules in the default tier, the main-loop cost per DPAS among them: PVC builds BMG's
+    programs, so after BMG's check this costs only PVC's ocloc runs. The full tier checks the
+    rest of PVC's grid."""
+    kernels = run_gpu_check(["--targets", "pvc", "--families", "forward,backward",
+                             "--dtypes", "bfloat16"])
+    assert {(k["target"], k["family"], k["dtype"]) for k in kernels} == {
+        ("pvc", "forward", "bfloat16"), ("pvc", "backward", "bfloat16")}
+    assert all(k["built"] and not k["violations"] for k in kernels)
+    measured = [k for k in kernels if k["loop_per_dpas"] > 0]
+    assert {64, 128} <= {k["head_dim"] for k in measured}
+    assert any("dq_matrix_registers" in k["kernel"] for k in measured)
+    assert any("dkdv_matrix_registers" in k["kernel"] for k in measured)
+    assert any("fwd_matrix_registers" in k["kernel"] for k in measured)
+
+
+def test_grid_filters_keep_only_the_named_families_and_dtypes():
+    """gpu-check --families/--dtypes: the plan keeps exactly the calls asked for."""
+    everything = gpu_grid.plan_target("bmg", False)
+    kept = gpu_grid.plan_target("bmg", False, ["decode"], ["float32"])
+    assert kept and {(p.family, p.dtype) for p in kept} == {("decode", "float32")}
+    assert [p.kernels for p in kept] == [p.kernels for p in everything
+                                         if p.family == "decode" and p.dtype == "float32"]
+
+
+def test_a_filter_that_keeps_nothing_is_an_error(capsys):
+    """float16 is in the --full grid only: asking the quick grid for it checks nothing, which
+    must not pass as a check."""
+    from ipex_flash.tools import gpu_check
+    assert gpu_check.run(["bmg"], dtypes=["float16"]) == 2
+    assert "no calls" in capsys.readouterr().err
