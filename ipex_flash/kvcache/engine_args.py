@@ -7,7 +7,7 @@ num_splits, window_size as a list or None, softcap None) and flash-attn 3's / sg
 Descales: with an FP8 cache the kernels apply k_descale and v_descale in registers, and an
 FP8 q's q_descale folds into k_descale (q . k * qd * kd); with a 16-bit q, which nothing
 quantised, q_descale must be 1. With a 16-bit cache the kernels carry no
-descale code (kv_quant.hpp), so descales given anyway are applied here: q is multiplied by
+descale code (common/kv_quant.hpp), so descales given anyway are applied here: q is multiplied by
 q_descale * k_descale of its sequence and K/V head before the kernels, and the output by
 v_descale after them; one-value descales are read on the host once per tensor and version, so
 those of 1, which vLLM passes on every call, cost nothing."""

@@ -1,7 +1,7 @@
 """FP8 KV caches: K and V stored as float8_e4m3fn or float8_e5m2 with descale factors
 (flash-attn 3's k_descale, v_descale: the cache holds k / k_descale), queries and outputs in
 float16 or bfloat16. The kernels read the FP8 elements and dequantise them in registers
-(sycl_src/device/kv_quant.hpp); this module checks the arguments, gives the kernels the
+(sycl_src/device/common/kv_quant.hpp); this module checks the arguments, gives the kernels the
 descales as one float32 (batch, nheads_k) tensor each, and quantises appended tokens."""
 from __future__ import annotations
 

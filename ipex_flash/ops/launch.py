@@ -63,8 +63,8 @@ def flash_fwd(q: "C.TensorView", k: "C.TensorView", v: "C.TensorView", out: "C.T
               lse: "C.TensorView", options: "C.AttentionOptions", device: torch.device) -> None:
     """C.flash_fwd on (B, H, N, D) views, with the scratch it asks for: the matrix-engine
     kernel reads K and V from a copy packed in tile order (the keys the sequences attend to,
-    each sequence's rounded up to whole blocks: pack_rows.hpp), allocated here so that torch's
-    allocator keeps it alive until the kernel has run on an XPU stream."""
+    each sequence's rounded up to whole blocks: matrix/pack_rows.hpp), allocated here so that
+    torch's allocator keeps it alive until the kernel has run on an XPU stream."""
     queue = queue_handle(device)
     scratch = torch.empty(C.fwd_scratch_bytes(q, k, v, options, queue), dtype=torch.uint8,
                           device=device)

@@ -47,8 +47,8 @@ class KernelReport(gpu_grid.Selection):
     loop_dpas_share: float = 0.0
     # The main loop's issued instructions (sync.* left out) per DPAS, for a fully visible
     # block with dropout off: read from the kernel built with those as compile-time facts
-    # (IPEX_FLASH_MEASURE_FULL_BLOCK, kernel_props.hpp), so the mask and dropout branches are
-    # not in it. loop_nested > 0: loops inside the main loop, counted once (a lower bound).
+    # (IPEX_FLASH_MEASURE_FULL_BLOCK, common/kernel_props.hpp), so the mask and dropout branches
+    # are not in it. loop_nested > 0: loops inside the main loop, counted once (a lower bound).
     loop_per_dpas: float = 0.0
     loop_nested: int = 0
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches

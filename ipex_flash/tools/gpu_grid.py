@@ -18,15 +18,16 @@ from ipex_flash._runtime import C
 DTYPES = ["float32", "float16", "bfloat16"]
 COMMON_HEAD_DIMS = [64, 128]  # the rules on spills and scratch memory apply to these
 ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one per bucket
-# bits: 1 softcap, 2 ALiBi, 4 bool attn_mask, 8 float32 attn_mask (params.hpp FEATURE_*); the
-# quick grid's 7 puts every score change in one kernel, the most registers any variant needs.
+# bits: 1 softcap, 2 ALiBi, 4 bool attn_mask, 8 float32 attn_mask (common/features.hpp
+# FEATURE_*); the quick grid's 7 puts every score change in one kernel, the most registers any
+# variant needs.
 FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
 # V's head dim apart from Q's and K's (MLA prefill: D = 192, Dv = 128), in both grids: the
 # forward's register kernel compiles it apart, and its O^T accumulators must fit beside Q^T's
 # reads at D; the vector kernel (float32) compiles it apart too. (D, Dv) pairs.
 VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 160)]}
-# FP8 KV caches (64 e4m3, 128 e5m2; kv_quant.hpp) with 16-bit queries: the decode kernel and
+# FP8 KV caches (64 e4m3, 128 e5m2; common/kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
 # The decode kernel appending flash_attn_with_kvcache's new tokens itself (FEATURE_APPEND),
@@ -46,7 +47,7 @@ class Selection:
     mode: str           # IPEX_FLASH_MATRIX mode the variant was chosen under
     variant: str
     matrix: bool        # a joint_matrix (XMX) variant
-    large_grf: bool     # asks for the 256-register file (kernel_props.hpp)
+    large_grf: bool     # asks for the 256-register file (common/kernel_props.hpp)
     slm_estimate: int   # the host's local-memory estimate for the variant
     slm_limit: int
     head_dim_v: int = 0  # V's head dim where it differs from head_dim (0: the same)

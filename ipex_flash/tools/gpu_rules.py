@@ -63,7 +63,7 @@ _PER_DPAS_LIMITS_8_WIDE = {"flash_fwd_matrix_registers_kernel": MAX_FORWARD_8_WI
                            "flash_bwd_dq_matrix_registers_kernel": MAX_DQ_8_WIDE_PER_DPAS,
                            "flash_bwd_dkdv_matrix_registers_kernel": MAX_DKDV_8_WIDE_PER_DPAS}
 
-_EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (params.hpp FEATURE_*)
+_EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (common/features.hpp FEATURE_*)
 
 
 def known_spill(r) -> bool:
@@ -94,8 +94,8 @@ def kernel_violations(r) -> list:
         found.append(f"local memory {r.slm} above the host's estimate {r.slm_estimate}")
     if r.head_dim in COMMON_HEAD_DIMS and r.spill > 0 and not known_spill(r):
         found.append(f"spills {r.spill} bytes")
-    # The layout probe (matrix_layout_probe.hpp) runs once per process: its private arrays
-    # cost nothing that matters, and its four products are not in a loop.
+    # The layout probe (probes/matrix_layout_probe_kernel.hpp) runs once per process: its
+    # private arrays cost nothing that matters, and its four products are not in a loop.
     probe = "matrix_layout_probe_kernel" in r.kernel
     if r.head_dim in COMMON_HEAD_DIMS and r.private > 0 and not probe:
         found.append(f"private memory {r.private} bytes")

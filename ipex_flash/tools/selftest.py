@@ -11,7 +11,7 @@ crc32("<SEED>/<family>/<dtype>/<case>"), and reports its error:
   torch.testing.assert_close(rtol=atol=tolerance) does; tolerances as the tests': float32 1e-5,
   float16 2e-3, bfloat16 1e-2. The append into a KV cache must be exact.
 - gradients: max |x - ref| / max(1, max |ref|), at most twice torch SDPA's own at the same
-  precision plus 1e-5 (as tests/test_backward.py), or the dtype's tolerance where SDPA cannot
+  precision plus 1e-5 (as tests/backward/test_backward.py), or the dtype's tolerance where SDPA cannot
   compute the same thing (dropout, flash-attn features).
 
 A check that raises fails with the exception's first line and the run goes on. Exit code 0

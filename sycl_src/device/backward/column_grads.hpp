@@ -1,5 +1,5 @@
-// bwd_score_grads (bwd_score_grads.hpp) in the form of the register dK/dV kernel
-// (flash_bwd_dkdv_registers.hpp), where a lane owns key `key` against query rows
+// bwd_score_grads (backward/score_grads.hpp) in the form of the register dK/dV kernel
+// (backward/dkdv_registers_kernel.hpp), where a lane owns key `key` against query rows
 // row0 .. row0 + N whose statistics it holds element by element. In two steps around the dV
 // product: the scores' and dO.v's tiles are then never live together beside the resident dK^T
 // and dV^T (at d = 64 with softcap, ALiBi and a mask, together they spilled on BMG).

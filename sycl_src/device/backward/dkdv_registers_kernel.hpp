@@ -1,26 +1,26 @@
 // The backward's dK/dV kernel with its tiles in registers, for the GPUs and emulation that run
 // the dQ kernel so (backward/dq_registers_kernel.hpp; programs/flash_bwd_dkdv_registers.hpp builds
 // both).
-// Here a lane owns a key, its column of every tile (matrix_registers.hpp), and each sub-group
+// Here a lane owns a key, its column of every tile (matrix/registers.hpp), and each sub-group
 // its MATRIX_N keys of the work-group's block (or its share of their head dims: SHARES, the
 // 8-wide engines past d = 32): sub-groups share nothing (each votes on the mask alone,
 // AttnMaskPlane::hides_lines).
 // Per query block, MATRIX_K rows (a slab) at a time, in this order (legend as in
-// flash_bwd_matrix.hpp):
+// backward/matrix_kernels.hpp):
 //   S (r, kv)  = Q (r, d) . K^T (d, kv)         SLAB / MATRIX_M accumulators
 //   P (r, kv)                                   each lane on its key's column, a B operand
 //   dV^T (d, kv) += dO^T (d, r) . P (r, kv)     HEAD_DIM / MATRIX_M accumulators, resident
 //   dP (r, kv) = dO (r, d) . V^T (d, kv)        SLAB / MATRIX_M accumulators
 //   dS (r, kv)                                  from P and dP, a B operand
 //   dK^T (d, kv) += Q^T (d, r) . dS (r, kv)     HEAD_DIM / MATRIX_M accumulators, resident
-// (bwd_column_grads.hpp). Up to d = 64 in one walk over the rows; past it dK^T and dV^T would
+// (backward/column_grads.hpp). Up to d = 64 in one walk over the rows; past it dK^T and dV^T would
 // take all 256 registers (128 each at d = 128), so the kernel walks the rows twice: S, P and dV
 // with dV^T resident, then dP, S, P, dS and dK with dK^T resident (dkdv_register_rows).
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
-// as B tiles from theirs (bwd_packed.hpp, REGISTERS); the A operands in 2-D blocks of four DPAS
-// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), or on the 8-wide
-// engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, a tile per load
-// from packs in tile order. The rows' LSE and delta are loaded one per lane and broadcast from
+// as B tiles from theirs (backward/pack_operands.hpp, REGISTERS); the A operands in 2-D blocks of
+// four DPAS (matrix/block_io.hpp: a load per tile cost its descriptor every DPAS), or on the
+// 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, a tile per
+// load from packs in tile order. The rows' LSE and delta are loaded one per lane and broadcast from
 // the lane that holds them. Deterministic, no atomics.
 #pragma once
 
@@ -74,9 +74,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   using Surface = PackedSurface<T, M, K, N>;
   constexpr int KEY_GROUP = Packed::KEY_GROUP;
   static_assert(Packed::TILED == Surface::Order::TILED, "the pack is in the order it is read");
-  // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors
-  // stay put across slabs), but at d = 128 with score changes, where descriptors held through
-  // the slab loop spilled (64 bytes on BMG): there the slab's columns are a surface of their own.
+  // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors stay
+  // put across slabs), but at d = 128 with score changes, where descriptors held through the slab
+  // loop spilled (on BMG: docs/gpus.md): there the slab's columns are a surface of their own.
   constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0;
   static_assert(!(SHIFTED && Packed::TILED), "the 8-wide engines' kernel stops at d = 64");
   const AttentionCommon& c = p.common;
@@ -103,7 +103,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
 #pragma unroll 1
       for (int slab = 0; slab < BLOCK_M && q_begin + slab < kb.q_last; slab += SLAB) {
         // P, then dV; dP, then dS and dK, on each lane's column of the slab's rows
-        // (bwd_column_grads.hpp). P and dS are rounded once, into the B operands (single
+        // (backward/column_grads.hpp). P and dS are rounded once, into the B operands (single
         // joint_matrix variables: IGC drops one reached in an array of one). The rows'
         // statistics: lane j loads row j of each part.
         const int64_t row0 = q_begin + slab;
@@ -196,9 +196,9 @@ void flash_bwd_dkdv_matrix_registers_kernel(BwdParams p) {
   // dK^T and dV^T take SHARE_ROWS / M x M registers each (fp32, a register per row of N
   // lanes): at d = 128 on the 16-wide engines, 128 each, the whole register file together. Past
   // d = 64 there (past 16 on the 8-wide engines, whose file is 128 registers of 32 bytes: at
-  // d = 32, 32 each beside the slab's columns spilled 2.9 KB on DG2) the kernel walks the query
-  // rows twice, dV first, then dK, with one of them resident at a time: S and P are computed
-  // twice (a quarter more products), where holding both would spill.
+  // d = 32, 32 each beside the slab's columns spilled on DG2: gpu-check's record) the kernel
+  // walks the query rows twice, dV first, then dK, with one of them resident at a time: S and P
+  // are computed twice (a quarter more products), where holding both would spill.
   constexpr bool TWO_PASSES = SHARE_ROWS > (N == 8 ? 16 : 64);
   static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>() &&
                     BLOCK_M % K == 0 && BLOCK_N % N == 0 && K % MATRIX_KEY_CHUNK == 0 &&

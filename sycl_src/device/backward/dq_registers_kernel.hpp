@@ -1,7 +1,7 @@
 // The backward's dQ kernel with its tiles in registers, for the GPUs and emulation that run the
-// forward so (flash_fwd_matrix_registers.hpp, matrix_registers.hpp): the dK/dV kernel and the
-// packs of flash_bwd_matrix.hpp with this dQ kernel in place of its SLM-staged one. Per K/V
-// block and sub-group (lane r owns query row r; legend as in flash_bwd_matrix.hpp):
+// forward so (forward/registers_kernel.hpp, matrix/registers.hpp): the dK/dV kernel and the
+// packs of backward/matrix_kernels.hpp with this dQ kernel in place of its SLM-staged one. Per
+// K/V block and sub-group (lane r owns query row r; legend as in backward/matrix_kernels.hpp):
 //   S^T (kv, r)  = K (kv, d) . Q^T (d, r)       BLOCK_N / MATRIX_M accumulators
 //   dP^T (kv, r) = V (kv, d) . dO^T (d, r)      as many
 //   dS^T (kv, r)                                each lane on its own column (bwd_score_grads),
@@ -9,12 +9,12 @@
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)   HEAD_DIM / MATRIX_M accumulators, resident
 // K, K^T and V are read by coordinates within their block of the packed copy, 2-D blocks of
 // 16 or 32 rows by 32 columns feeding four or eight DPAS each where the slab's shape allows
-// (matrix_block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
-// B tiles from theirs (bwd_packed.hpp), in either layout of the packs (REGISTER_LAYOUT: the
-// register dK/dV kernel's, or the SLM-staged one's where that kernel serves the head dim). On
-// the 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, the
-// packs are tile by tile and each product reads one tile per load (matrix_surface.hpp). No
-// SLM; deterministic, no atomics.
+// (matrix/block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
+// B tiles from theirs (backward/pack_operands.hpp), in either layout of the packs
+// (REGISTER_LAYOUT: the register dK/dV kernel's, or the SLM-staged one's where that kernel
+// serves the head dim). On the 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no
+// 2-D block loads, the packs are tile by tile and each product reads one tile per load
+// (matrix/surface.hpp). No SLM; deterministic, no atomics.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -36,9 +36,9 @@ namespace ipex_flash {
 
 // SHARES sub-groups per MATRIX_N query rows (the host's bwd_shares: two on the 8-wide engines
 // from d = 32, whose 128 registers of 32 bytes a whole dQ^T at d = 64 beside the score tiles
-// overflowed, 1.7-3.3 KB spilled on DG2; else one), each holding its share of dQ^T's rows (head
-// dims) and computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the same
-// results). The work-group is BLOCK_M x SHARES work-items.
+// overflowed, spilling on DG2 (gpu-check's record); else one), each holding its share of dQ^T's
+// rows (head dims) and computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the
+// same results). The work-group is BLOCK_M x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N, bool REGISTER_LAYOUT, int SHARES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -48,10 +48,10 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   static_assert(bwd_matrix_shape<HEAD_DIM, BLOCK_M, BLOCK_N, MATRIX_M, MATRIX_K, MATRIX_N>(),
                 "tile shape");
   constexpr int M = MATRIX_M, K = MATRIX_K, R = MATRIX_N;
-  // Keys a slab at a time: S^T and dP^T of 64 keys next to dQ^T at d = 128 would need all
-  // 256 registers (3 KiB spilled per thread on BMG and PVC). Past d = 64 dQ^T alone takes 128
-  // registers (16 tiles of 8 x 16 floats): the slab shrinks to one reduction step of dQ's
-  // product, the fewest keys that still make two score tiles (16 on the GPUs).
+  // Keys a slab at a time: S^T and dP^T of 64 keys next to dQ^T at d = 128 would need all 256
+  // registers (they spilled on BMG and PVC: gpu-check's record). Past d = 64 dQ^T alone takes 128
+  // registers (16 tiles of 8 x 16 floats): the slab shrinks to one reduction step of dQ's product,
+  // the fewest keys that still make two score tiles (16 on the GPUs).
   // The 8-wide engines (128 registers of 32 bytes, d <= 64: dQ^T takes half of them) take the
   // same short slabs at every head dim.
   using Surface = PackedSurface<T, M, K, R>;
@@ -60,7 +60,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
                        : BLOCK_N % 32 == 0  ? 32
                                             : BLOCK_N;
   // dS is made CHUNK keys at a time; on the 8-wide engines one S^T tile's: with two, softcap's
-  // values beside S^T and dP^T spilled 832 bytes at d = 64.
+  // values beside S^T and dP^T spilled at d = 64 (gpu-check's record).
   constexpr int CHUNK = R == 8 ? M : MATRIX_KEY_CHUNK;
   constexpr int DQ_ROWS = HEAD_DIM / SHARES;  // dQ^T's rows (head dims) of a sub-group
   constexpr int S_TILES = SLAB / M, DQ_TILES = DQ_ROWS / M, DS_STEPS = SLAB / K;
@@ -130,8 +130,8 @@ IPEX_FLASH_TILE_LOOP
       if constexpr (TILED) {  // no 2-D block loads: a tile per load, B tiles one block each
         // The sub-group barrier (no instruction on the engine) keeps IGC from hoisting the
         // loop-invariant Q^T and dO^T loads out of the key loop: held beside dQ^T through it,
-        // they spilled 0.3-3.8 KB on DG2 at d = 32-64, two sub-groups per rows or not (as the
-        // forward's Q^T).
+        // they spilled on DG2 at d = 32-64, two sub-groups per rows or not (as the forward's
+        // Q^T; gpu-check's record).
         sycl::group_barrier(sg);
         matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, s, k_rows, 0, q_t, LDB);
         matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES, GLOBAL>(sg, dp, v_rows, 0, do_t, LDB);

@@ -1,7 +1,7 @@
-// The register dK/dV kernel's work on a lane's key column (flash_bwd_dkdv_registers.hpp): the
-// products that give S or dP over a slab of query rows as each lane's column, the dK^T or dV^T
-// step that consumes a slab's P or dS, the broadcast of the rows' statistics and the store of a
-// key's row. Each reads its A operands in 2-D blocks where the packed surface is row-major
+// The register dK/dV kernel's work on a lane's key column (backward/dkdv_registers_kernel.hpp):
+// the products that give S or dP over a slab of query rows as each lane's column, the dK^T or
+// dV^T step that consumes a slab's P or dS, the broadcast of the rows' statistics and the store
+// of a key's row. Each reads its A operands in 2-D blocks where the packed surface is row-major
 // (PVC, BMG, Lunar Lake) and a tile per load where it is tile by tile (the 8-wide engines).
 #pragma once
 

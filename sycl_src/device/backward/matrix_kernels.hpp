@@ -1,10 +1,10 @@
 // FlashAttention-2 backward with its five products on the matrix engine (XMX on Intel GPUs, AMX
 // on Xeons), for 16-bit inputs: the blocks, masks, score modifiers, dropout and GQA sums of
-// flash_bwd.hpp, and like it deterministic (no atomics). Dimension legend as in
-// flash_fwd_matrix.hpp. Both kernels give each work-item one query row of a BLOCK_M-row block
-// (MATRIX_N rows per sub-group: 16, or 8 on DG2 / Arrow Lake-H) and compute transposed, row
-// index fastest, so that the per-score work (bwd_score_grads.hpp) reads and writes consecutive
-// addresses:
+// backward/vector_kernels.hpp, and like it deterministic (no atomics). Dimension legend as in
+// forward/matrix_kernel.hpp. Both kernels give each work-item one query row of a BLOCK_M-row
+// block (MATRIX_N rows per sub-group: 16, or 8 on DG2 / Arrow Lake-H) and compute transposed,
+// row index fastest, so that the per-score work (backward/score_grads.hpp) reads and writes
+// consecutive addresses:
 //   S^T (kv, r)  = K (kv, d) . Q^T (d, r)         both kernels
 //   dP^T (kv, r) = V (kv, d) . dO^T (d, r)        both kernels
 //   dV (kv, d)  += P^T (kv, q) . dO (q, d)        dK/dV kernel, all rows of the Q block
@@ -12,7 +12,7 @@
 //   dQ^T (d, r) += K^T (d, kv) . dS^T (kv, r)     dQ kernel
 // with fp32 accumulators and P, dS rounded to the input dtype before their products, as
 // FlashAttention-2 does on GPUs. Every operand read from global memory comes from the copies
-// bwd_packed.hpp writes once per call; the tiles computed here stay in SLM.
+// backward/pack_operands.hpp writes once per call; the tiles computed here stay in SLM.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -209,8 +209,8 @@ void flash_bwd_dq_matrix_kernel(BwdParams p) {
                               MATRIX_K, MATRIX_N>;
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
-  // Two strips at a time where K^T is read tile by tile (the 8-wide engines): four spilled
-  // 640 bytes at d = 128 with softcap, ALiBi and a mask (DG2, Arrow Lake-H; gpu-check).
+  // Two strips at a time where K^T is read tile by tile (the 8-wide engines): four spilled at
+  // d = 128 with softcap, ALiBi and a mask (DG2, Arrow Lake-H; gpu-check's record).
   constexpr int DQ_STRIPS = Packed::TILED ? 2 : matrix_strips(HEAD_DIM / MATRIX_M);
   constexpr auto LOCAL = sycl::access::address_space::local_space;
 

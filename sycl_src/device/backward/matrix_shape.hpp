@@ -18,9 +18,9 @@ constexpr bool bwd_matrix_shape() {
 // Reduction steps per loop iteration of the backward's products. N = 8 (DG2, Arrow Lake-H: 128
 // registers of 32 bytes, a quarter of the N = 16 GPUs' large register file): one. Fully
 // unrolled there, IGC hoisted the dK/dV kernel's K and V tile loads (invariant across its query
-// loop) out of that loop and spilled 3.7-15 KB per thread at d = 64-128, the dQ kernel 0.8-1.9
-// KB with score changes; rolled, neither spills (gpu-check). The forward keeps full unrolling:
-// it has no spill that way, and did spill rolled two steps deep (d = 64).
+// loop) out of that loop and spilled at d = 64-128, as did the dQ kernel with score changes;
+// rolled, neither spills (gpu-check's record). The forward keeps full unrolling: it has no spill
+// that way, and did spill rolled two steps deep (d = 64).
 template <int MATRIX_N, int DEPTH, int MATRIX_K>
 constexpr int bwd_unroll() { return MATRIX_N == 8 ? 1 : DEPTH / MATRIX_K; }
 

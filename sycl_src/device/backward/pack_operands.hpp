@@ -3,23 +3,23 @@
 // BLOCK_N keys): K (kv, d), K^T (d, kv), V (kv, d). Per (batch, query head, block of BLOCK_M
 // rows): Q^T and dO^T packed in pairs of head-dim columns (B operands of S^T = K.Q^T and
 // dP^T = V.dO^T in the dQ kernels), and
-//   for the SLM-staged dK/dV kernel (flash_bwd_matrix.hpp): Q and dO packed in pairs of rows
-//     (B operands of dK += dS^T.Q and dV += P^T.dO);
-//   for the register one (flash_bwd_dkdv_registers.hpp, REGISTERS): Q, dO, Q^T and dO^T plain
-//     (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key block
-//     K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
+//   for the SLM-staged dK/dV kernel (backward/matrix_kernels.hpp): Q and dO packed in pairs of
+//     rows (B operands of dK += dS^T.Q and dV += P^T.dO);
+//   for the register one (backward/dkdv_registers_kernel.hpp, REGISTERS): Q, dO, Q^T and dO^T
+//     plain (A operands of S = Q.K^T, dP = dO.V^T, dK^T += Q^T.dS, dV^T += dO^T.P), and per key
+//     block K^T and V^T packed in pairs of head-dim rows (the B operands of S and dP).
 // On the 8-wide engines up to head dim 128 (TILE_M x TILE_K: their A tiles, 8 x 16), which have
 // no 2-D block loads, K, K^T and V (and for the register dK/dV kernel Q, dO, Q^T and dO^T) are
 // stored tile by tile, and Q^T, dO^T, the row pairs of Q and dO, and K^T's and V^T's pairs with
 // each sub-group's columns together (its TILE_M = MATRIX_N = 8 rows or keys), so that every
-// tile a product reads is one contiguous block (matrix_surface.hpp); elsewhere (0 x 0) all are
+// tile a product reads is one contiguous block (matrix/surface.hpp); elsewhere (0 x 0) all are
 // row-major.
 // All are zero-padded to whole blocks and the compiled head dim, so the main kernels' tiles need
 // no bounds checks and load straight from global memory (the 2-D block loads that feed XMX on
 // GPUs). Each Q block would otherwise be transposed and packed again by every K/V block's
 // work-group that reads it. Each head's key blocks, and its row blocks, run sequence after
-// sequence from pack_first_block (pack_rows.hpp): packs of a packed batch (cu_seqlens) are sized
-// by its real sequences.
+// sequence from pack_first_block (matrix/pack_rows.hpp): packs of a packed batch (cu_seqlens)
+// are sized by its real sequences.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -142,7 +142,8 @@ struct PackedBwd {
 };
 
 // The pack the matrix kernels of tile shape M x K x N read (REGISTERS: with the register dK/dV
-// kernel): in tile order where bwd_pack_tiled says (pack_rows.hpp), as their PackedSurface.
+// kernel): in tile order where bwd_pack_tiled says (matrix/pack_rows.hpp), as their
+// PackedSurface.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool REGISTERS, int M, int K, int N>
 using PackedBwdFor = PackedBwd<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTERS,
                                bwd_pack_tiled(HEAD_DIM, N) ? M : 0,
@@ -169,7 +170,7 @@ void flash_bwd_pack_keys_kernel(BwdParams p) {
   const KvRows<T> v = kv_rows<T>(p.v, p.v_stride, c, seq, coord.batch, coord.head);
   using RowsTile = T[BLOCK_N][HEAD_DIM];
   // Tile by tile, K, K^T and V go through SLM in row-major order first (the loaders write
-  // rows), then out in the readers' order, as the forward's pack (fwd_pack_kv.hpp).
+  // rows), then out in the readers' order, as the forward's pack (forward/pack_kv.hpp).
   constexpr int TILE = BLOCK_N * HEAD_DIM;
   static syclexp::work_group_static<T[Order::TILED ? 3 * TILE : 1]> staged_slm;
   T* staged = Order::TILED ? static_cast<T*>(staged_slm) : out.k;  // out.k, k_t, v: in a row

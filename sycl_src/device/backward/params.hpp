@@ -32,9 +32,9 @@ struct BwdParams {
   BhndStrides dk_stride;
   BhndStrides dv_stride;
   AttentionCommon common;  // dropout: the forward's, so the same elements are dropped
-  // Matrix-engine kernels only (flash_bwd_matrix.hpp): K, K^T, V and the packed Q and dO
-  // tiles, written by the pack kernels (bwd_packed.hpp): blocks of BLOCK_N keys, of BLOCK_M
-  // query rows.
+  // Matrix-engine kernels only (backward/matrix_kernels.hpp): K, K^T, V and the packed Q and
+  // dO tiles, written by the pack kernels (backward/pack_operands.hpp): blocks of BLOCK_N keys,
+  // of BLOCK_M query rows.
   void* packed;
   PackRows key_pack;
   PackRows row_pack;

@@ -1,7 +1,8 @@
 // What every backward kernel computes per score, between its two pairs of products: from the
 // raw dot products q.k and dO.v, the probability the forward used (recomputed from its
 // log-sum-exp) and dS, the gradient of the loss with respect to the score. Used by the matrix
-// backward (flash_bwd_matrix.hpp), where a work-item owns one query row and walks its keys.
+// backward (backward/matrix_kernels.hpp), where a work-item owns one query row and walks its
+// keys.
 #pragma once
 
 #include <sycl/sycl.hpp>

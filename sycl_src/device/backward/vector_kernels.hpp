@@ -7,8 +7,9 @@
 //                                owns query row i
 // Both main kernels recompute P = exp2(score - LSE) from the forward's log-sum-exp (kept in
 // the exp2 domain), with each score made in the forward's order of operations: Q multiplied
-// by q_prescale, then summed with K over d in order (flash_fwd.hpp), then the modifiers; so a
-// row's P is the forward's to the rounding of the LSE (exactly 1 for a row of one key).
+// by q_prescale, then summed with K over d in order (forward/vector_kernel.hpp), then the
+// modifiers; so a row's P is the forward's to the rounding of the LSE (exactly 1 for a row of
+// one key).
 // dS = P * (dP - delta) with dP = dO.V^T (through the dropout mask), times the softcap's
 // derivative. Every gradient is a plain sum in a fixed order: results are bitwise
 // reproducible.

@@ -53,7 +53,7 @@ inline bfloat16_bits from_float<bfloat16_bits>(float x) {
 #endif
 }
 
-// FP8 KV-cache elements by their bit patterns (float8_e4m3fn and float8_e5m2; kv_quant.hpp).
+// FP8 KV-cache elements by their bit patterns (float8_e4m3fn and float8_e5m2; common/kv_quant.hpp).
 // Only read, never written by a kernel: appends are quantised by the caller.
 struct float8_e4m3_bits {
   uint8_t bits;
@@ -103,9 +103,9 @@ inline void fp8_word_to_float(float8_e4m3_bits, uint32_t word, float (&out)[4]) 
   // 3 as they are): the sign stays at a half's bit 15, exponent and mantissa move to bits
   // 13..7. S.1111.111, the only NaN, is the one magnitude whose carry from an added bit 7
   // reaches bit 14, which then makes the half's exponent all ones: a NaN without a compare
-  // per element (23 vector instructions a word instead of 29: e4m3 decode 0.91x the time on the
-  // CPU device). GPUs keep the compares: with this form their one-row
-  // decode grew from 6.9k to 18k instructions (gpu-check), unmeasured on hardware.
+  // per element (fewer vector instructions a word, and a faster e4m3 decode on the CPU device:
+  // docs/api.md). GPUs keep the compares: with this form their one-row decode grew to several
+  // times the instructions (docs/cpu_device.md; gpu-check's record), unmeasured on hardware.
   const auto halves = [](uint32_t high_bytes) {
     const uint32_t magnitude = (high_bytes >> 1) & 0x3f803f80u;
     const uint32_t nan_exponent = (magnitude + 0x00800080u) & 0x40004000u;
@@ -126,7 +126,7 @@ inline void fp8_word_to_float(float8_e4m3_bits, uint32_t word, float (&out)[4]) 
 }
 
 // Two 16-bit values in one 32-bit word, the first in the low half: the packed (VNNI) layout of
-// the matrix engines' B operands (matrix_tile.hpp).
+// the matrix engines' B operands (matrix/slm_tile.hpp).
 template <typename T>
 inline uint32_t pack_pair(T low, T high) {
   static_assert(sizeof(T) == 2, "16-bit types only");

@@ -11,7 +11,7 @@ namespace ipex_flash {
 // score change that a call does not use is not compiled in.
 constexpr int FEATURE_SOFTCAP = 1;
 constexpr int FEATURE_ALIBI = 2;
-// A user's attention mask (attn_mask.hpp), one bit per element type: bool (false hides the
+// A user's attention mask (score/tensor_mask.hpp), one bit per element type: bool (false hides the
 // key) or an additive float32 / float16 / bfloat16 bias.
 constexpr int FEATURE_MASK_BOOL = 4;
 constexpr int FEATURE_MASK_F32 = 8;
@@ -20,28 +20,28 @@ constexpr int FEATURE_MASK_BF16 = 32;
 constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
 // Softcap beside ALiBi or a user's mask. Those kernels take sycl::tanh, not the short form
-// (score_mod.hpp: beside the other score changes IGC's schedule of it spilled), and on the
-// 8-wide engines the SLM-staged kernels (flash_fwd_launch.cpp, flash_bwd_launch.cpp): host and
+// (score/softcap_alibi.hpp: beside the other score changes IGC's schedule of it spilled), and on
+// the 8-wide engines the SLM-staged kernels (flash_fwd_launch.cpp, flash_bwd_launch.cpp): host and
 // device read this one rule, so a plan cannot drift from the tanh its kernel compiles.
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
 }
-// An FP8 KV cache (kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
+// An FP8 KV cache (common/kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
 constexpr int FEATURE_KV_E4M3 = 64;
 constexpr int FEATURE_KV_E5M2 = 128;
 constexpr int FEATURE_KV_FP8 = FEATURE_KV_E4M3 | FEATURE_KV_E5M2;
 // The decode kernel for V's head dim != Q's (dims.head_dim_v); without it the kernel treats
 // them as one, which keeps its fp32 form within DG2's 128 registers (gpu-check).
 constexpr int FEATURE_VALUE_DIM = 256;
-// The decode kernel on the CPU device reads its keys as streams (decode_streams.hpp); set by
+// The decode kernel on the CPU device reads its keys as streams (decode/key_streams.hpp); set by
 // the host for caches whose key rows hold the heads side by side.
 constexpr int FEATURE_KEY_STREAMS = 512;
 // The decode kernel first writes flash_attn_with_kvcache's new keys and values into the cache
-// (decode_append.hpp, DecodeParams::append): a decode step that appends is one launch.
+// (decode/append.hpp, DecodeParams::append): a decode step that appends is one launch.
 constexpr int FEATURE_APPEND = 1024;
-// With FEATURE_APPEND, the rotary embedding of the new keys and of the queries (rotary.hpp),
-// its tables in float32 or in the queries' dtype.
+// With FEATURE_APPEND, the rotary embedding of the new keys and of the queries
+// (kvcache/rotary.hpp), its tables in float32 or in the queries' dtype.
 constexpr int FEATURE_ROTARY_F32 = 2048;
 constexpr int FEATURE_ROTARY_INPUT = 4096;
 constexpr int FEATURE_ROTARY = FEATURE_ROTARY_F32 | FEATURE_ROTARY_INPUT;

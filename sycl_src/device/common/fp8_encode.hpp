@@ -1,7 +1,7 @@
 // float32 to FP8 (float8_e4m3fn, float8_e5m2), rounded to nearest, ties to even, saturating at
 // the format's largest finite value, NaN kept: what torch's (x / descale).clamp(-max, max)
 // .to(float8) gives, so that a kernel's append into an FP8 cache stores the general path's
-// bytes (kv_append.hpp).
+// bytes (kvcache/append_kernels.hpp).
 #pragma once
 
 #include <sycl/sycl.hpp>

@@ -1,7 +1,7 @@
 // FP8 KV caches: K and V stored as float8_e4m3fn or float8_e5m2 with descale factors per
 // (batch, K/V head), read by the same kernels as 16-bit caches. A kernel's FEATURES say the
 // cache's element type (kv_storage_t); elements are converted to float32 as they are loaded
-// (dtypes.hpp), and the descales never touch an element:
+// (common/dtypes.hpp), and the descales never touch an element:
 //   scores  q . (k_descale * k) = (k_descale * q) . k: folded into Q's scale on load;
 //   output  sum_j p_j (v_descale * v_j) = v_descale * sum_j p_j v_j: folded into the final
 //           normalisation.

@@ -61,31 +61,31 @@ struct SeqLayout {
   int32_t keys_appended;        // added to each seqlens_k[b]: keys the kernel appends first
 };
 
-// A KV cache's bounds, so that out-of-range values (which a launch plan may leave to the
-// device to check, cache_check.hpp) never take the decode kernel outside it: a sequence whose
-// length or start is out of range has no keys (bounded_seq_info), a split whose block_table
-// entries are not all pages of the pool reads nothing, and a new row whose page is not in the
-// pool is not written (flash_decode.hpp, decode_append.hpp). Only
-// DecodeParams holds it: in SeqLayout, which every kernel takes, the two words alone made the
-// float32 forward spill on 128-register GPUs (gpu-check, Meteor Lake and Arrow Lake-H, d=128
-// with every score change).
+// A KV cache's bounds, so that out-of-range values (which a launch plan may leave to the device to
+// check, probes/cache_check_kernel.hpp) never take the decode kernel outside it: a sequence whose
+// length or start is out of range has no keys (bounded_seq_info), a split whose block_table entries
+// are not all pages of the pool reads nothing, and a new row whose page is not in the pool is not
+// written (decode/kernel.hpp, decode/append.hpp). Only DecodeParams holds it: in SeqLayout, which
+// every kernel takes, the two words alone made the float32 forward spill on 128-register GPUs
+// (gpu-check, Meteor Lake and Arrow Lake-H, d=128 with every score change).
 struct CacheBounds {
   int32_t key_capacity;  // rows a sequence's keys may reach
   int32_t pages;         // pages of a paged cache (0: not paged)
 };
 
-// The cache's bounds as the decode kernel obeys them, the check kernel (cache_check.hpp)
-// reports them and the host checks them (launch_plan_values.cpp): a sequence's keys plus its
-// appended rows within the capacity, its start within its keys, a block_table entry within
-// the pool.
+// The cache's bounds as the decode kernel obeys them, the check kernel
+// (probes/cache_check_kernel.hpp) reports them and the host checks them (launch_plan_values.cpp): a
+// sequence's keys plus its appended rows within the capacity, its start within its keys, a
+// block_table entry within the pool.
 inline bool keys_fit_cache(int64_t keys, int64_t appended, int64_t capacity) {
   return keys >= 0 && keys + appended <= capacity;
 }
 inline bool start_within_keys(int64_t start, int64_t keys) { return start >= 0 && start <= keys; }
 inline bool page_in_pool(int32_t page, int32_t pages) { return page >= 0 && page < pages; }
 
-// Where a pack of the matrix kernels (fwd_pack_kv.hpp, bwd_packed.hpp) keeps each sequence's
-// blocks of rows: per head, sequence after sequence, from pack_first_block (pack_rows.hpp).
+// Where a pack of the matrix kernels (forward/pack_kv.hpp, backward/pack_operands.hpp) keeps each
+// sequence's blocks of rows: per head, sequence after sequence, from pack_first_block
+// (matrix/pack_rows.hpp).
 struct PackRows {
   const int32_t* cu_rows;  // (B + 1) prefix sums of each sequence's rows, or null: every
                            // sequence has seq_blocks blocks (fixed length)
@@ -101,7 +101,7 @@ struct BhndStrides {
   int64_t row;
 };
 
-// Dropout of attention probabilities (see dropout.hpp). Disabled when enabled == 0.
+// Dropout of attention probabilities (see score/dropout.hpp). Disabled when enabled == 0.
 struct DropoutParams {
   uint64_t seed;       // Philox key, drawn from torch's generator for the device
   uint64_t offset;     // mixed into the counter, drawn from the same generator
@@ -132,7 +132,7 @@ struct LseStrides {
   int64_t head;
 };
 
-// Descale factors of an FP8 KV cache (kv_quant.hpp): float32 (B, Hkv), contiguous; null = 1.
+// Descale factors of an FP8 KV cache (common/kv_quant.hpp): float32 (B, Hkv), contiguous; null = 1.
 struct KvDescaleParams {
   const float* k;
   const float* v;
@@ -148,7 +148,7 @@ struct AttentionCommon {
   LseStrides lse_stride;
   KvDescaleParams kv_descale;
   float scale;          // softmax scale
-  float q_prescale;     // what Q is multiplied by on load (see score_mod.hpp)
+  float q_prescale;     // what Q is multiplied by on load (see score/softcap_alibi.hpp)
   int32_t num_blocks;   // work-groups per (batch, head) of the launch
 };
 

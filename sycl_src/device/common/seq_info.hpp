@@ -36,9 +36,9 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
 }
 
 // seq_info for the decode kernel, whose launch plan may leave a KV cache's values to the
-// device to check (cache_check.hpp): a sequence whose length or start is out of the cache's
-// bounds has no keys. The other kernels run on values the host checked, without this code and
-// its registers.
+// device to check (probes/cache_check_kernel.hpp): a sequence whose length or start is out of
+// the cache's bounds has no keys. The other kernels run on values the host checked, without
+// this code and its registers.
 inline SeqInfo bounded_seq_info(const AttentionCommon& c, const CacheBounds& bounds, int b) {
   SeqInfo s = seq_info(c, b);
   if (c.seq.seqlens_k != nullptr) {

@@ -7,8 +7,8 @@
 // the host fuses the append only where a K/V head group's rows are not sliced across
 // work-groups (flash_decode_launch.cpp). An FP8 cache's new tokens are quantised as
 // kv_append_kernel's are (cache_element), so the attention reads the bytes the cache keeps;
-// with FEATURE_ROTARY the new keys are rotated as kv_append_rotary_kernel's are (rotary.hpp),
-// and so are the queries as they are read (decode_rows.hpp).
+// with FEATURE_ROTARY the new keys are rotated as kv_append_rotary_kernel's are
+// (kvcache/rotary.hpp), and so are the queries as they are read (decode/rows.hpp).
 #pragma once
 
 #include <sycl/sycl.hpp>

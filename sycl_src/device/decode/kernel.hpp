@@ -1,27 +1,21 @@
-// Decoding: attention of a few new query rows per sequence against a (possibly paged) KV
-// cache. Memory-bound, so organised around reading each K/V element once, straight from the
-// cache into registers (no K/V tile in SLM):
-//   one work-group (a sub-group of DECODE_LANES lanes) per (batch, group of K/V heads, split
-//   of the keys, slice of rows) serves every query row of each of its K/V heads (GQA group x
-//   new tokens), so each K/V element is read once for all the heads sharing it; splits fill
-//   the device when sequences are few;
-//   lanes run along the head dim in both products (column d = v * LANES + lane): K and V rows
-//   are sub-group block loads and every lane is busy however few the rows; transpose_sum adds
-//   Q.K^T's per-lane partial products across lanes, one (row, key) score per lane, where the
-//   softmax runs; P.V broadcasts the probabilities from SLM;
-//   each split writes its normalised partial output and LSE; flash_decode_merge_kernel
-//   combines them: out = sum_s exp2(lse_s - lse) * out_s, lse = log2 sum_s exp2(lse_s); a
-//   call of one split writes out and lse itself, one launch fewer, where registers allow.
-// Reads ahead: GPUs read a step's V rows during its scores; the CPU device walks a block step
-// by step over every head (DECODE_STEP_MAJOR) with a burst of reads per step or, for caches of
-// interleaved heads, as key streams its prefetchers follow (decode_streams.hpp). 16-bit inputs
-// on a matrix engine compute the scores there (MATRIX_M > 0).
-// Shape: decode_traits.hpp; rows and Q: decode_rows.hpp; reads ahead and matrix scores:
-// decode_scores.hpp; merge: decode_merge.hpp. The vector scores, softmax, P.V and partial
-// results stay here: as functions taking the local memory by reference they made DG2, Meteor
-// Lake and Arrow Lake-H spill 64-576 B more.
-// Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
-// v = head-dim vectors (LANES columns each).
+// Decoding: a few new query rows per sequence against a (possibly paged) KV cache. Memory-bound, so
+// each K/V element is read once, straight from the cache into registers (no K/V tile in SLM). A
+// work-group (one sub-group of DECODE_LANES lanes) per (batch, group of K/V heads, split of the
+// keys, slice of rows) serves every query row of its K/V heads (GQA group x new tokens), so the
+// heads sharing a K/V element read it once; splits fill the device when sequences are few. Lanes
+// run along the head dim in both products (column d = v * LANES + lane): K and V rows are sub-group
+// block loads, and every lane is busy however few the rows; transpose_sum adds Q.K^T's per-lane
+// partial products across lanes into one (row, key) score per lane, where the softmax runs; P.V
+// broadcasts the probabilities from SLM. Each split writes its normalised partial output and LSE,
+// which flash_decode_merge_kernel combines (decode/merge_kernel.hpp):
+// out = sum_s exp2(lse_s - lse) * out_s, lse = log2 sum_s exp2(lse_s); where registers allow, a
+// call of one split writes out and lse itself, one launch fewer. Shape and dimension legend:
+// decode/traits.hpp; rows and Q: decode/rows.hpp; reads ahead (GPUs: a step's V rows during its
+// scores; the CPU device: every head step by step, DECODE_STEP_MAJOR, a burst of reads per step,
+// or for caches of interleaved heads key streams, decode/key_streams.hpp) and 16-bit scores on a
+// matrix engine (MATRIX_M > 0): decode/scores.hpp. The vector scores, softmax, P.V and partial
+// results stay here: as functions taking the local memory by reference they made the kernel spill
+// more on DG2, Meteor Lake and Arrow Lake-H (gpu-check's record).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -127,7 +121,8 @@ void flash_decode_kernel(DecodeParams p) {
   // This split's keys, cut to what any of the rows can see.
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
-  // (a page entry outside the pool, which cache_check.hpp reports: nothing read or appended)
+  // (a page entry outside the pool, which probes/cache_check_kernel.hpp reports: nothing read or
+  // appended)
   // (one sub-group: no local memory)
   const bool in_pool = split_pages_in_pool(
       sg, c, p.bounds, b, split_begin, std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
@@ -163,7 +158,8 @@ void flash_decode_kernel(DecodeParams p) {
     const auto finish_scores = [&](int hk, const HeadRows& head, int t, float raw_score) {
       float score[1] = {raw_score * head.k_scale};
       if (!STEP_MAJOR && cols.whole_v) touched ^= decode_touch_v<Tr>(sg, head.v, keys, t);
-      // (Read through keys, the consecutive order's key made DG2, MTL and ARL-H spill 700 B.)
+      // (Read through keys, the consecutive order's key made DG2, MTL and ARL-H spill: gpu-check's
+      // record.)
       const int64_t key = KEY_STREAMS ? keys.template key<Tr>(t, my_key)
                                       : kv_begin + t * KEYS_PER_STEP + my_key;
       if constexpr (FEATURES != 0) {
@@ -291,10 +287,9 @@ void flash_decode_kernel(DecodeParams p) {
   // RowVectors::touch from being dropped as dead.
   if (p.heads_per_group < 0) p.partial_lse[lid] = static_cast<float>(touched);
   // Row statistics live in the row's lanes; the output is written with lanes along d. With one
-  // split (DECODE_ONE_SPLIT_WRITES) the work-group holds every key of its rows: it does the
-  // merge kernel's part itself
-  // (decode_merge.hpp: the head's sink as one more term of the denominator) and writes the
-  // output and LSE, and the host launches no merge.
+  // split (DECODE_ONE_SPLIT_WRITES) the work-group holds every key of its rows: it does the merge
+  // kernel's part itself (decode/merge_kernel.hpp: the head's sink as one more term of the
+  // denominator) and writes the output and LSE, and the host launches no merge.
   const bool one_split = DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1;
   for (int hk = 0; hk < group_heads; ++hk) {
     const int h_kv = head0 + hk;

@@ -1,4 +1,4 @@
-// Key streams: the decode kernel's order of keys on the CPU device (flash_decode.hpp), for
+// Key streams: the decode kernel's order of keys on the CPU device (decode/kernel.hpp), for
 // caches whose key rows hold the heads side by side ((B, N, H, D), flash-attn's, and paged).
 //
 // The split's keys are cut into KEYS_PER_STEP runs of stream_len keys, and step t of a block
@@ -13,7 +13,7 @@
 // burst of reads needed). Kernels of 8 or more rows keep the
 // consecutive order (step-major P.V loads and stores O every KEYS_PER_STEP keys, too often
 // with 2 or 1 keys per step), and so do (B, H, N, D) caches, whose heads are streams already.
-// Dimension legend as in decode_traits.hpp.
+// Dimension legend as in decode/traits.hpp.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -49,7 +49,7 @@ IPEX_FLASH_INLINE inline void decode_pv_key(sycl::sub_group sg, const typename T
 // P.V of step t of a block for every head of the group: O (acc) += the step's probabilities
 // (probs[head][t][r * KEYS_PER_STEP + j]) times V rows of the step's keys, O first rescaled by
 // the head's factor for this block at step 0. (A function the CPU compiler must inline:
-// kernel_props.hpp.)
+// common/kernel_props.hpp.)
 template <class Tr>
 IPEX_FLASH_INLINE inline void decode_stream_pv(
     sycl::sub_group sg, const DecodeHeads<typename Tr::KV>& heads, const DecodeKeys& keys, int t,

@@ -1,4 +1,4 @@
-// The second kernel of a decode call (flash_decode.hpp): each split of the keys wrote a
+// The second kernel of a decode call (decode/kernel.hpp): each split of the keys wrote a
 // normalised partial output and its log-sum-exp; this combines them, with the head's sink (if
 // any) as one more term of the denominator. LSEs are in the exp2 domain, as the kernels keep
 // them (OnlineSoftmaxRow::log2_sum_exp).

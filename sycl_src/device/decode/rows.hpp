@@ -1,8 +1,8 @@
-// The query rows of a decode work-group (flash_decode.hpp): which query head and new token
+// The query rows of a decode work-group (decode/kernel.hpp): which query head and new token
 // each row is, and their Q and running state put into local memory before the keys. (The
 // partial results stay in the kernel: as a function here, taking the local memory by
-// reference, they made Arc A, Meteor Lake and Arrow Lake-H spill 64-128 B in the bf16 d=64
-// one-row decode, past its rule.) Dimension legend as in decode_traits.hpp.
+// reference, they made Arc A, Meteor Lake and Arrow Lake-H spill in the bf16 d=64 one-row
+// decode, past its rule; gpu-check's record.) Dimension legend as in decode/traits.hpp.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -36,7 +36,7 @@ struct DecodeRows {
     return h_kv * p.common.dims.heads_per_kv + (row0 + r) / seq.len_q;
   }
   int token(int r) const { return (row0 + r) % seq.len_q; }
-  // Element d of Q row r (`row`: rows.q), rotated first with FEATURE_ROTARY (rotary.hpp).
+  // Element d of Q row r (`row`: rows.q), rotated first with FEATURE_ROTARY (kvcache/rotary.hpp).
   template <class Tr>
   typename Tr::T q_element(const typename Tr::T* row, int r, int d) const {
     if constexpr (Tr::ROTARY) {

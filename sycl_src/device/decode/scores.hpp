@@ -1,6 +1,6 @@
-// The decode kernel's reads ahead of its products (flash_decode.hpp), and its scores of a key
+// The decode kernel's reads ahead of its products (decode/kernel.hpp), and its scores of a key
 // block on the matrix engine, before any scale, score change or mask. (The vector units'
-// scores stay in the kernel.) Dimension legend as in decode_traits.hpp.
+// scores stay in the kernel.) Dimension legend as in decode/traits.hpp.
 #pragma once
 
 #include <sycl/sycl.hpp>

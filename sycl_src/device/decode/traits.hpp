@@ -1,7 +1,7 @@
 // The decode kernel's compile-time shape (flash-attn's "kernel traits"): how a work-group's
 // query rows, a key block's keys and the head dim are dealt to its DECODE_LANES lanes, and the
 // order of its loops on each device; with the run-time descriptions of a key block and of the
-// K/V columns that every step of the kernel takes (flash_decode.hpp, decode_scores.hpp).
+// K/V columns that every step of the kernel takes (decode/kernel.hpp, decode/scores.hpp).
 // Dimension legend: r = query rows of the group, j = keys of a step, t = steps of a block,
 // v = head-dim vectors (LANES columns each).
 #pragma once
@@ -26,7 +26,7 @@ constexpr int DECODE_PV_CHAINS = 8;
 // D) cache is walked in memory order (fp32 decode 1.3x, bf16 1.35x, FP8 1.7x), and the scores
 // of every head wait in SLM for the block's softmax and P.V. On GPUs, head-major, each head's
 // scores, softmax and P.V together: step-major made DG2, Meteor Lake and Arrow Lake-H spill
-// 192-480 B.
+// (gpu-check's record).
 #if defined(IPEX_FLASH_CPU_LOOPS)
 constexpr bool DECODE_STEP_MAJOR = true;
 #else
@@ -35,7 +35,7 @@ constexpr bool DECODE_STEP_MAJOR = false;
 
 // Whether a call of one split writes its output in the decode kernel, with no merge launch:
 // where registers allow it (the 256-register GPUs, the CPU device). On GPUs with 128 registers
-// that write's code made the 16-bit one-row kernels spill 384-704 B.
+// that write's code made the 16-bit one-row kernels spill (gpu-check's record).
 #if defined(IPEX_FLASH_CPU_LOOPS) || defined(IPEX_FLASH_LARGE_GRF)
 constexpr bool DECODE_ONE_SPLIT_WRITES = true;
 #else
@@ -67,8 +67,8 @@ template <typename T_, int HEAD_DIM_, int GROUP_ROWS_, int BLOCK_N_, int FEATURE
           int MATRIX_K_, int MATRIX_N_>
 struct DecodeTraits {
   using T = T_;                                      // Q's (and a 16-bit cache's) elements
-  using KV = kv_storage_t<T, FEATURES_>;             // the cache's: T, or FP8 (kv_quant.hpp)
-  // FEATURE_ROTARY: the tables' elements (rotary.hpp).
+  using KV = kv_storage_t<T, FEATURES_>;             // the cache's: T, or FP8 (common/kv_quant.hpp)
+  // FEATURE_ROTARY: the tables' elements (kvcache/rotary.hpp).
   using Cos = std::conditional_t<(FEATURES_ & FEATURE_ROTARY_F32) != 0, float, T>;
   static constexpr bool ROTARY = (FEATURES_ & FEATURE_ROTARY) != 0;
   static constexpr int LANES = DECODE_LANES;
@@ -84,7 +84,7 @@ struct DecodeTraits {
   static constexpr int PV_VECS = decode_pv_vecs(D_VECS, PER_LOAD, DECODE_PV_CHAINS / GROUP_ROWS);
   static constexpr bool MATRIX = MATRIX_M > 0;
   static constexpr bool STEP_MAJOR = DECODE_STEP_MAJOR && !MATRIX;  // matrix: head by head
-  // The keys as streams (decode_streams.hpp), step-major only.
+  // The keys as streams (decode/key_streams.hpp), step-major only.
   static constexpr bool KEY_STREAMS = STEP_MAJOR && (FEATURES & FEATURE_KEY_STREAMS) != 0;
   // A block's probabilities in SLM: every head's where all heads' scores come before the
   // softmax (step-major), one head's otherwise.
@@ -113,7 +113,7 @@ struct DecodeKeys {
   int64_t stream_len = 0;  // KEY_STREAMS: keys from one stream's start to the next's
 
   // Key j of step t of the block: consecutive keys, or with key streams the t-th key of stream
-  // j (decode_streams.hpp).
+  // j (decode/key_streams.hpp).
   template <class Tr>
   int64_t key(int t, int j) const {
     if constexpr (Tr::KEY_STREAMS)
@@ -130,7 +130,7 @@ struct DecodeKeys {
 };
 
 // A split's keys [first, end) as key blocks: BLOCK_N consecutive keys each from `first`, or
-// with key streams (decode_streams.hpp) STEPS keys of each of KEYS_PER_STEP runs of stream_len
+// with key streams (decode/key_streams.hpp) STEPS keys of each of KEYS_PER_STEP runs of stream_len
 // keys (whole blocks' worth; the last run may pass `end`, and the mask drops those keys).
 template <class Tr>
 struct DecodeBlocks {

@@ -1,7 +1,7 @@
 // FlashAttention-2 forward with the two products on the matrix engine (XMX on Intel GPUs, AMX
 // on Xeons): the same blocks, mask, score modifiers, dropout and online softmax as
-// flash_fwd.hpp, for 16-bit queries over 16-bit or FP8 K/V. Dimension legend as there
-// (q, kv, d), plus
+// forward/vector_kernel.hpp, for 16-bit queries over 16-bit or FP8 K/V. Dimension legend as
+// there (q, kv, d), plus
 //   r : the MATRIX_N query rows of one sub-group (16; 8 on DG2 / Arrow Lake-H's XMX)
 //
 // One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
@@ -17,10 +17,10 @@
 //
 // This SLM-staged form serves AMX, whose eight tile registers cannot hold a block's
 // accumulators and whose layout of a tile over a sub-group's work-items is not known to be the
-// lane-column layout flash_fwd_matrix_registers.hpp needs, and the GPUs with 128 registers per
+// lane-column layout forward/registers_kernel.hpp needs, and the GPUs with 128 registers per
 // thread (DG2, Arrow Lake-H), too few for them; the GPUs with 256 run that one
 // (matrix_tiles_in_registers, matrix_path.cpp).
-// K and V^T come from the packed copy (fwd_pack_kv.hpp). With nothing of K or V in SLM, the
+// K and V^T come from the packed copy (forward/pack_kv.hpp). With nothing of K or V in SLM, the
 // sub-groups never wait on each other: there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
 // FP8 caches' descales are folded into the score scale and the final normalisation as in the

@@ -1,10 +1,10 @@
-// The forward matrix kernels' packed K/V copy (flash_fwd_matrix.hpp,
-// flash_fwd_matrix_registers.hpp): every K/V block written once, before the main kernel, in the
+// The forward matrix kernels' packed K/V copy (forward/matrix_kernel.hpp,
+// forward/registers_kernel.hpp): every K/V block written once, before the main kernel, in the
 // order its products read it: K (kv, d) and V^T (d, kv), zero-padded to whole blocks and the
 // compiled head dim, one contiguous run per block, so that the main kernel loads its A tiles
 // straight from global memory. Transposing V per work-group instead (64 times per K/V block at
-// N = 4096) took a third of the kernel's time. FP8 caches (kv_quant.hpp) are converted to T here,
-// exactly: every e4m3 and e5m2 value is a float16 and a bfloat16.
+// N = 4096) took a third of the kernel's time. FP8 caches (common/kv_quant.hpp) are converted to
+// T here, exactly: every e4m3 and e5m2 value is a float16 and a bfloat16.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -24,10 +24,10 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // The packed K/V copy: per K/V head, each sequence's blocks from pack_first_block
-// (pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM_V x BLOCK_N), in the
-// input dtype, row-major or tile by tile (flash_fwd_pack_kv_kernel). HEAD_DIM_V is V's
-// compiled head dim where the kernel runs it apart from Q's and
-// K's (MLA: 192 and 128), so that V is not padded to HEAD_DIM.
+// (matrix/pack_rows.hpp), each K (BLOCK_N x HEAD_DIM) followed by V^T (HEAD_DIM_V x BLOCK_N), in
+// the input dtype, row-major or tile by tile (flash_fwd_pack_kv_kernel). HEAD_DIM_V is V's compiled
+// head dim where the kernel runs it apart from Q's and K's (MLA: 192 and 128), so that V is not
+// padded to HEAD_DIM.
 template <typename T, int HEAD_DIM, int BLOCK_N, int HEAD_DIM_V = HEAD_DIM>
 struct PackedKv {
   static constexpr int64_t BLOCK_ELEMENTS = static_cast<int64_t>(BLOCK_N) * (HEAD_DIM + HEAD_DIM_V);
@@ -46,7 +46,7 @@ struct PackedKv {
 // work-items per block of the pack, gaps included; the K/V rows may be packed (varlen) or
 // paged like the forward's, in T or in the FP8 type of KV_FEATURES (FEATURE_KV_E4M3 / E5M2,
 // else 0). TILE_M x TILE_K: the readers' A tiles where they read the copy tile by tile
-// (matrix_surface.hpp: the 8-wide engines), 0 x 0 where they read it row by row.
+// (matrix/surface.hpp: the 8-wide engines), 0 x 0 where they read it row by row.
 template <typename T, int HEAD_DIM, int BLOCK_N, int KV_FEATURES, int HEAD_DIM_V, int TILE_M,
           int TILE_K>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))

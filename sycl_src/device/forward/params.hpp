@@ -20,8 +20,8 @@ struct FwdParams {
   BhndStrides v_stride;
   BhndStrides out_stride;
   AttentionCommon common;
-  // Matrix-engine kernel only: K and V^T in tile order (flash_fwd_matrix.hpp), written by its
-  // pack kernel (fwd_pack_kv.hpp), BLOCK_N keys a block.
+  // Matrix-engine kernel only: K and V^T in tile order (forward/matrix_kernel.hpp), written by
+  // its pack kernel (forward/pack_kv.hpp), BLOCK_N keys a block.
   void* kv_packed;
   PackRows kv_pack;
 };

@@ -1,16 +1,16 @@
 // FlashAttention-2 forward on the matrix engine with its tiles in registers, the shape XMX
 // kernels want on Intel GPUs: the same blocks, mask, score modifiers, dropout and online
-// softmax as flash_fwd_matrix.hpp (whose SLM-staged form serves AMX, and the 8-wide engines
+// softmax as forward/matrix_kernel.hpp (whose SLM-staged form serves AMX, and the 8-wide engines
 // with score changes), without the SLM round trips. For the 256-register GPUs (PVC, BMG, Lunar
 // Lake; sub-group 16) and the 8-wide engines of Arc A-series and Arrow Lake-H (128 registers;
 // sub-group 8, 16-key blocks, two sub-groups per query rows past head dim 64: VALUE_SPLIT) up
 // to head dim 128, and their emulations.
-// Dimension legend as in flash_fwd.hpp (q, kv, d), plus r: the MATRIX_N query rows of one
-// sub-group, one per lane.
+// Dimension legend as in forward/vector_kernel.hpp (q, kv, d), plus r: the MATRIX_N query rows
+// of one sub-group, one per lane.
 //
 // One work-group per (batch, query head, Q block), BLOCK_M / MATRIX_N sub-groups of MATRIX_N
 // lanes; lane r of a sub-group owns query row r. Everything is computed transposed so that a
-// row's values are its lane's column of each tile (matrix_registers.hpp). Per K/V block:
+// row's values are its lane's column of each tile (matrix/registers.hpp). Per K/V block:
 //   S^T (kv, r) = K (kv, d) . Q^T (d, r)     BLOCK_N / MATRIX_M accumulators, in registers
 //   softmax over kv                          each lane on its own column: no exchange
 //   P^T (kv, r)                              B operands built in registers from the column
@@ -19,9 +19,9 @@
 // HEAD_DIM is Q's and K's compiled head dim, HEAD_DIM_V V's and O's: the host compiles them
 // apart where they differ (MLA prefill: 192 and 128), so that P.V and the O^T accumulators run
 // at V's head dim rather than the larger one; equal otherwise.
-// K and V^T are read as A tiles from the packed copy (fwd_pack_kv.hpp), in 2-D blocks of many
-// tiles (matrix_block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T is
-// staged once in SLM in the matrix engine's packed B layout and read as whole B tiles (once,
+// K and V^T are read as A tiles from the packed copy (forward/pack_kv.hpp), in 2-D blocks of
+// many tiles (matrix/block_io.hpp), or on the 8-wide engines one contiguous tile at a time. Q^T
+// is staged once in SLM in the matrix engine's packed B layout and read as whole B tiles (once,
 // up to d = 64; per block above and on the 8-wide engines), the only SLM the kernel uses; each
 // sub-group reads only its own columns, so there is no work-group barrier.
 // P is rounded to the input dtype before its product, as in FlashAttention-2 on GPUs.
@@ -86,13 +86,14 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // grow with DV, and at HEAD_DIM above 64 Q^T is read from SLM per block, costing no
   // registers that stay.
   constexpr int WIDEST = HEAD_DIM > DV ? HEAD_DIM : DV;
-  // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix_block_io.hpp): 16 rows at d = 128,
+  // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix/block_io.hpp): 16 rows at d = 128,
   // where 32-row blocks spilled beside the 128 registers of O^T. With ALiBi or a mask above
   // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC). Softcap
-  // alone keeps the blocks (17.4 instructions per DPAS on BMG at d = 128 tile by tile, 11.8).
+  // alone keeps the blocks (tile by tile, its loop issued more instructions per DPAS on BMG at
+  // d = 128: docs/gpus.md).
   constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
   // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
-  // the pack (matrix_surface.hpp): they have no 2-D block loads.
+  // the pack (matrix/surface.hpp): they have no 2-D block loads.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
   constexpr bool WIDE =
@@ -176,7 +177,7 @@ IPEX_FLASH_TILE_LOOP
 
     // S^T: every key tile against one Q^T B tile per reduction step. The sub-group barrier
     // (no instruction on the engine) keeps IGC from hoisting the loop-invariant Q^T loads out
-    // of the loop: held through it beside O^T they spilled 3-4 KB on DG2.
+    // of the loop: held through it beside O^T they spilled on DG2 (gpu-check's record).
     if constexpr (!Q_IN_REGISTERS) sycl::group_barrier(sg);
     MatrixAcc<M, R> s[S_TILES];
 IPEX_FLASH_TILE_LOOP

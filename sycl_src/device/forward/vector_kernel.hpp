@@ -64,13 +64,13 @@ void flash_fwd_kernel(FwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   const int64_t batch_head = block.batch_head;
-  using KV = kv_storage_t<T, FEATURES>;  // the K/V elements: T, or FP8 (kv_quant.hpp)
+  using KV = kv_storage_t<T, FEATURES>;  // the K/V elements: T, or FP8 (common/kv_quant.hpp)
   const ForwardOperands<T, KV> operands = forward_operands<T, KV>(p, block);
   const T* q = operands.q;
   const KvRows<KV>& k = operands.k;
   const KvRows<KV>& v = operands.v;
 
-  // K's descale is folded into Q's scale (kv_quant.hpp).
+  // K's descale is folded into Q's scale (common/kv_quant.hpp).
   load_tile_transposed<BLOCK_M, HEAD_DIM>(
       q_t, q, p.q_stride.row, static_cast<int>(q_end - q_begin), c.dims.head_dim,
       c.q_prescale * kv_descale<FEATURES>(c, block.batch, block.head_kv).k, lid, BLOCK_M);

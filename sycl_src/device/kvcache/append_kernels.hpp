@@ -1,7 +1,7 @@
 // The append of flash_attn_with_kvcache's new keys and values into the cache, in place: one
 // launch before the attention on the same queue, reading the lengths and pages on the device
 // (a GPU's launch plan never waits for the host), where the decode kernel does not append
-// them itself (decode_append.hpp). kv_append_kernel stores each element through
+// them itself (decode/append.hpp). kv_append_kernel stores each element through
 // STORE: StoreBits copies it (an unsigned integer of the dtype's width), StoreFp8 quantises a
 // 16-bit one into an FP8 cache; kv_append_rotary_kernel also applies the rotary embedding to
 // the new keys and to the queries, in float32 as the general path does.
@@ -55,7 +55,7 @@ struct StoreBits {
 };
 
 // An appended element as the cache stores it: itself, or x / descale rounded to the cache's
-// FP8, saturating (fp8_quant.quantise's bytes). Also the decode kernel's (decode_append.hpp).
+// FP8, saturating (fp8_quant.quantise's bytes). Also the decode kernel's (decode/append.hpp).
 template <typename Out, typename In>
 inline Out cache_element(In x, float descale) {
   if constexpr (std::is_same_v<Out, In>) return x;
@@ -96,7 +96,7 @@ void kv_append_kernel(KvAppendParams p) {
   for (int d = 0; d < p.head_dim_v; ++d) v_out[d] = store_v(v[d]);
 }
 
-// A row of head_dim features rotated at `position` into `out` (rotary.hpp).
+// A row of head_dim features rotated at `position` into `out` (kvcache/rotary.hpp).
 template <typename T, typename COS>
 inline void rotate_row(const KvAppendParams& p, const T* in, T* out, int64_t position) {
   for (int d = 0; d < p.head_dim; ++d) out[d] = rotated_element<T, COS>(p.rotary, in, d, position);

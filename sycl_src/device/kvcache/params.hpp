@@ -10,8 +10,8 @@
 namespace ipex_flash {
 
 // The rotary embedding flash_attn_with_kvcache applies to new keys and to the queries
-// (rotary.hpp): a row's first rotary_dim features rotated at a position's row of the tables,
-// pairs (2i, 2i + 1) when interleaved (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX). New
+// (kvcache/rotary.hpp): a row's first rotary_dim features rotated at a position's row of the
+// tables, pairs (2i, 2i + 1) when interleaved (GPT-J), else (i, i + rotary_dim / 2) (GPT-NeoX). New
 // token i of sequence b is at seqlens[b] + i; query i too when q_positions_advance, else all
 // queries at seqlens[b] (the lengths before the append, left pads included).
 struct RotaryParams {
@@ -22,8 +22,8 @@ struct RotaryParams {
   int32_t rows;     // the tables' rows: positions past them read the nearest (0: unchecked)
 };
 
-// New keys and values written into a KV cache (kv_append.hpp), as flash_attn_with_kvcache
-// appends them: token i of sequence b at cache position seqlens[b] + i.
+// New keys and values written into a KV cache (kvcache/append_kernels.hpp), as
+// flash_attn_with_kvcache appends them: token i of sequence b at cache position seqlens[b] + i.
 struct KvAppendParams {
   const void* k_new;            // (B, Nnew, Hkv, D), read through strides
   const void* v_new;            // (B, Nnew, Hkv, Dv)

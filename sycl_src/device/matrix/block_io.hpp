@@ -1,12 +1,12 @@
 // A tiles read from global memory 32 (or 16) rows by 32 (or 16) columns at a time with the 2-D
 // block load of PVC, BMG and Lunar Lake, for the register kernels' products. joint_matrix_load
 // reads one 8 x 16 tile per load, and IGC (ocloc 26.27) builds each load's descriptor (base,
-// extent, pitch, coordinates, shape: eight scalar instructions) anew, so a load and its
-// descriptor per DPAS were most of the forward's main loop; a block here serves eight (or four)
+// extent, pitch, coordinates, shape: scalar instructions) anew, so a load and its descriptor per
+// DPAS were most of the forward's main loop (docs/gpus.md); a block here serves eight (or four)
 // DPAS. The block arrives in the A tiles' own layout (lane n holds column n, rows in order), so
 // its tiles are handed to joint_matrix element by element, which IGC folds away (no
 // instruction: the DPAS read the loaded registers). The layout probe
-// (matrix_layout_probe.hpp) checks this on each device before the kernels run.
+// (probes/matrix_layout_probe_kernel.hpp) checks this on each device before the kernels run.
 #pragma once
 
 #include <sycl/sycl.hpp>

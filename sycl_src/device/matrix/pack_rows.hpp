@@ -1,6 +1,6 @@
-// Where each sequence's blocks sit in the matrix kernels' packs (fwd_pack_kv.hpp,
-// bwd_packed.hpp), which both the pack kernels and the kernels reading them address through
-// here. Packs are sized by the real sequences, not batch x the longest: sequence b, rows
+// Where each sequence's blocks sit in the matrix kernels' packs (forward/pack_kv.hpp,
+// backward/pack_operands.hpp), which both the pack kernels and the kernels reading them address
+// through here. Packs are sized by the real sequences, not batch x the longest: sequence b, rows
 // [cu[b], cu[b + 1]) of the packed batch, starts at block (cu[b] + b (BLOCK - 1)) / BLOCK.
 // Successive starts differ by at least ceil(len_b / BLOCK), since floor(x + y) >= floor(x) +
 // floor(y), so sequences never share a block; the pack holds (total + B (BLOCK - 1)) / BLOCK
@@ -15,11 +15,11 @@
 
 namespace ipex_flash {
 
-// Whether the backward's packs (bwd_packed.hpp) are tile by tile for tiles N columns wide: on
-// the 8-wide engines (N = 8), which have no 2-D block loads, up to head dim 128. Past 128 the
-// SLM-staged kernels reading tiles spilled more than row by row on DG2 (dQ at d = 192: 0.6-1.8
-// KB where it spilled 0-0.4), and the pack's staging 768 bytes. The host names the pack
-// kernels by it, the kernels reading the packs address them by it.
+// Whether the backward's packs (backward/pack_operands.hpp) are tile by tile for tiles N columns
+// wide: on the 8-wide engines (N = 8), which have no 2-D block loads, up to head dim 128. Past
+// 128 the SLM-staged kernels reading tiles spilled more than row by row on DG2 (dQ at d = 192),
+// and the pack's staging spilled too (gpu-check's record). The host names the pack kernels by
+// it, the kernels reading the packs address them by it.
 constexpr bool bwd_pack_tiled(int head_dim, int matrix_n) {
   return matrix_n == 8 && head_dim <= 128;
 }

@@ -1,16 +1,16 @@
 // Matrix tiles kept in registers between products, read and written by lane columns: the
-// kernels of flash_fwd_matrix_registers.hpp and flash_bwd_dq_registers.hpp hold their
+// kernels of forward/registers_kernel.hpp and backward/dq_registers_kernel.hpp hold their
 // accumulators and their P or dS operands here instead of in SLM.
 //
-// Lane columns: lane n of the sub-group holds column n of an accumulator (M x N), its element
-// i being row i, and column n of a B operand (K x N), its element i being row k = i. That is
-// how the XMX engines lay out DPAS operands on every Intel GPU with them (row m of an
-// accumulator is one register, one lane per column; a packed B register holds rows 2w and 2w+1
-// of each lane's column), and how the emulation (matrix_tile.hpp) lays them out by
+// Lane columns: lane n of the sub-group holds column n of an accumulator (M x N), its element i
+// being row i, and column n of a B operand (K x N), its element i being row k = i. That is how the
+// XMX engines lay out DPAS operands on every Intel GPU with them (row m of an accumulator is one
+// register, one lane per column; a packed B register holds rows 2w and 2w+1 of each lane's column),
+// and how the emulation (matrix/slm_tile.hpp, matrix/registers_emulated.hpp) lays them out by
 // construction. The host plans these kernels only where the layout holds
 // (DeviceLimits::matrix_lane_columns, matrix_tiles_in_registers), and runs
-// matrix_layout_probe.hpp first to check it: not on the CPU device's AMX, whose tiles are a
-// different register file altogether (the SLM-staged kernels serve it).
+// probes/matrix_layout_probe_kernel.hpp first to check it: not on the CPU device's AMX, whose tiles
+// are a different register file altogether (the SLM-staged kernels serve it).
 //
 // The attention kernels own one query row per lane, computed transposed (the query is the
 // accumulators' column), so a lane's column of S^T is its row's scores, and a row's softmax
@@ -25,8 +25,8 @@
 
 // The loops over a kernel's register tiles are unrolled on the engines: a tile is registers,
 // and an array of them indexed at run time would live in scratch memory. Emulated (the CPU
-// device, in tests), a tile is M floats per lane, and the CPU compiler took 204 s to build a
-// d = 128 forward and backward unrolled, 132 s rolled. Code for one of the two says which
+// device, in tests), a tile is M floats per lane, and the CPU compiler took much longer to
+// build a d = 128 forward and backward unrolled than rolled. Code for one of the two says which
 // (#pragma unroll or nounroll); code for both (the register kernels, the helpers below the
 // emulation) says IPEX_FLASH_TILE_LOOP.
 #if defined(IPEX_FLASH_MATRIX_EMULATE)

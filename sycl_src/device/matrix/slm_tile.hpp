@@ -22,9 +22,10 @@
 
 namespace ipex_flash {
 
-// The attention kernels' use of the tiles (flash_fwd_matrix.hpp, flash_bwd_matrix.hpp): a
-// sub-group owns N query rows (the accumulator columns, N = the kernels' MATRIX_N), and each
-// work-item works through its row's scores this many at a time, whatever N is.
+// The attention kernels' use of the tiles (forward/matrix_kernel.hpp,
+// backward/matrix_kernels.hpp): a sub-group owns N query rows (the accumulator columns, N = the
+// kernels' MATRIX_N), and each work-item works through its row's scores this many at a time,
+// whatever N is.
 constexpr int MATRIX_KEY_CHUNK = 16;  // scores per work-item in registers at once
 
 // Accumulator tiles multiplied together (matrix_mad_strips) out of `tiles`: up to 4, which with
@@ -39,12 +40,12 @@ inline auto local_ptr(T* p) {
 
 // Operand layouts, in both implementations:
 // A (M x DEPTH) row-major, row stride lda (elements); or, with A_TILED, a matrix of lda
-// columns stored M x K tile by tile (SurfaceOrder, matrix_surface.hpp: the 8-wide engines'
+// columns stored M x K tile by tile (SurfaceOrder, matrix/surface.hpp: the 8-wide engines'
 // packs), each tile contiguous, A_s's tiles one after another.
 // B operands are kept in the matrix engines' packed (VNNI) layout, the one both XMX and AMX
 // read natively (any other layout is converted element by element on every load): element
 // (k, n) of a (depth x N) matrix is the half of 32-bit word [k / 2][n] selected by k % 2
-// (pack_pair, dtypes.hpp); row stride ldb (words).
+// (pack_pair, common/dtypes.hpp); row stride ldb (words).
 // Accumulators (M x N, fp32) are loaded from and stored to SLM rows of stride ldc (floats).
 //
 // matrix_mad_strips: STRIPS products sharing one B: acc[s] (M x N) += A_s (M x DEPTH) . B,
@@ -59,8 +60,8 @@ inline auto local_ptr(T* p) {
 namespace jm = sycl::ext::oneapi::experimental::matrix;
 
 // The joint_matrix element type of a storage type. bfloat16 is stored by its bits
-// (dtypes.hpp) and only reinterpreted here: the matrix engine reads the bits, no conversion
-// code is generated.
+// (common/dtypes.hpp) and only reinterpreted here: the matrix engine reads the bits, no
+// conversion code is generated.
 template <typename T>
 struct MatrixElement;
 template <>
@@ -184,7 +185,7 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS]
   const int n = static_cast<int>(sg.get_local_id()[0]);
   // Strip by strip, each with its column in registers through the whole reduction, one B word
   // (two reduction steps) at a time. Only the M rows are unrolled: unrolling the strips and
-  // the reduction too made the JIT build of a forward kernel ~6x longer (4 s -> 25 s).
+  // the reduction too made the JIT build of a forward kernel several times longer.
 #pragma unroll 1
   for (int s = 0; s < STRIPS; ++s) {
     float column[M];
@@ -214,8 +215,8 @@ inline void matrix_mad_strips(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS]
 // UNROLL: reduction steps per loop iteration on the engine (all of them by default).
 // This and the engine's matrix_mad_strips are always inlined: a kernel module shares one
 // instance among kernels of the same tile shape, which LLVM then did not always inline, and a
-// kernel's code depended on its neighbours (a DG2 dQ kernel spilled 384 bytes in gpu-check's
-// module, none alone).
+// kernel's code depended on its neighbours (a DG2 dQ kernel spilled in gpu-check's module, not
+// when built alone: docs/gpus.md).
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS, bool ACCUMULATE,
           sycl::access::address_space A_SPACE = sycl::access::address_space::local_space,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space,

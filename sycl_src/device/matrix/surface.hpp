@@ -1,14 +1,15 @@
 // A matrix in global memory whose A tiles the register kernels read by their coordinates
-// (matrix_registers.hpp), in one of two orders:
+// (matrix/registers.hpp), in one of two orders:
 // - row-major (TILE_M = 0), for GPUs with 2-D block loads (PVC, BMG, Lunar Lake): a load's
 //   descriptor (base, extent, pitch) is then the same for every tile and only the coordinates
-//   change, where a pointer per tile costs the descriptor's setup on every load (six scalar
-//   instructions per DPAS in the forward's main loop);
+//   change, where a pointer per tile costs the descriptor's setup, scalar instructions beside
+//   every DPAS of the forward's main loop (docs/gpus.md);
 // - tile by tile (TILE_M x TILE_K tiles, each contiguous and row-major, the tiles in row-major
 //   order), for the 8-wide engines (Arc A-series, Arrow Lake-H), which have no 2-D block loads:
 //   an A tile whose rows lie apart costs one load and one 64-bit address (emulated there) per
-//   row, about six instructions per row and fifty per DPAS; a contiguous tile is one block read.
-// The packed copies (fwd_pack_kv.hpp) are written in the order their readers take.
+//   row, instructions that outnumber the DPAS many times over (docs/gpus.md); a contiguous tile
+//   is one block read.
+// The packed copies (forward/pack_kv.hpp) are written in the order their readers take.
 #pragma once
 
 #include <cstdint>

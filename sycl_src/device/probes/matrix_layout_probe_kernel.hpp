@@ -1,10 +1,10 @@
 // A check, run once per device and tile shape before the register-resident kernels are used
-// (matrix_registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
+// (matrix/registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
 // coordinates from a surface, B operands built from lane columns, a product, and the
 // accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
 // tiles are read the ways the kernels read them: tile by tile and in 2-D blocks from a
 // row-major surface (N = 16), tile by tile from a surface in tile order on the 8-wide engines
-// (matrix_surface.hpp). Small integers keep every value exact. One sub-group, which writes the
+// (matrix/surface.hpp). Small integers keep every value exact. One sub-group, which writes the
 // surface itself in the order it reads it; verdict[lane] = 1 where its column matched.
 #pragma once
 
@@ -54,7 +54,7 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
   matrix_fill(sg, acc[0], 0.f);
   matrix_fill(sg, acc[1], 0.f);
   matrix_mad_surface<T, M, K, N, 2 * K, 2>(sg, acc, a, 0, b);  // strip 1: A at (M, 0), (M, K)
-  // The same product with the whole surface read as one block (matrix_block_io.hpp), and
+  // The same product with the whole surface read as one block (matrix/block_io.hpp), and
   // read as 16-wide blocks at a column, one reduction step each (the dK/dV kernel's form);
   // where there are no 2-D block loads, the product again.
   MatrixAcc<M, N> wide[2], step[2];

@@ -16,7 +16,7 @@ struct DropoutMaskParams {
   DropoutParams dropout;
 };
 
-// The check of a KV cache's values on the device (cache_check.hpp).
+// The check of a KV cache's values on the device (probes/cache_check_kernel.hpp).
 // Bits of CacheCheckParams::error: which argument held a value out of range.
 enum CacheCheckError : uint32_t {
   kSeqlensOutOfRange = 1,   // cache_seqlens < 0, or past the capacity after the append
@@ -38,8 +38,8 @@ struct FillView {
 };
 
 // The check's one work-group, and its local memory: a word of each of its sub-groups (the
-// smallest sub-groups, the CPU device's, have 4 lanes). A work-group reduction took 4-8 KiB on
-// the GPUs (gpu-check).
+// smallest sub-groups, the CPU device's, have 4 lanes). A work-group reduction took several
+// times as much on the GPUs (gpu-check's record).
 constexpr int kCacheCheckGroup = 256;
 constexpr int kCacheCheckSubGroups = kCacheCheckGroup / 4;
 constexpr int kCacheCheckLocalBytes = kCacheCheckSubGroups * (sizeof(uint32_t) + sizeof(int64_t));

@@ -3,7 +3,7 @@
 //   without softcap: scale * log2(e) * q.k       (already the exp2-domain score)
 //   with softcap:    scale / softcap * q.k       (score = softcap * log2(e) * tanh(x))
 // and ALiBi then subtracts slope * log2(e) * |r + diag - c|; the user's mask comes last
-// (attn_mask.hpp).
+// (score/tensor_mask.hpp).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -19,13 +19,13 @@ namespace ipex_flash {
 
 // softcap's tanh from one exp2 and one reciprocal: tanh(x) = 1 - 2r and
 // 1 - tanh(x)^2 = 4r(1 - r), with r = 1 / (1 + exp(2x)) (0 where exp overflows, 1 where it
-// underflows: tanh +-1). sycl::tanh compiles (IGC) to about 150 instructions an element, which
-// made the register forward's loop issue 170 per DPAS on BMG at d = 64, where it issues 11
-// without softcap. The error is a few ulp of 1 absolute: what the scores, softcap * tanh, and
-// their softmax see (as 1 - t * t, the derivative's error was absolute too). Softcap alone
-// only: with ALiBi or a mask as well, IGC's schedule of it spilled where sycl::tanh's did not
-// (1728 bytes in BMG's register forward at d = 128; 160-448 in DG2's and Arrow Lake-H's
-// SLM-staged backward).
+// underflows: tanh +-1). sycl::tanh compiles (IGC) to a long sequence of instructions an
+// element, which made the register forward's loop issue many times the instructions per DPAS it
+// issues without softcap (BMG at d = 64; docs/gpus.md). The error is a few ulp of 1 absolute:
+// what the scores, softcap * tanh, and their softmax see (as 1 - t * t, the derivative's error
+// was absolute too). Softcap alone only: with ALiBi or a mask as well, IGC's schedule of it
+// spilled where sycl::tanh's did not (in BMG's register forward at d = 128, and in DG2's and
+// Arrow Lake-H's SLM-staged backward; gpu-check's record).
 inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
 
 struct ScoreMod {

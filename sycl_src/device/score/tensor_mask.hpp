@@ -1,6 +1,6 @@
 // The user's attention mask (SDPA's attn_mask), read in place through its strides: a
 // broadcast dimension has stride 0, so a (1, 1, Nq, Nk) mask serves every batch entry and head
-// without a copy. Applied after softcap and ALiBi (score_mod.hpp), in the exp2 domain.
+// without a copy. Applied after softcap and ALiBi (score/softcap_alibi.hpp), in the exp2 domain.
 #pragma once
 
 #include <sycl/sycl.hpp>

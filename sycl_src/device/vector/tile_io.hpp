@@ -165,7 +165,7 @@ inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<KV>& src, in
   }
 }
 
-// Transposed and packed for the matrix engine's B operand (matrix_tile.hpp): word [c / 2][r]
+// Transposed and packed for the matrix engine's B operand (matrix/slm_tile.hpp): word [c / 2][r]
 // holds columns c and c + 1 of row r. With GROUP < ROWS, the rows in groups of GROUP, each
 // group's words [c / 2][r % GROUP] contiguous (a sub-group's B operands, one block per tile).
 template <int ROWS, int COLS, int GROUP = ROWS, typename T>
@@ -257,7 +257,7 @@ struct RowVectors {
     } else if constexpr (PER_LOAD == 2) {
       out[0] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word)));
       out[1] = to_float(sycl::bit_cast<T>(static_cast<uint16_t>(word >> 16)));
-    } else {  // FP8 (kv_quant.hpp), in units of UNIT
+    } else {  // FP8 (common/kv_quant.hpp), in units of UNIT
       fp8_word_to_float(T{}, word, out);
     }
   }
@@ -281,8 +281,8 @@ struct RowVectors {
 #else
     // GPUs: one word per 64-byte line is enough to bring the line in; each lane reads a line
     // (the row's last word covers a row that starts mid-line). Reading every word held one
-    // register per word until the xor: 16 keys' V rows made the 128-register GPUs spill
-    // 3.7-6.3 KiB in the one-row kernels.
+    // register per word until the xor: 16 keys' V rows made the 128-register GPUs spill in the
+    // one-row kernels (docs/gpus.md).
     constexpr int LINE_WORDS = 16, LAST_LINE = (WORDS - 1) / LINE_WORDS + 1;
     const int lane = static_cast<int>(sg.get_local_linear_id());
 #pragma unroll
