@@ -10,7 +10,8 @@ import torch
 from torch.utils._device import DeviceContext
 
 from ipex_flash.ops import fast_path, launch
-from ipex_flash.ops.validation import MAX_HEAD_DIM, SUPPORTED_DTYPES
+from ipex_flash.ops.validation import (
+    MAX_HEAD_DIM, SUPPORTED_DTYPES, raise_error, scale_error, sdpa_contract_error)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.scaled_dot_product_attention"
@@ -53,7 +54,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
 
 def _general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap,
              sinks) -> Tensor:
-    _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    raise_error(sdpa_contract_error(_FN, query, key, value, attn_mask, dropout_p, is_causal,
+                                    enable_gqa))
     lead = query.shape[:-3] if query.dim() >= 3 else ()
     q, k, v = (_as_bhnd(t) for t in (query, key, value))
     mask = None
@@ -77,67 +79,6 @@ def _as_bhnd(t: Tensor) -> Tensor:
     return t if t.dim() == 4 else t.reshape(math.prod(t.shape[:-3]), *t.shape[-3:])
 
 
-def _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> None:
-    error = _contract_error(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    if error is not None:
-        raise error
-
-
-def _contract_error(query, key, value, attn_mask, dropout_p, is_causal,
-                    enable_gqa) -> Optional[Exception]:
-    """What SDPA's contract says is wrong with a call (the exception to raise), or None. It
-    returns rather than raises, so that serves() can ask it under torch.compile too."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            return TypeError(f"{_FN}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            return ValueError(f"{_FN}: {name} must have at least 2 dimensions (..., L, E), got "
-                              f"shape {tuple(t.shape)}")
-    if not (query.dtype == key.dtype == value.dtype):
-        return RuntimeError(f"{_FN}: expected query, key, and value to have the same dtype, "
-                            f"got {query.dtype}, {key.dtype} and {value.dtype}")
-    if query.dim() != key.dim() or key.dim() != value.dim() or \
-            query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
-        return RuntimeError(f"{_FN}: query, key and value must have the same leading (batch) "
-                            f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
-                            f"{tuple(value.shape)}")
-    if key.shape[-1] != query.shape[-1]:
-        return ValueError(f"{_FN}: key's head dim (last dimension) must equal query's "
-                          f"({query.shape[-1]}), got {key.shape[-1]}")
-    for name, t in (("query", query), ("value", value)):
-        if t.shape[-1] < 1:
-            return ValueError(f"{_FN}: {name}'s head dim (last dimension) must be at least 1, "
-                              f"got shape {tuple(t.shape)}")
-    heads_q = query.shape[-3] if query.dim() >= 3 else 1
-    heads_kv = key.shape[-3] if key.dim() >= 3 else 1
-    if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
-        return RuntimeError(
-            f"{_FN}: query has {heads_q} heads and key/value {heads_kv}: the number of heads in "
-            "key and value must equal query's, be 1, or divide it with enable_gqa=True")
-    if not isinstance(is_causal, bool):
-        return TypeError(f"{_FN}: is_causal must be a bool, got {type(is_causal).__name__}")
-    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
-        return ValueError(f"{_FN}: dropout_p must be in [0, 1), got {dropout_p}")
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            return TypeError(f"{_FN}: attn_mask must be a torch.Tensor or None")
-        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
-            return RuntimeError(f"{_FN}: expected attn_mask dtype to be bool or float32 or to "
-                                f"match query dtype, got {attn_mask.dtype} and {query.dtype}")
-        full = (*query.shape[:-2], query.shape[-2], key.shape[-2])
-        if not _broadcasts(tuple(attn_mask.shape), full):
-            return RuntimeError(f"{_FN}: attn_mask of shape {tuple(attn_mask.shape)} does not "
-                                f"broadcast to (..., Hq, L, S) = {full}")
-    return None
-
-
-def _broadcasts(shape: tuple, full: tuple) -> bool:
-    """Whether `shape` broadcasts to exactly `full` (torch's rules, right-aligned)."""
-    if len(shape) > len(full):
-        return False
-    return all(s in (1, f) for s, f in zip(reversed(shape), reversed(full)))
-
-
 # ---- routing unchanged models' torch.nn.functional.scaled_dot_product_attention ----
 
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -149,7 +90,7 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
     contract holds, and the inputs are ones the kernels take."""
     if any(isinstance(t, torch.Tensor) and t.is_nested for t in (query, key, value)):
         return False
-    if _contract_error(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    if sdpa_contract_error(_FN, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
         return False
     if query.dim() < 3 or query.device.type not in ("cpu", "xpu") or \
             query.dtype not in SUPPORTED_DTYPES:
@@ -158,7 +99,7 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         return False
     if not (1 <= query.shape[-1] <= MAX_HEAD_DIM and 1 <= value.shape[-1] <= MAX_HEAD_DIM):
         return False
-    if scale is not None and not math.isfinite(scale):
+    if scale_error(_FN, scale) is not None:
         return False
     return attn_mask is None or attn_mask.device == query.device
 

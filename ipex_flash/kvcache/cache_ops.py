@@ -140,7 +140,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     if cache_leftpad is not None:
         options.k_start = launch.view(cache_leftpad)
     # The caches seen as (B or pages, Hkv, N, D); q and out as (B, Hq, Nq, D).
-    launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options, 0.0,
+    launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options,
                        max_len_k, num_splits, keys_used=(keys, total_keys))
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
 

@@ -185,7 +185,7 @@ def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqle
                                                     (q_dec.shape[0], q.shape[1], length))
         options, _kept = options_for(index)
         launch.run_forward(*(t.transpose(1, 2) for t in (q_dec, k_cache, v_cache, out_dec)),
-                           lse_dec, options, 0.0, max_seqlen_k, num_splits)
+                           lse_dec, options, max_seqlen_k, num_splits)
         out[rows] = out_dec
         lse[:, rows] = lse_dec.transpose(0, 1)
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it

@@ -70,7 +70,7 @@ def attention_forward_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
     run_forward(q, k, v, out, lse,
                 sdpa_options(q, causal, scale, dropout_p, dropout_seed, attn_mask, sinks,
                              softcap),
-                dropout_p, backward_follows=wants_backward(q, k, v))
+                backward_follows=wants_backward(q, k, v))
     return out, lse
 
 

@@ -45,17 +45,18 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
                             dropout_seed, sinks32)
     if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
         launch.fill_unattended(out, lse, sinks32)
-    elif packed and dropout_p == 0.0 and not launch.wants_backward(q, k, v) and varlen_decode.run(
+    elif packed and varlen_decode.run(
             q, k, v, out, lse, flash_options(None, None, 0, 0, scale, causal, window_left,
-                                             window_right, softcap, alibi_slopes, 0.0, None,
-                                             sinks32),
-            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+                                             window_right, softcap, alibi_slopes, dropout_p,
+                                             dropout_seed, sinks32),
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            backward_follows=launch.wants_backward(q, k, v)):
         pass  # a decode step: the decode kernel, the packed keys read as a cache
     elif packed:
         launch.flash_fwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out)), launch.view(lse),
                       options, q.device)
     else:  # few query rows per K/V head take the decode kernel
-        launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options, dropout_p,
+        launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options,
                            backward_follows=launch.wants_backward(q, k, v))
     return out, lse
 

@@ -1,6 +1,6 @@
 """From torch tensors to the host module's launches: SYCL queues, tensor views, the scratch
-the kernels ask for, dropout seeds, and the choice between the decode and the general forward
-kernel, and the LSE's units. Used by every op module (ops/attention.py, ops/flash_attn.py, kvcache/cache_ops.py,
+the kernels ask for, dropout seeds, running the decode or the general forward kernel as C++
+chooses, and the LSE's units. Used by every op module (ops/attention.py, ops/flash_attn.py, kvcache/cache_ops.py,
 kvcache/paged_varlen.py)."""
 from __future__ import annotations
 
@@ -160,16 +160,6 @@ def float_sinks(sinks: Optional[Tensor]) -> Optional[Tensor]:
     return None if sinks is None else sinks.to(torch.float32).contiguous()
 
 
-DECODE_MIN_BLOCK_KEYS = 16  # the decode kernel's smallest key block (flash_decode_launch.cpp)
-
-
-def most_splits(keys: int) -> int:
-    """The most splits the decode kernel can use over `keys` keys: each split is a whole number
-    of key blocks, so splits past one per smallest block would be empty (and their float32
-    scratch, rows x splits x Dv, would outgrow the cache itself)."""
-    return max(1, -(-keys // DECODE_MIN_BLOCK_KEYS))
-
-
 def nothing_to_attend(q: Tensor, k: Tensor) -> bool:
     """q (B, Hq, Nq, D) and k (B, Hkv, Nk, D): no query row, or no key for any row. Such calls
     launch no kernel: see fill_unattended and the backward ops."""
@@ -189,30 +179,29 @@ def fill_unattended(out: Tensor, lse: Tensor, sinks: Optional[Tensor] = None) ->
 
 
 def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                options: "C.AttentionOptions", dropout_p: float,
-                max_len_k: Optional[int] = None, num_splits: int = 0,
-                backward_follows: bool = False,
+                options: "C.AttentionOptions", max_len_k: Optional[int] = None,
+                num_splits: int = 0, backward_follows: bool = False,
                 keys_used: Optional[tuple[Tensor, int]] = None) -> None:
-    """Few query rows per K/V head (decoding, small queries) take the decode kernel, which
-    splits the keys across work-groups (num_splits of them, at most most_splits(keys), or as
-    many as it chooses for 0); everything else the general forward kernel. q (B, Hq, Nq, D),
-    out (B, Hq, Nq, Dv); k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), or a KV cache seen so
-    (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk).
-    backward_follows: the backward kernels will recompute this forward's scores, which they do
-    in the general kernel's order of operations (the decode kernel sums q.k in another order),
-    so the general kernel runs. keys_used: a KV cache's keys per sequence and their total, which
-    size the general kernel's K/V pack (pack_keys_used)."""
+    """The decode kernel or the general forward kernel, as C++ chooses (C.takes_decode_kernel,
+    sycl_src/host/variants/decode_or_general.hpp): few query rows per K/V head (decoding, small
+    queries) without dropout take the decode kernel, which splits the keys across work-groups
+    (num_splits of them, at most C.most_splits(keys), or as many as it chooses for 0).
+    q (B, Hq, Nq, D), out (B, Hq, Nq, Dv); k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), or a KV cache
+    seen so (options.seqlens_k, maybe pages), whose longest sequence max_len_k is (default Nk).
+    options.dropout: the call's dropout. backward_follows: the backward kernels will recompute
+    this forward's scores, which they do in the general kernel's order of operations (the
+    decode kernel sums q.k in another order), so the general kernel runs. keys_used: a KV
+    cache's keys per sequence and their total, which size the general kernel's K/V pack
+    (pack_keys_used)."""
     q_v, k_v, v_v = view(q), view(k), view(v)
     device = q.device
     queue = queue_handle(device)
-    if (dropout_p == 0.0 and not backward_follows
-            and C.flash_decode_supported(q_v, k_v, v_v, queue)):
+    if C.takes_decode_kernel(q_v, k_v, v_v, options, backward_follows, queue):
         batch, heads_q, len_q, head_dim = q.shape
         heads_kv, head_dim_v = k.shape[1], v.shape[3]
         keys = k.shape[2] if max_len_k is None else max_len_k
-        splits = min(num_splits, most_splits(keys)) or C.decode_num_splits(
-            batch, heads_kv, len_q * (heads_q // heads_kv), max(head_dim, head_dim_v), keys,
-            queue)
+        splits = C.decode_num_splits(batch, heads_kv, len_q * (heads_q // heads_kv),
+                                     max(head_dim, head_dim_v), keys, queue, num_splits)
         partial_out = torch.empty((batch, heads_q, len_q, splits, head_dim_v),
                                   dtype=torch.float32, device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,

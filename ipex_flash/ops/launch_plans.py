@@ -1,4 +1,4 @@
-"""Launch plans kept per call signature (C.LaunchPlan, sycl_src/host/launch_plan.hpp).
+"""Launch plans kept per call signature (C.LaunchPlan, sycl_src/host/plans/launch_plan.hpp).
 
 An entry point's first call of a signature (shapes, strides, dtypes, devices, address
 alignments, flags) goes through its general path, whose checks raise the errors; a plan is

@@ -1,5 +1,7 @@
-"""Argument checks shared by the real and the fake (meta) implementations of every op, so
-bad input fails the same way eagerly, under torch.compile and on every device."""
+"""The argument checks of every entry point, shared by the real and the fake (meta)
+implementations of every op, so bad input fails the same way eagerly, under torch.compile and on
+every device; SDPA's contract (ipex_flash.scaled_dot_product_attention and the override) too.
+Checks that route rather than raise return the exception (the *_error functions)."""
 from __future__ import annotations
 
 import math
@@ -7,10 +9,23 @@ from typing import Optional
 
 import torch
 
+from ipex_flash._runtime import C
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # meta: shape-only tensors, which the fake implementations serve.
 SUPPORTED_DEVICE_TYPES = ("cpu", "xpu", "meta")
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = C.MAX_HEAD_DIM  # the kernels' (sycl_src/host/variants/kernel_variant.hpp)
+
+
+def raise_error(error: Optional[Exception]) -> None:
+    if error is not None:
+        raise error
+
+
+def tensor_error(fn: str, name: str, t) -> Optional[TypeError]:
+    if isinstance(t, torch.Tensor):
+        return None
+    return TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def check_attention_inputs(
@@ -23,26 +38,19 @@ def check_attention_inputs(
     must hold keys, is checked for them in kvcache/checks.py.
     fp8_kv: k and v are an FP8 cache (kvcache/fp8_quant.py, which checks their dtypes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        raise_error(tensor_error(fn, name, t))
         if t.dim() != 4:
-            raise ValueError(
-                f"{fn}: {name} must be 4-D (batch, heads, seq_len, head_dim), "
-                f"got shape {tuple(t.shape)}"
-            )
+            raise ValueError(f"{fn}: {name} must be 4-D (batch, heads, seq_len, head_dim), "
+                             f"got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES and not (fp8_kv and name != "q"):
-            raise TypeError(
-                f"{fn}: {name} has dtype {t.dtype}; expected torch.float32, "
-                "torch.float16 or torch.bfloat16"
-            )
+            raise TypeError(f"{fn}: {name} has dtype {t.dtype}; expected torch.float32, "
+                            "torch.float16 or torch.bfloat16")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype and not fp8_kv:
             raise TypeError(f"{fn}: {name}.dtype ({t.dtype}) must equal q.dtype ({q.dtype})")
         if t.device != q.device:
-            raise ValueError(
-                f"{fn}: {name} is on {t.device} but q is on {q.device}; "
-                "all inputs must be on one device"
-            )
+            raise ValueError(f"{fn}: {name} is on {t.device} but q is on {q.device}; "
+                             "all inputs must be on one device")
     if q.device.type not in SUPPORTED_DEVICE_TYPES:
         raise ValueError(f"{fn}: q is on {q.device}; expected a cpu or xpu tensor")
     (batch, heads_q, _, head_dim) = q.shape
@@ -53,14 +61,11 @@ def check_attention_inputs(
     if k.shape[3] != head_dim:
         raise ValueError(f"{fn}: k.shape[3] (head_dim) is {k.shape[3]}, q's is {head_dim}")
     if v.shape[1:3] != k.shape[1:3]:
-        raise ValueError(
-            f"{fn}: v must have k's heads and seq_len, got v {tuple(v.shape)} and "
-            f"k {tuple(k.shape)}"
-        )
+        raise ValueError(f"{fn}: v must have k's heads and seq_len, got v {tuple(v.shape)} and "
+                         f"k {tuple(k.shape)}")
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(
-            f"{fn}: q's head count ({heads_q}) must be a multiple of k's and v's ({heads_kv})"
-        )
+            f"{fn}: q's head count ({heads_q}) must be a multiple of k's and v's ({heads_kv})")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"{fn}: head_dim (q.shape[3]) must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
     if not 1 <= v.shape[3] <= MAX_HEAD_DIM:
@@ -90,13 +95,24 @@ def softmax_scale(scale: Optional[float], head_dim: int, fn: str = "ipex_flash",
 
 
 def check_scale(fn: str, scale: Optional[float], name: str = "softmax_scale") -> None:
-    if scale is not None and not math.isfinite(float(scale)):
-        raise ValueError(f"{fn}: {name} must be a finite number or None, got {scale}")
+    raise_error(scale_error(fn, scale, name))
+
+
+def scale_error(fn: str, scale: Optional[float],
+                name: str = "softmax_scale") -> Optional[ValueError]:
+    if scale is None or math.isfinite(float(scale)):
+        return None
+    return ValueError(f"{fn}: {name} must be a finite number or None, got {scale}")
 
 
 def check_dropout_p(fn: str, dropout_p: float) -> None:
-    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
-        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    raise_error(dropout_p_error(fn, dropout_p))
+
+
+def dropout_p_error(fn: str, dropout_p: float) -> Optional[ValueError]:
+    if isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0:
+        return None
+    return ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
 
 
 def check_dropout(fn: str, dropout_p: float, dropout_seed: Optional[torch.Tensor]) -> None:
@@ -188,8 +204,7 @@ def check_flash_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rank = 3 if packed else 4
     layout = "(total_tokens, heads, head_dim)" if packed else "(batch, seq_len, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        raise_error(tensor_error(fn, name, t))
         if t.dim() != rank:
             raise ValueError(f"{fn}: {name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
     if packed:
@@ -200,15 +215,20 @@ def check_flash_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 MASK_DTYPES = (torch.bool, torch.float32, torch.float16, torch.bfloat16)
 
 
+def mask_type_error(fn: str, attn_mask) -> Optional[TypeError]:
+    if attn_mask is None or isinstance(attn_mask, torch.Tensor):
+        return None
+    return TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got "
+                     f"{type(attn_mask).__name__}")
+
+
 def check_attn_mask(fn: str, attn_mask: Optional[torch.Tensor], q: torch.Tensor,
                     k: torch.Tensor) -> None:
     """attn_mask as the kernels take it: a (B, Hq, Nq, Nk) view (broadcast dimensions with
     stride 0), bool (True = take part) or an additive float."""
     if attn_mask is None:
         return
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got "
-                        f"{type(attn_mask).__name__}")
+    raise_error(mask_type_error(fn, attn_mask))
     if attn_mask.dtype not in MASK_DTYPES:
         raise TypeError(f"{fn}: attn_mask must be bool or float32/float16/bfloat16, got "
                         f"{attn_mask.dtype}")
@@ -231,3 +251,53 @@ def check_sinks(fn: str, sinks: Optional[torch.Tensor], q: torch.Tensor) -> None
                          f"head), got {tuple(sinks.shape)}")
     if sinks.device != q.device:
         raise ValueError(f"{fn}: sinks is on {sinks.device} but q is on {q.device}")
+
+
+# ---- SDPA's contract (sdpa.py): torch's exception types and messages where torch raises ----
+
+def sdpa_contract_error(fn: str, query, key, value, attn_mask, dropout_p, is_causal,
+                        enable_gqa) -> Optional[Exception]:
+    """What SDPA's contract says is wrong with a call (the exception to raise), or None. It
+    returns rather than raises, so that the override can ask it under torch.compile too."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if (error := tensor_error(fn, name, t)) is not None:
+            return error
+        if t.dim() < 2:
+            return ValueError(f"{fn}: {name} must have at least 2 dimensions (..., L, E), got "
+                              f"shape {tuple(t.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        return RuntimeError(f"{fn}: expected query, key, and value to have the same dtype, "
+                            f"got {query.dtype}, {key.dtype} and {value.dtype}")
+    if query.dim() != key.dim() or key.dim() != value.dim() or \
+            query.shape[:-3] != key.shape[:-3] or key.shape[:-3] != value.shape[:-3]:
+        return RuntimeError(f"{fn}: query, key and value must have the same leading (batch) "
+                            f"dimensions, got {tuple(query.shape)}, {tuple(key.shape)} and "
+                            f"{tuple(value.shape)}")
+    if key.shape[-1] != query.shape[-1]:
+        return ValueError(f"{fn}: key's head dim (last dimension) must equal query's "
+                          f"({query.shape[-1]}), got {key.shape[-1]}")
+    for name, t in (("query", query), ("value", value)):
+        if t.shape[-1] < 1:
+            return ValueError(f"{fn}: {name}'s head dim (last dimension) must be at least 1, "
+                              f"got shape {tuple(t.shape)}")
+    heads_q = query.shape[-3] if query.dim() >= 3 else 1
+    heads_kv = key.shape[-3] if key.dim() >= 3 else 1
+    if heads_q != heads_kv and not (heads_kv == 1 or (enable_gqa and heads_q % heads_kv == 0)):
+        return RuntimeError(
+            f"{fn}: query has {heads_q} heads and key/value {heads_kv}: the number of heads in "
+            "key and value must equal query's, be 1, or divide it with enable_gqa=True")
+    if not isinstance(is_causal, bool):
+        return TypeError(f"{fn}: is_causal must be a bool, got {type(is_causal).__name__}")
+    if (error := dropout_p_error(fn, dropout_p) or mask_type_error(fn, attn_mask)) is not None:
+        return error
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and attn_mask.dtype not in (torch.float32, query.dtype):
+            return RuntimeError(f"{fn}: expected attn_mask dtype to be bool or float32 or to "
+                                f"match query dtype, got {attn_mask.dtype} and {query.dtype}")
+        full = (*query.shape[:-2], query.shape[-2], key.shape[-2])
+        shape = tuple(attn_mask.shape)  # broadcasts to exactly `full`, torch's rules
+        if len(shape) > len(full) or any(s not in (1, f) for s, f in
+                                         zip(reversed(shape), reversed(full))):
+            return RuntimeError(f"{fn}: attn_mask of shape {shape} does not broadcast to "
+                                f"(..., Hq, L, S) = {full}")
+    return None

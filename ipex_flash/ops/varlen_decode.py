@@ -19,24 +19,33 @@ Tensor = torch.Tensor
 
 
 def decode_views(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                 cu_seqlens_q: Tensor, max_seqlen_q: int) -> Optional[tuple[Tensor, ...]]:
+                 cu_seqlens_q: Tensor, max_seqlen_q: int,
+                 options: Optional["C.AttentionOptions"] = None,
+                 backward_follows: bool = False) -> Optional[tuple[Tensor, ...]]:
     """q, k, v, out (B, H, L, D) and lse (B, Hq, L) views as the decode kernel reads them, of
     packed q, out (total_q, H, D), k, v (total_k, Hkv, D) and lse (Hq, total_q) whose sequences
-    are max_seqlen_q = L rows each; None when they are not, or the decode kernel does not serve
-    them (L past what it serves, 16-bit rows not word-aligned). cu_seqlens_q contiguous."""
+    are max_seqlen_q = L rows each; None when they are not, or the call does not take the decode
+    kernel (C.takes_decode_kernel on the views, with the call's options, none for a call
+    without dropout, and backward_follows: L past what it serves, 16-bit rows not word-aligned,
+    dropout, a backward to follow). cu_seqlens_q contiguous."""
     batch, length = cu_seqlens_q.shape[0] - 1, max_seqlen_q
-    if not (1 <= length <= C.max_sliced_decode_tokens(k.shape[1])
-            and batch * length <= q.shape[0]
-            and launch_plans.uniform_sequences(cu_seqlens_q, batch, length)):
-        return None
+    heads_kv = k.shape[1]
+    if not (1 <= length and batch * length <= q.shape[0] and heads_kv > 0
+            and C.decode_serves_rows(q.shape[1] // heads_kv * length, length, heads_kv)[0]):
+        return None  # (the rows the decode kernel serves: asked before making any view)
     rows = batch * length
     q4, out4 = (t[:rows].view(batch, length, *t.shape[1:]).transpose(1, 2) for t in (q, out))
     k4, v4 = (t.expand(batch, *t.shape).transpose(1, 2) for t in (k, v))
     lse4 = lse[:, :rows].view(lse.shape[0], batch, length).transpose(0, 1)
-    if not C.flash_decode_supported(*(launch.view(t) for t in (q4, k4, v4)),
-                                    launch.queue_handle(q.device)):
+    if not (C.takes_decode_kernel(*(launch.view(t) for t in (q4, k4, v4)),
+                                  _NO_OPTIONS if options is None else options, backward_follows,
+                                  launch.queue_handle(q.device))
+            and launch_plans.uniform_sequences(cu_seqlens_q, batch, length)):
         return None
     return q4, k4, v4, out4, lse4
+
+
+_NO_OPTIONS = C.AttentionOptions()  # (no dropout, no packed queries)
 
 
 def as_cache(options: "C.AttentionOptions", cu_seqlens_k: Tensor, max_seqlen_k: int) -> tuple:
@@ -49,15 +58,18 @@ def as_cache(options: "C.AttentionOptions", cu_seqlens_k: Tensor, max_seqlen_k: 
 
 
 def run(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options: "C.AttentionOptions",
-        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int) -> bool:
-    """Runs a checked packed call without dropout on the decode kernel and returns True, when
-    its sequences are such a step and each has at least its L keys (so that every row sees a
-    key); otherwise launches nothing and returns False."""
-    views = decode_views(q, k, v, out, lse, cu_seqlens_q, max_seqlen_q)
+        cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+        backward_follows: bool = False) -> bool:
+    """Runs a checked packed call on the decode kernel and returns True, when its sequences are
+    such a step, the call takes that kernel (decode_views: options, flash_options without
+    cu_seqlens, with the call's dropout) and each sequence has at least its L keys (so that every
+    row sees a key); otherwise launches nothing and returns False."""
+    views = decode_views(q, k, v, out, lse, cu_seqlens_q, max_seqlen_q, options,
+                         backward_follows)
     if views is None:
         return False
     if int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).min()) < max_seqlen_q:
         return False
     _kept = as_cache(options, cu_seqlens_k, max_seqlen_k)
-    launch.run_forward(*views, options, 0.0, max_len_k=max_seqlen_k)
+    launch.run_forward(*views, options, max_len_k=max_seqlen_k)
     return True

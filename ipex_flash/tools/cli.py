@@ -1,8 +1,9 @@
-"""python -m ipex_flash [demo|warmup|info|gpu-check|selftest]
+"""python -m ipex_flash [demo|warmup|info|plan|gpu-check|selftest]
 
 demo       attention on the default device: error against torch SDPA, time next to SDPA's
 warmup     build the common kernel variants into the persistent cache ahead of time
 info       the SYCL device, its limits and the kernel cache location
+plan       which kernel a call gets on a device or GPU profile, and why not a faster one
 gpu-check  compile every kernel an Intel GPU would run to its native code (needs ocloc:
            scripts/setup/install_ocloc.sh) and check registers, spills, local memory and XMX use
 selftest   about a minute of correctness checks of every kernel family on a device
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 import ipex_flash
 from ipex_flash.ops import launch
-from ipex_flash.tools import gpu_check, selftest
+from ipex_flash.tools import gpu_check, plan, selftest
 from ipex_flash._runtime import C, default_cache_dir
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -117,6 +118,9 @@ def main() -> None:
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)
+    p = commands.add_parser("plan", help="the kernel a call gets, and why not a faster one")
+    plan.add_arguments(p)
+    p.set_defaults(func=plan.main)
     p = commands.add_parser("gpu-check", help="native-code checks for Intel GPUs (ocloc)")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.main)

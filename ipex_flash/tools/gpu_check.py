@@ -1,7 +1,7 @@
 """python -m ipex_flash gpu-check: the native code every Intel GPU would run, without a GPU.
 
-For each target (a named GPU profile, sycl_src/host/device_limits.cpp) it asks the host module
-which kernel variants that GPU would build for a grid of calls reaching every kernel, has our
+For each target (a named GPU profile, sycl_src/host/variants/gpu_profiles.cpp) it asks the host
+module which kernel variants that GPU would build for a grid of calls reaching every kernel, has our
 own kernel-compiler path write their SPIR-V, compiles it with Intel's offline compiler (ocloc,
 with IGC; scripts/setup/install_ocloc.sh) for that GPU, and reads the result: SIMD width, registers,
 local memory, spills, private (scratch) memory, DPAS instructions. Then it applies the rules

@@ -1,6 +1,6 @@
 """Decoding with more query rows per K/V head than one decode work-group holds (MQA, long GQA
 groups, speculative drafts of a few tokens): the rows are cut into slices of MAX_DECODE_ROWS,
-each work-group taking one slice (flash_decode_launch.hpp). Every case checks that the decode
+each work-group taking one slice (sycl_src/host/variants/decode_variant.cpp). Every case checks that the decode
 kernel serves it, then compares with the float64 reference: full and partial last slices,
 several K/V heads per work-group, per-head ALiBi slopes and sinks (the query head of a row in
 a later slice), causal masks with several new tokens (the token of a row), softcap, windows,

@@ -21,8 +21,9 @@ constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
 // Softcap beside ALiBi or a user's mask. Those kernels take sycl::tanh, not the short form
 // (score/softcap_alibi.hpp: beside the other score changes IGC's schedule of it spilled), and on
-// the 8-wide engines the SLM-staged kernels (flash_fwd_launch.cpp, flash_bwd_launch.cpp): host and
-// device read this one rule, so a plan cannot drift from the tanh its kernel compiles.
+// the 8-wide engines the SLM-staged kernels (host/variants/forward_variant.cpp,
+// backward_variant.cpp): host and device read this one rule, so a plan cannot drift from the tanh
+// its kernel compiles.
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;

@@ -74,9 +74,9 @@ struct CacheBounds {
 };
 
 // The cache's bounds as the decode kernel obeys them, the check kernel
-// (probes/cache_check_kernel.hpp) reports them and the host checks them (launch_plan_values.cpp): a
-// sequence's keys plus its appended rows within the capacity, its start within its keys, a
-// block_table entry within the pool.
+// (probes/cache_check_kernel.hpp) reports them and the host checks them
+// (host/plans/launch_plan_checks.cpp): a sequence's keys plus its appended rows within the
+// capacity, its start within its keys, a block_table entry within the pool.
 inline bool keys_fit_cache(int64_t keys, int64_t appended, int64_t capacity) {
   return keys >= 0 && keys + appended <= capacity;
 }

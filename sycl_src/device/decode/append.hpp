@@ -5,7 +5,7 @@
 // split writes it for its K/V heads, then reads it back with the rest of the block (the
 // caller's group barrier orders the two). Every element is written by exactly one work-group:
 // the host fuses the append only where a K/V head group's rows are not sliced across
-// work-groups (flash_decode_launch.cpp). An FP8 cache's new tokens are quantised as
+// work-groups (host/variants/decode_variant.cpp). An FP8 cache's new tokens are quantised as
 // kv_append_kernel's are (cache_element), so the attention reads the bytes the cache keeps;
 // with FEATURE_ROTARY the new keys are rotated as kv_append_rotary_kernel's are
 // (kvcache/rotary.hpp), and so are the queries as they are read (decode/rows.hpp).

@@ -5,10 +5,11 @@
 // Shapes: M x N accumulators, K-deep steps along the reduction dimension (K = 16 or 32), with
 // a sub-group of N lanes. N = 16 fits XMX on Xe-HPC/Xe2 (M <= 8, K = 16) and AMX (M <= 16,
 // K <= 32); N = 8 fits XMX on DG2 and Arrow Lake-H, which take only sub-group 8 (M <= 8,
-// K = 16). The host picks M, K and N from the device's matrix_combinations (matrix_path.cpp).
+// K = 16). The host picks M, K and N from the device's matrix_combinations
+// (host/variants/matrix_engine.cpp).
 //
-// With IPEX_FLASH_MATRIX_EMULATE (IPEX_FLASH_MATRIX=emulate, matrix_path.hpp) the same
-// interface is implemented with plain sub-group arithmetic, so that the kernels built on it
+// With IPEX_FLASH_MATRIX_EMULATE (IPEX_FLASH_MATRIX=emulate, host/variants/matrix_engine.hpp) the
+// same interface is implemented with plain sub-group arithmetic, so that the kernels built on it
 // run, and are tested, on devices without a matrix engine. Only the accumulator's layout in
 // registers and the order of the fp32 additions differ; what is read and written is the same.
 #pragma once

@@ -4,8 +4,9 @@
 //   step, and the serving call's one-token step): the attention ran bounded by the cache
 //   whatever the values (bounded_seq_info, split_pages_in_pool);
 //   where a value is out of range this kernel records which in a word of host memory, which
-//   the next call on the device reports (host/cache_check.cpp), and sets the call's output (and
-//   LSE) to NaN, so that an answer computed from out-of-range values is never taken for real;
+//   the next call on the device reports (host/launch/cache_check_launch.cpp), and sets the call's
+//   output (and LSE) to NaN, so that an answer computed from out-of-range values is never taken for
+//   real;
 // - before it, as the one read the host waits for (the serving call's steps of several query
 //   tokens, whose plan needs to know first whether its kernel serves the step): the bits and
 //   the most keys a sequence attends to, written to host memory.

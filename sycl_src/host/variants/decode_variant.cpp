@@ -1,0 +1,174 @@
+#include "host/variants/decode_variant.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "host/variants/matrix_engine.hpp"
+
+namespace ipex_flash {
+namespace {
+
+constexpr int kMinKeysPerSplit = 256;  // below this a split costs more to merge than it saves
+// Keys per online-softmax update (BLOCK_N): as many as make one K/V head's rows of a block
+// about 8 KB (16 fp32 rows of d = 128, 32 bf16 ones), within [kMinDecodeBlockKeys,
+// kMaxDecodeBlockKeys] and a power of two (a multiple of the matrix tile's 16 rows). The work
+// paid once per block (lane reductions of the softmax, the score tile, barriers) then costs the
+// same per byte read for every dtype and head dim, and a block's K and V rows stay in L1
+// between the scores and P.V. Measured on the 2-core CPU device: bf16 d = 128 0.58 -> 0.66x the
+// speed of a copy with 32 keys instead of 16; fp32 d = 128 loses with 64, bf16 d = 64 gains
+// with 64.
+constexpr int kDecodeBlockBytes = 8192;
+
+int decode_block_keys(int kv_bytes, int head_dim) {
+  const int row_bytes = head_dim * kv_bytes;
+  int keys = kMinDecodeBlockKeys;
+  while (keys < kMaxDecodeBlockKeys && 2 * keys * row_bytes <= kDecodeBlockBytes) keys *= 2;
+  return keys;
+}
+
+// The head dim the decode kernel is compiled for: K/V rows are read a 32-bit word per lane
+// (RowVectors), 4 / kv_bytes columns, so whole loads of 16 lanes.
+int decode_head_dim(int kv_bytes, int padded_head_dim) {
+  const int64_t columns = DECODE_LANES * 4 / kv_bytes;
+  return static_cast<int>(ceil_div(padded_head_dim, columns) * columns);
+}
+
+// The query rows of one K/V head (of a slice of them) rounded up to a power of two: the
+// kernel's GROUP_ROWS.
+int decode_group_rows(int rows) {
+  int group_rows = 1;
+  while (group_rows < std::min(rows, kMaxDecodeRows)) group_rows *= 2;
+  return group_rows;
+}
+
+// Bytes of local memory the decode kernel declares (decode/kernel.hpp, its work_group_static
+// arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size; the matrix-score
+// buffers only when `matrix`, every head's probabilities only when `step_major` (the CPU
+// device's vector scores, DECODE_STEP_MAJOR), every head's factors only with `key_streams`.
+size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_bytes,
+                        bool matrix, bool step_major, bool key_streams) {
+  const size_t d = head_dim, lanes = DECODE_LANES, keys = block_n;
+  const size_t max_heads = decode_row_capacity(head_dim) / group_rows;
+  const size_t sets = ceil_div(max_heads, lanes / group_rows);
+  const size_t floats = 2 * max_heads * group_rows * d  // Q and O
+                        + 2 * max_heads * lanes         // running max and sum
+                        + (step_major ? max_heads : 1) * keys * group_rows  // probabilities
+                        + (key_streams ? max_heads : 1) * lanes;  // per-row factors
+  const size_t matrix_bytes = matrix ? sizeof(uint32_t) * sets * (d / 2) * lanes  // Q^T packed
+                                           + sizeof(float) * keys * lanes         // S^T
+                                           + elem_bytes * keys * d                // staged K
+                                     : sizeof(uint32_t) + sizeof(float) + elem_bytes;
+  return sizeof(float) * floats + matrix_bytes;
+}
+
+// Whether the decode kernel reads its keys as streams (decode/key_streams.hpp): on the CPU device
+// (its vector scores, step-major), with at least 4 keys per step (at most 4 query rows per K/V
+// head), for a cache whose key rows hold the heads side by side. Measured on the CPU device:
+// with 8 rows per head, or a (B, H, N, D) cache, the consecutive order is faster.
+bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
+  return variant.cpu_device && variant.matrix_m == 0 && heads_interleaved &&
+         DECODE_LANES / variant.block_m >= 4;
+}
+
+}  // namespace
+
+int kv_element_bytes(const std::string& dtype, int features) {
+  return (features & FEATURE_KV_FP8) != 0 ? 1 : dtype == "float32" ? 4 : 2;
+}
+
+// One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
+// split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
+// P.V accumulators. Scores go to the matrix engine where the forward would use it and the
+// local memory holds its buffers.
+KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
+                             bool heads_interleaved, const DeviceLimits& limits,
+                             const std::string& mode, SkipReasons* why) {
+  const int kv_bytes = kv_element_bytes(dtype, features);
+  KernelVariant variant = base_variant(dtype, head_dim, limits);
+  variant.head_dim = decode_head_dim(kv_bytes, variant.head_dim);
+  variant.block_m = decode_group_rows(rows);
+  variant.block_n = decode_block_keys(kv_bytes, variant.head_dim);
+  variant.features = features;
+  const size_t elem_bytes = dtype == "float32" ? 4 : 2;
+  // FP8 caches (common/kv_quant.hpp) compute their scores on the vector units.
+  if (kv_bytes == 1 && !limits.fp8_decode)
+    throw std::invalid_argument("ipex_flash: FP8 caches on " + limits.name +
+                                " run the general kernel (flash_decode_supported)");
+  if (kv_bytes == 1 && why)
+    why->push_back("FP8 cache: the decode kernel computes FP8 scores on the vector units");
+  const MatrixTile tile = kv_bytes == 1
+                              ? MatrixTile{}
+                              : matrix_tile(limits, dtype, variant.head_dim, mode, why);
+  const size_t matrix_slm =
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true, false,
+                       false);
+  // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
+  // Arrow Lake-H) compute decode scores on the vector units.
+  if (tile.m > 0 && tile.n == DECODE_LANES && matrix_slm <= limits.local_mem_bytes) {
+    variant.matrix_m = tile.m;
+    variant.matrix_k = tile.k;
+    variant.matrix_emulated = tile.emulated;
+  } else if (tile.m > 0 && why) {
+    why->push_back(tile.n != DECODE_LANES
+                       ? "8-wide matrix engine: the decode kernel's matrix scores need tiles " +
+                             std::to_string(DECODE_LANES) + " wide, its sub-group's width"
+                       : "the decode kernel's matrix scores need " + std::to_string(matrix_slm) +
+                             " bytes of local memory, " + limits.name + " has " +
+                             std::to_string(limits.local_mem_bytes));
+  }
+  const bool key_streams = decode_key_streams(variant, heads_interleaved);
+  if (key_streams) {
+    variant.features |= FEATURE_KEY_STREAMS;
+    // The most keys per block: V is read in a pass of its own, so a block's rows need not stay
+    // in L1, and the softmax and barriers come less often (CPU device: bf16 12.0 -> 11.2 ms,
+    // fp32 18.2 -> 17.5; 128 or 256 keys within noise of 64).
+    variant.block_n = kMaxDecodeBlockKeys;
+  }
+  variant.slm_bytes =
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
+                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
+                       key_streams);
+  if (variant.slm_bytes > limits.local_mem_bytes)
+    throw std::runtime_error("ipex_flash: the decode kernel needs " +
+                             std::to_string(variant.slm_bytes) + " bytes of local memory, " +
+                             limits.name + " has " + std::to_string(limits.local_mem_bytes));
+  return variant;
+}
+
+// The split kernel and the merge kernel, built together from one program.
+KernelProgram decode_program(const KernelVariant& variant) {
+  return {"programs/flash_decode.hpp",
+          {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
+           "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
+          program_options(variant)};
+}
+
+int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
+  const int group_rows = decode_group_rows(rows);
+  // The kernel's capacity is set by its compiled (padded) head dim; rounding up to 32 here
+  // gives a capacity no larger than any kernel serving this head dim has.
+  const int capacity = decode_row_capacity(static_cast<int>(ceil_div(head_dim, 32) * 32));
+  return std::clamp(capacity / group_rows, 1, std::max(heads_kv, 1));
+}
+
+int decode_row_slices(int rows) { return static_cast<int>(ceil_div(rows, kMaxDecodeRows)); }
+
+int64_t most_splits(int64_t keys) {
+  return std::max<int64_t>(1, ceil_div(keys, kMinDecodeBlockKeys));
+}
+
+int decode_num_splits(int64_t requested, int batch, int heads_kv, int rows, int head_dim,
+                      int64_t max_len_k, int compute_units) {
+  if (requested > 0) return static_cast<int>(std::min(requested, most_splits(max_len_k)));
+  const int64_t target_groups = 4 * static_cast<int64_t>(compute_units);
+  const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim);
+  const int64_t groups = std::max<int64_t>(1, static_cast<int64_t>(batch) *
+                                                  ceil_div(heads_kv, heads_per_group) *
+                                                  decode_row_slices(rows));
+  const int64_t wanted = (target_groups + groups - 1) / groups;
+  const int64_t most = std::max<int64_t>(1, ceil_div(max_len_k, kMinKeysPerSplit));
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, most));
+}
+
+}  // namespace ipex_flash

@@ -1,0 +1,149 @@
+#include "host/variants/forward_variant.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "host/variants/matrix_engine.hpp"
+#include "device/forward/params.hpp"
+
+namespace ipex_flash {
+namespace {
+
+size_t fwd_slm_bytes(int head_dim, int head_dim_v, int block_m, int block_n) {
+  // Q (d, q) and the output accumulator (dv, q), K (kv, d) and V (kv, dv) tiles, all float32.
+  return sizeof(float) * (static_cast<size_t>(head_dim + head_dim_v) * block_m +
+                          static_cast<size_t>(block_n) * (head_dim + head_dim_v));
+}
+
+size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
+  // Q (d, q) and P (kv, q) in the 16-bit input dtype; scores (kv, q) and the output
+  // accumulator (d, q) in float32. K and V are read from the packed copy in global memory.
+  const size_t hd = head_dim, bm = block_m, bn = block_n;
+  return 2 * (hd * bm + bn * bm) + sizeof(float) * (bn * bm + hd * bm);
+}
+
+size_t fwd_matrix_registers_slm_bytes(int head_dim, int block_m, int) {
+  return 2 * static_cast<size_t>(head_dim) * block_m;  // Q^T (d, q) in the 16-bit dtype
+}
+
+// The pack's order (forward/pack_kv.hpp, matrix/surface.hpp): tile by tile for the 8-wide
+// register kernel, which reads its A tiles without 2-D block loads; row-major (0, 0) otherwise.
+std::string pack_tile_order(const KernelVariant& variant) {
+  return variant.tile_order(variant.matrix_registers && variant.matrix_n == 8);
+}
+
+// The register forward's sub-groups per query rows on the 8-wide engines (DG2, Arrow Lake-H:
+// 128 registers of 32 bytes, a sub-group's O^T taking d_v of them), each holding its share of
+// O^T (VALUE_SPLIT, forward/registers_kernel.hpp); 0 where they keep the SLM-staged kernel.
+// One up to d_v = 64, two up to 128 (a whole O^T filled the registers). With ALiBi or a user's
+// mask, the fewest (two to four) whose shares are whole tiles, two at least (an array of one
+// tile made IGC drop the work), and at most 40 rows of O^T: two from 32 to 80, three at 96,
+// four at 128; none at 16 and 112. Beside a whole O^T at d = 64, or 56 rows at 112, their
+// per-score work would spill the 128 registers (gpu-check's record, docs/gpus.md).
+// Softcap alone counts as no change: its tanh (score/softcap_alibi.hpp) needs no register per
+// score. With ALiBi or a mask as well none: there it takes sycl::tanh, with which the register
+// kernel issues more instructions per DPAS than the SLM-staged one (docs/gpus.md).
+int eight_wide_value_split(int d_v, int features) {
+  if (softcap_beside_score_changes(features)) return 0;
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
+    for (int shares = 2; shares <= 4; ++shares)
+      if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
+    return 0;
+  }
+  return d_v <= 64 ? 1 : d_v <= 128 ? 2 : 0;
+}
+
+// Why eight_wide_value_split gives 0 for (d_v, features).
+std::string no_eight_wide_reason(int d_v, int features) {
+  const std::string on_8_wide = "on 8-wide matrix engines the register forward ";
+  if (softcap_beside_score_changes(features))
+    return "softcap with ALiBi or a mask: " + on_8_wide +
+           "would spill the 128 registers (sycl::tanh beside the per-score work; docs/gpus.md)";
+  if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0)
+    return "ALiBi or a mask at value head dim " + std::to_string(d_v) + ": " + on_8_wide +
+           "needs O split into 2-4 whole-tile shares of 16-40 columns";
+  return "value head dim " + std::to_string(d_v) + " > 128: " + on_8_wide +
+         "takes head dims up to 128";
+}
+
+}  // namespace
+
+KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v, int features,
+                          const DeviceLimits& limits, const std::string& mode,
+                          SkipReasons* why) {
+  if (head_dim_v <= 0) head_dim_v = head_dim;
+  const int widest = std::max(head_dim, head_dim_v);
+  const int d = padded_head_dim(head_dim), d_v = padded_head_dim(head_dim_v);
+  // FP8 caches (common/kv_quant.hpp) take the matrix kernel too, its K/V pack converting them to T,
+  // where the decode kernel serves their decodes (fp8_decode). Elsewhere (DG2, Arrow Lake-H)
+  // decodes come here, and the pack would write the whole cache at twice its size per step.
+  const bool fp8 = (features & FEATURE_KV_FP8) != 0;
+  if (fp8 && !limits.fp8_decode && why)
+    why->push_back("FP8 K/V cache on " + limits.name + ", whose decodes take this kernel: " +
+                   "the matrix form's K/V pack would rewrite the cache at twice its size per step");
+  MatrixTile tile = fp8 && !limits.fp8_decode
+                        ? MatrixTile{}
+                        : matrix_tile(limits, dtype, padded_head_dim(widest), mode, why);
+  // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
+  // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
+  // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
+  const int eight_wide_split = eight_wide_value_split(d_v, features);
+  const int max_8_wide = eight_wide_split > 0 ? 128 : 0;
+  const std::string no_8_wide =
+      why && eight_wide_split == 0 ? no_eight_wide_reason(d_v, features) : std::string();
+  // (The reasons from the call that decides: at Dv where the head dims differ.)
+  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide,
+                                                           why, "the register forward", no_8_wide);
+  const bool registers =
+      split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide,
+                                         d == d_v ? why : nullptr, "the register forward",
+                                         no_8_wide);
+  // Deeper reduction steps (AMX's shape, emulated) where both head dims take them.
+  if (split && (d % tile.k != 0 || d_v % tile.k != 0)) tile.k = 16;
+  // The vector kernel compiles V's head dim apart wherever the two pad differently.
+  const bool vector_split = tile.m == 0 && d != d_v;
+  const SlmBytes vector_slm = [&](int hd, int bm, int bn) {
+    return fwd_slm_bytes(hd, vector_split ? d_v : hd, bm, bn);
+  };
+  const int value_split = registers && tile.n == 8 ? eight_wide_split : 1;
+  const SlmBytes registers_slm = [&](int hd, int bm, int bn) {
+    return value_split * fwd_matrix_registers_slm_bytes(hd, bm, bn);  // Q^T per share
+  };
+  KernelVariant variant = choose_variant(
+      dtype, split || vector_split ? head_dim : widest, limits,
+      registers ? registers_slm : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+  variant.value_split = value_split;
+  if (split || vector_split) variant.head_dim_v = d_v;
+  // The 8-wide engines' 128 registers hold O^T (64 at d = 64) beside the S^T and P of 16 keys;
+  // 32 keys would spill on DG2 and Arrow Lake-H (gpu-check's record, docs/gpus.md).
+  if (registers && tile.n == 8) variant.block_n = 16;
+  variant.matrix_registers = registers;
+  variant.matrix_m = tile.m;
+  variant.matrix_k = tile.k;
+  variant.matrix_emulated = tile.emulated;
+  variant.matrix_n = tile.n;
+  variant.features = features;
+  return variant;
+}
+
+KernelProgram fwd_program(const KernelVariant& variant) {
+  if (variant.matrix_m > 0)
+    return {variant.matrix_registers ? "programs/flash_fwd_matrix_registers.hpp"
+                                     : "programs/flash_fwd_matrix.hpp",
+            {variant.matrix_registers
+                 ? with_trailing(
+                       variant.instantiate("ipex_flash::flash_fwd_matrix_registers_kernel"),
+                       {variant.value_head_dim(), variant.value_split})
+                 : variant.instantiate("ipex_flash::flash_fwd_matrix_kernel"),
+             "ipex_flash::flash_fwd_pack_kv_kernel<" + device_type_name(variant.dtype) + ", " +
+                 std::to_string(variant.head_dim) + ", " + std::to_string(variant.block_n) +
+                 ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
+                 std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
+            program_options(variant)};
+  return {"programs/flash_fwd.hpp",
+          {with_trailing(variant.instantiate("ipex_flash::flash_fwd_kernel"),
+                         {variant.value_head_dim()})},
+          program_options(variant)};
+}
+
+}  // namespace ipex_flash
