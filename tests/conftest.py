@@ -35,7 +35,8 @@ def _seed_per_test(request):
     torch.manual_seed(zlib.crc32((flat + sep + name).encode()))
 
 
-# Launch plans (test_launch_plans.py, test_cache_launch_plans.py; helpers.cases.PLAN_CALLS).
+# Launch plans (test_launch_plans.py, test_kvcache_call_plans.py, test_serving_step_plans.py;
+# helpers.cases.PLAN_CALLS).
 
 
 @pytest.fixture

@@ -13,131 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from report_sections import distributed_section, generate_batch_section, host_cost_section, \
+    sdpa_section
+from report_tables import RUNS, ratio, section, span, table
+
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent.parent
 BENCH = REPO / "benchmarks"
-
-# The file each benchmark writes, and the command that writes it.
-RUNS = {
-    "forward_4096.json": "benchmark.py --seq-lens 4096 --head-dims 64 128 --dtypes float32 "
-                         "bfloat16 --naive-max-len 2048",
-    "forward.json": "benchmark.py --dtypes float32 bfloat16 --head-dims 64 128",
-    "backward.json": "benchmark.py --passes backward fwd+bwd --seq-lens 1024 2048 4096 "
-                     "--head-dims 64 --dtypes float32 bfloat16 --naive-max-len 4096 --budget 5",
-    "decode.json": "benchmark.py --decode --repeats 7",
-    "serving.json": "benchmark_serving.py",
-    "sdpa.json": "benchmark_sdpa.py",
-    "runtime.json": "runtime_costs.py",
-    "host_cost.json": "benchmark_host_cost.py",
-    "generate_batch.json": "benchmark_generate_batch.py",
-    "distributed.json": "benchmark_distributed.py",
-}
-
-
-SPIN_SETTINGS = {"default_spin": "libgomp's default spin",
-                 "ipex_flash_spin": "GOMP_SPINCOUNT=10000 (what `import ipex_flash` sets)",
-                 "passive": "OMP_WAIT_POLICY=PASSIVE"}
-
-
-def ratio(rows, **match) -> list[float]:
-    """ipex_flash / SDPA of the rows whose fields have the given values."""
-    return [r["ratio_to_sdpa"] for r in rows if all(r[f] == v for f, v in match.items())]
-
-
-def span(values) -> str:
-    low, high = min(values), max(values)
-    return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
-
-
-def machine(data: dict) -> str:
-    m = data.get("machine") or {}
-    if isinstance(m, str):
-        return m
-    cpu = m.get("device") or m.get("cpu", "?")
-    cores = m.get("compute_units") or m.get("cores")
-    parts = [cpu + (f", {cores} cores" if cores else "")]
-    if "amx" in m:
-        parts.append("AMX" if m["amx"] else "no AMX")
-    if m.get("torch"):
-        parts.append(f"torch {m['torch']}" + (f" with {m['torch_threads']} threads"
-                                              if m.get("torch_threads") else ""))
-    return ", ".join(parts)
-
-
-def table(header, rows) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-            + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-
-
-def section(title: str, name: str, data: dict) -> list[str]:
-    return ["", f"## {title}", "",
-            f"`python scripts/bench/{RUNS[name]}` (`{name}`), on {machine(data)}.", ""]
-
-
-def sdpa_section(data: dict) -> list[str]:
-    """Masks, a small call's host time, OpenMP contention, a transformers model."""
-    results = data["results"]
-    out = section("SDPA's contract: masks, small calls, OpenMP, a transformers model",
-                  "sdpa.json", data)
-    masked = results["masked"]
-    out += table(["bool key-padding mask, B=4 H=8 N=2048 D=128", *masked], [
-        ["masked against our unmasked forward (throughput: blocks the mask hides are skipped)",
-         *(f"{m['masked_vs_unmasked_throughput']:.2f}x" for m in masked.values())],
-        ["masked against torch SDPA masked", *(f"{m['masked_vs_torch_masked']:.2f}x"
-                                              for m in masked.values())]])
-    us = results["overhead"]["microseconds"]
-    # benchmark_sdpa.py names the launch timed alone kernels_only; older files launch_only.
-    kernels = us.get("kernels_only", us.get("launch_only"))
-    out += ["", f"A small call (1 query row, 16 keys): torch SDPA {us['torch_sdpa']:.0f} µs, "
-            f"`ipex_flash.scaled_dot_product_attention` {us['ours_sdpa']:.0f} µs (the launch "
-            f"{kernels:.0f} µs of it), the same through torch's dispatcher "
-            f"{us['ours_through_dispatcher']:.0f} µs.", ""]
-    contention = results["contention"]
-    out += table(["attention right after a matmul, OpenMP setting", "slowdown",
-                  "50 small torch ops (ms)"],
-                 [[SPIN_SETTINGS.get(name, name), f"{c['slowdown']:.2f}x",
-                   f"{1e3 * c['small_ops']:.2f}"] for name, c in contention.items()])
-    speed = results["model"]["speed_vs_sdpa"]
-    out += ["", "A tiny Hugging Face Llama (float32), the ipex_attention backend against sdpa: "
-            + ", ".join(f"{case.replace('_', ' ')} {ratio:.2f}x" for case, ratio in speed.items())
-            + "."]
-    return out
-
-
-def host_cost_section(data: dict) -> list[str]:
-    """Each entry point's whole call against torch SDPA's, and its host time (up to the first
-    kernel's submission), at a tiny call and decode sizes."""
-    results = data["results"]
-    out = section("Host cost of each entry point, decode step (float32)", "host_cost.json", data)
-    sizes = list(results)
-    names = list(results[sizes[0]]["entry_points"])
-
-    def cell(row):
-        host = f", host {row['host_us']:.0f} µs" if "host_us" in row else f" ({row['us']:.0f} µs)"
-        if "host_warm_us" in row:
-            host += f" ({row['host_warm_us']:.0f} warm"
-            host += f", {row['host_alone_us']:.0f} alone)" if "host_alone_us" in row else ")"
-        if "xpu_us" in row:
-            waits = row["xpu_waits"]
-            host += f"; XPU path {row['xpu_us']:.0f} µs, {waits:.0f} wait{'' if waits == 1 else 's'}"
-        return f"{row['vs_torch_sdpa']:.2f}x{host}"
-    out += table(["entry point / time against torch SDPA's whole call", *(
-        f"B={r['batch']} N={r['keys']} H={r['heads_q']}/{r['heads_kv']} D={r['head_dim']}"
-        for r in results.values())],
-        [[name, *(cell(results[size]["entry_points"][name]) for size in sizes)]
-         for name in names])
-    out += ["", "Host: the median time from the Python call to its first kernel's submission, "
-            "from the host module's clock of submissions (the script's docstring says how), "
-            "after a call of the same size, whose kernels ran on the same cores; warm: after the "
-            "entry point's tiny call instead, which brings the host path's code back into the "
-            "caches that the kernels' K/V traffic evicted (a GPU's kernels do not run on the "
-            "host's cores); alone: calls back to back with their kernels submitted but not run, "
-            "the host path with the caches as a GPU's kernels leave them. XPU path: the KV-cache "
-            "calls' whole call through the queue-handle seam (the path an XPU takes), kernels "
-            "submitted but not run, and the reads of the cache's values per call it waits for "
-            "(on an XPU each waits for all work queued before it). The JSON also has the "
-            "kernels launched alone from prepared arguments."]
-    return out
 
 
 def summary(d: dict) -> list[str]:
@@ -253,56 +135,6 @@ def report(d: dict) -> list[str]:
             "IR once (the process that compiled from source stores it under another key); "
             "`python -m ipex_flash warmup` does that second build itself. docs/design.md (JIT "
             "build and caches) has the details."]
-    return out
-
-
-def generate_batch_section(data: dict) -> list[str]:
-    """transformers' continuous batching on the backend against its sdpa, one run."""
-    a = data["args"]
-    out = section("transformers continuous batching (generate_batch)", "generate_batch.json",
-                  data)
-    out += table(["attention", "best of " + str(a["repeats"]) + " (s)", "new tokens/s"],
-                 [[name, f"{data['best_seconds'][name]:.2f}",
-                   f"{data['tokens_per_second'][name]:.1f}"] for name in data["best_seconds"]])
-    out += ["", f"{a['requests']} requests of {a['prompt'][0]}-{a['prompt'][1]} prompt tokens, "
-            f"{a['new_tokens']} new tokens each, a random {a['layers']}-layer Llama (GQA "
-            f"{a['heads'][0]}/{a['heads'][1]}, D = {a['head_dim']}, float32): ipex_flash "
-            f"{data['ipex_over_sdpa']:.2f}x sdpa's tokens/s, "
-            + ("the same tokens." if data["same_tokens"] else "DIFFERENT tokens.")]
-    return out
-
-
-def distributed_section(data: dict) -> list[str]:
-    """Context parallelism: per-rank memory against one device, causal balance, overlap."""
-    a = data["args"]
-    out = section("Context parallelism (ipex_flash.distributed), zigzag causal ring",
-                  "distributed.json", data)
-    longest = max(a["seq_lens"])
-    rows = [r for r in data["memory"] if r["seqlen"] == longest]
-    one = max(r["train_peak_bytes"] for r in rows if r["world"] == 1)
-    out += table(["ranks", "forward peak MiB (most of a rank)",
-                  "forward+backward peak MiB", "vs one device"],
-                 [[w, f"{max(r['forward_peak_bytes'] for r in rows if r['world'] == w) / 2**20:.1f}",
-                   f"{max(r['train_peak_bytes'] for r in rows if r['world'] == w) / 2**20:.1f}",
-                   f"{max(r['train_peak_bytes'] for r in rows if r['world'] == w) / one:.2f}x"]
-                  for w in sorted({r["world"] for r in rows})])
-    balance = []
-    for world in sorted({r["world"] for r in data["balance"]}):
-        for kind in ("zigzag", "contiguous"):
-            ranks = [r for r in data["balance"] if r["world"] == world and r["kind"] == kind]
-            if not ranks:
-                continue
-            pairs = [r["pairs"] for r in ranks]
-            mean = sum(pairs) / len(pairs)
-            balance.append([world, kind, f"{100 * max(abs(p - mean) for p in pairs) / mean:.1f}%"])
-    out += [""] + table(["ranks", "sharding", "most a rank's attended pairs differ from the mean"],
-                        balance)
-    steps = data["overlap"]
-    out += ["", f"N = {longest}, B = {a['batch']}, H = {a['heads']}, D = {a['head_dim']}, "
-            f"{a['dtype']}, memory above each rank's own inputs. Overlap at 2 ranks: a ring step "
-            f"takes {min(s['step'] for s in steps) / min(s['kernel'] for s in steps):.2f}x its "
-            f"kernel alone ({1e3 * min(s['kernel'] for s in steps):.0f} ms; the K/V exchange "
-            f"alone {1e3 * min(s['exchange'] for s in steps):.1f} ms)."]
     return out
 
 

@@ -1,7 +1,7 @@
 """Launch plans (ipex_flash/ops/launch_plans.py) of the SDPA drop-in and flash_attn_func: a
 repeated call of the same signature runs the plan built after its first call, on new data each
 time, against the float64 reference; inputs the general path adapts get no plan. The KV-cache
-calls' plans are tested in test_cache_launch_plans.py."""
+calls' plans are tested in test_kvcache_call_plans.py and test_serving_step_plans.py."""
 import pytest
 import torch
 

@@ -13,7 +13,8 @@ that no test file imports another; the fixtures every test can use stay in tests
   backward       the backward's gradient rule (twice torch SDPA's error plus a floor)
   sdpa           SDPA masks and its gradient check
   dropout        the reference under a reported dropout mask and its check
-  matrix         the matrix-engine modes (IPEX_FLASH_MATRIX) and the matrix_mode fixture
+  matrix         the matrix-engine modes (IPEX_FLASH_MATRIX), the modes the matrix kernels' tests
+                 run in, and the matrix_mode fixture
   engine_cases, vllm_cases, distributed_cases, property_cases, property_rule: the serving,
                  vLLM, distributed and property tests' own shared code
 """

@@ -6,7 +6,7 @@ import torch
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
-# Launch plans (test_launch_plans.py, test_cache_launch_plans.py).
+# Launch plans (test_launch_plans.py, test_kvcache_call_plans.py, test_serving_step_plans.py).
 PLAN_CALLS = 3  # the first builds the plan, the others run it
 
 

@@ -1,6 +1,6 @@
 """FP8 KV caches (float8_e4m3fn, float8_e5m2) with their k_descale / v_descale, the float64
 caches they dequantise to, and attention over them against the reference. Shared by
-kvcache/test_fp8_kvcache.py, kvcache/test_kvcache_leftpad.py, kvcache/test_cache_launch_plans.py
+kvcache/test_fp8_kvcache.py, kvcache/test_kvcache_leftpad.py, kvcache/test_kvcache_call_plans.py
 and matrix/test_fp8_matrix.py."""
 import ipex_flash
 import torch

@@ -1,6 +1,6 @@
 """Rotary embedding in float64 and what flash_attn_with_kvcache's append with rotary gives:
 the reference of kvcache/test_kvcache_api.py, also used by kvcache/test_decode_append.py,
-kvcache/test_kvcache_leftpad.py and kvcache/test_cache_launch_plans.py."""
+kvcache/test_kvcache_leftpad.py and kvcache/test_kvcache_call_plans.py."""
 import ipex_flash  # noqa: F401  (imported before torch, see _runtime.py)
 import torch
 from ipex_flash.reference import flash_attn_reference

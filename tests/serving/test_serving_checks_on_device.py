@@ -4,7 +4,7 @@ seam on the CPU device: the host reads no value and never waits for the device; 
 range (seqused_k past max_seqlen_k, a block_table entry outside the pool, cu_seqlens_q other
 than 0, 1, ..., B) gives NaN output and LSE, and the next call on the device raises the
 ValueError naming the argument. Steps of several tokens per sequence still wait for one read
-(test_cache_launch_plans.py)."""
+(test_serving_step_plans.py)."""
 import pytest
 import torch
 
