@@ -134,7 +134,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "rows"_a, "new_tokens"_a, "heads_kv"_a,
       "(whether the decode kernel serves these query rows per K/V head, the reason if not)");
-  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;
+  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;        // v's (kernel_variant.hpp)
+  m.attr("MAX_QK_HEAD_DIM") = kMaxQkHeadDim;  // q's and k's
   m.attr("DECODE_MIN_BLOCK_KEYS") = kMinDecodeBlockKeys;
   m.def("most_splits", &most_splits, "keys"_a,
         "The most splits the decode kernel can use over `keys` keys: each is a whole number of "
