@@ -134,6 +134,20 @@ PYBIND11_MODULE(_C, m) {
       },
       "rows"_a, "new_tokens"_a, "heads_kv"_a,
       "(whether the decode kernel serves these query rows per K/V head, the reason if not)");
+  m.def(
+      "decode_fits",
+      [](const std::string& dtype, int head_dim, int rows, int features,
+         const std::string& profile, std::uintptr_t queue) {
+        const DeviceLimits limits = profile.empty()
+                                        ? device_limits(queue_from_handle(queue).get_device())
+                                        : profile_limits(profile);
+        SkipReasons why;
+        const bool fits = decode_fits(dtype, head_dim, rows, features, limits, &why);
+        return py::make_tuple(fits, why);
+      },
+      "dtype"_a, "head_dim"_a, "rows"_a, "features"_a = 0, "profile"_a = "", "queue"_a = 0,
+      "(whether the decode kernel fits the local memory of a GPU profile, or of the queue's "
+      "device for profile '', the reason if not: the general kernel then serves the call)");
   m.attr("MAX_HEAD_DIM") = kMaxHeadDim;        // v's (kernel_variant.hpp)
   m.attr("MAX_QK_HEAD_DIM") = kMaxQkHeadDim;  // q's and k's
   m.attr("DECODE_MIN_BLOCK_KEYS") = kMinDecodeBlockKeys;
