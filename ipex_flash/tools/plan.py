@@ -113,7 +113,8 @@ def describe(family: str, v) -> str:
     blocks = f"{v.block_m} query rows x {v.block_n} keys per block"
     kernel = "general forward kernel" if family == "forward" else "backward kernels"
     if v.matrix_m == 0:
-        return f"{kernel} on the vector units, {blocks}"
+        slabs = f", K and V {v.kv_cols} columns at a time" if v.kv_cols else ""
+        return f"{kernel} on the vector units, {blocks}{slabs}"
     if family == "forward":
         form = "tiles in registers" if v.matrix_registers else \
             "tiles staged through local memory"

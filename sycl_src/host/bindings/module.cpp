@@ -78,6 +78,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("matrix_registers", &KernelVariant::matrix_registers)
       .def_readonly("dkdv_registers", &KernelVariant::dkdv_registers)
       .def_readonly("value_split", &KernelVariant::value_split)
+      .def_readonly("kv_cols", &KernelVariant::kv_cols)
       .def_readonly("features", &KernelVariant::features)
       .def_readonly("slm_bytes", &KernelVariant::slm_bytes)
       .def_readonly("large_grf", &KernelVariant::large_grf)

@@ -39,6 +39,11 @@ struct KernelVariant {
   // (forward/registers_kernel.hpp: 2 on the 8-wide engines past head dim 64); its work-group
   // is block_m x value_split work-items.
   int value_split = 1;
+  // The vector forward's K and V tiles hold this many of their columns at a time, the head dims
+  // walked in slabs (forward/vector_kernel.hpp, flash_fwd_slab_kernel), where whole rows do
+  // not fit the device's local memory (past head dim 256 in 64 KiB, MLA's 576 / 512 in 128
+  // KiB); 0: whole rows.
+  int kv_cols = 0;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // built for the SYCL CPU device: its loop forms (vector/tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (common/kernel_props.hpp)
