@@ -23,7 +23,8 @@ std::vector<MatrixShape> xmx_shapes(int n) {
 }
 
 DeviceLimits gpu_profile(const std::string& name, const std::string& title,
-                         const std::string& ocloc_device, size_t local_kib, std::vector<int> sub_groups, int compute_units,
+                         const std::string& ocloc_device, size_t local_kib,
+                         std::vector<int> sub_groups, int compute_units,
                          std::vector<MatrixShape> matrix, bool large_grf,
                          bool matrix_by_default) {
   DeviceLimits limits;
