@@ -118,14 +118,15 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   const std::string no_8_wide =
       why && eight_wide_split == 0 ? no_eight_wide_reason(d_v, features) : std::string();
   constexpr int kMaxSplitHeadDim = 256;
-  if (d != d_v && d > kMaxSplitHeadDim && tile.m > 0 && why)
+  // (The reasons from the call that decides: at Dv where the head dims differ.)
+  const bool split_fits = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128,
+                                                                max_8_wide, why,
+                                                                "the register forward", no_8_wide);
+  if (split_fits && d > kMaxSplitHeadDim && why)
     why->push_back("head dim " + std::to_string(d) + " > " + std::to_string(kMaxSplitHeadDim) +
                    " (v's " + std::to_string(d_v) + "): the register forward with V's head " +
                    "dim apart is checked up to " + std::to_string(kMaxSplitHeadDim));
-  // (The reasons from the call that decides: at Dv where the head dims differ.)
-  const bool split = d != d_v && d <= kMaxSplitHeadDim &&
-                     matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide, why,
-                                               "the register forward", no_8_wide);
+  const bool split = split_fits && d <= kMaxSplitHeadDim;
   const bool registers =
       split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide,
                                          d == d_v ? why : nullptr, "the register forward",
