@@ -11,7 +11,7 @@ from torch.utils._device import DeviceContext
 
 from ipex_flash.ops import fast_path, launch
 from ipex_flash.ops.validation import (
-    MAX_HEAD_DIM, SUPPORTED_DTYPES, raise_error, scale_error, sdpa_contract_error)
+    SUPPORTED_DTYPES, head_dim_error, raise_error, scale_error, sdpa_contract_error)
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.scaled_dot_product_attention"
@@ -97,7 +97,7 @@ def serves(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sc
         return False
     if key.device != query.device or value.device != query.device:
         return False
-    if not (1 <= query.shape[-1] <= MAX_HEAD_DIM and 1 <= value.shape[-1] <= MAX_HEAD_DIM):
+    if head_dim_error(_FN, query.shape[-1], value.shape[-1]) is not None:
         return False
     if scale_error(_FN, scale) is not None:
         return False

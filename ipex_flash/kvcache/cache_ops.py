@@ -65,8 +65,15 @@ def kvcache_outputs(q: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
 
 def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:
     """The caches an append writes into in place: elements of their own (an expanded cache
-    would have one write land on every row sharing it), and outside autograd (which cannot
+    would have one write land on every row sharing it, and a v_cache sharing k_cache's, as
+    MLA's one latent cache does, would take both writes), and outside autograd (which cannot
     follow writes into a tensor that requires grad)."""
+    if caches_share_elements(k_cache, v_cache):
+        raise ValueError(
+            f"{_FN}: k_cache and v_cache share memory (one latent cache for both, as MLA's, "
+            "v_cache a view of k_cache's first columns), and appending k and v would write the "
+            "shared columns twice; write the new tokens' rows into the cache yourself (e.g. "
+            "kv_cache[page, slot] = kv_new, or vLLM's cache write) and call without k and v")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.requires_grad:
             raise ValueError(f"{_FN}: {name} requires grad, and appending k, v writes into it in "
@@ -76,6 +83,17 @@ def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:
             raise ValueError(f"{_FN}: {name} is expanded (stride 0 in dimension {shared[0]}), and "
                              "appending k, v writes into it in place; pass a cache with memory "
                              "of its own (e.g. cache.clone())")
+
+
+def caches_share_elements(k_cache: Tensor, v_cache: Tensor) -> bool:
+    """Whether k_cache and v_cache may share an element: views of one storage whose memory
+    overlaps (C.views_overlap: MLA's latent cache and its first columns do; vLLM's kv.unbind(0)
+    and K, V halves of each row do not). From storage offsets, so fake and meta tensors too."""
+    if not torch._C._is_alias_of(k_cache, v_cache):  # (different storages)
+        return False
+    return C.views_overlap(*(C.TensorView(t.storage_offset() * t.element_size(),
+                                          str(t.dtype).removeprefix("torch."), list(t.shape),
+                                          list(t.stride())) for t in (k_cache, v_cache)))
 
 
 def cache_options(scale: float, causal: bool, window_left: int, window_right: int,

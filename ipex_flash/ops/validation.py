@@ -14,7 +14,11 @@ from ipex_flash._runtime import C
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # meta: shape-only tensors, which the fake implementations serve.
 SUPPORTED_DEVICE_TYPES = ("cpu", "xpu", "meta")
-MAX_HEAD_DIM = C.MAX_HEAD_DIM  # the kernels' (sycl_src/host/variants/kernel_variant.hpp)
+# The kernels' head dims (sycl_src/host/variants/kernel_variant.hpp): v's (and the output's) up
+# to MAX_HEAD_DIM, q's and k's up to MAX_QK_HEAD_DIM (MLA: a 512-column latent and 64 rope
+# columns against the latent).
+MAX_HEAD_DIM = C.MAX_HEAD_DIM
+MAX_QK_HEAD_DIM = C.MAX_QK_HEAD_DIM
 
 
 def raise_error(error: Optional[Exception]) -> None:
@@ -66,12 +70,22 @@ def check_attention_inputs(
     if heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(
             f"{fn}: q's head count ({heads_q}) must be a multiple of k's and v's ({heads_kv})")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"{fn}: head_dim (q.shape[3]) must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
-    if not 1 <= v.shape[3] <= MAX_HEAD_DIM:
-        raise ValueError(f"{fn}: v's head_dim (v.shape[3]) must be in [1, {MAX_HEAD_DIM}], got "
-                         f"{v.shape[3]}")
+    raise_error(head_dim_error(fn, head_dim, v.shape[3]))
     check_scale(fn, scale, "scale")
+
+
+def head_dim_error(fn: str, head_dim: int, head_dim_v: int, q_name: str = "q.shape[3]",
+                   v_name: str = "v.shape[3]") -> Optional[ValueError]:
+    """The head dims the kernels take: q's and k's (`head_dim`) in [1, MAX_QK_HEAD_DIM], v's in
+    [1, MAX_HEAD_DIM]; the error names the argument and its limit."""
+    if not 1 <= head_dim <= MAX_QK_HEAD_DIM:
+        return ValueError(f"{fn}: head_dim ({q_name}) must be in [1, {MAX_QK_HEAD_DIM}], got "
+                          f"{head_dim} (q's and k's head dim; v's in [1, {MAX_HEAD_DIM}])")
+    if not 1 <= head_dim_v <= MAX_HEAD_DIM:
+        return ValueError(f"{fn}: v's head_dim ({v_name}) must be in [1, {MAX_HEAD_DIM}], got "
+                          f"{head_dim_v} (q's and k's up to {MAX_QK_HEAD_DIM}: MLA's latent "
+                          "and rope columns)")
+    return None
 
 
 INT32_MAX = 2**31 - 1  # the kernels' sizes, positions and windows are 32-bit

@@ -17,7 +17,8 @@ from ipex_flash._runtime import C
 
 DTYPES = ["float32", "float16", "bfloat16"]
 COMMON_HEAD_DIMS = [64, 128]  # the rules on spills and scratch memory apply to these
-ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]  # one per bucket
+# one per bucket, and past 256 sizes off the tiles' powers of two up to v's limit (C.MAX_HEAD_DIM)
+ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 448, 512]
 # bits: 1 softcap, 2 ALiBi, 4 bool attn_mask, 8 float32 attn_mask (common/features.hpp
 # FEATURE_*); the quick grid's 7 puts every score change in one kernel, the most registers any
 # variant needs.
@@ -26,7 +27,13 @@ DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V 
 # V's head dim apart from Q's and K's (MLA prefill: D = 192, Dv = 128), in both grids: the
 # forward's register kernel compiles it apart, and its O^T accumulators must fit beside Q^T's
 # reads at D; the vector kernel (float32) compiles it apart too. (D, Dv) pairs.
-VALUE_HEAD_DIMS = {"quick": [(192, 128)], "full": [(192, 128), (256, 128), (96, 160)]}
+VALUE_HEAD_DIMS = {"quick": [(192, 128)],
+                   "full": [(192, 128), (256, 128), (96, 160), (512, 256), (576, 512)]}
+# MLA decode (DeepSeek V2/V3, Kimi K2) over its one latent cache: q and k 576 (a 512-column
+# latent and 64 rope columns), v the latent (FEATURE_VALUE_DIM); one K/V head, whose query
+# heads are the decode kernel's rows (16 per rank with 128 heads over 8 GPUs). (D, Dv, rows);
+# the quick grid bfloat16 only, the full one every dtype and FP8 caches.
+MLA_DECODE = {"quick": [(576, 512, 16)], "full": [(576, 512, 1), (576, 512, 16)]}
 # FP8 KV caches (64 e4m3, 128 e5m2; common/kv_quant.hpp) with 16-bit queries: the decode kernel and
 # the forward (matrix, with a pack that converts the cache, where the GPU takes XMX tiles).
 FP8_FEATURE_SETS = {"quick": [64], "full": [64, 128, 64 | 7]}
@@ -98,6 +105,14 @@ def _calls(full: bool):
         for head_dim, head_dim_v in VALUE_HEAD_DIMS[size]:
             for features in FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", head_dim_v
+                # The backward runs at the larger head dim; past ALL_HEAD_DIMS (MLA's 576), its own.
+                if max(head_dim, head_dim_v) > ALL_HEAD_DIMS[-1]:
+                    yield "backward", dtype, max(head_dim, head_dim_v), features, 1, "auto", 0
+        for head_dim, head_dim_v, rows in MLA_DECODE[size] if full or dtype == "bfloat16" else []:
+            yield "decode", dtype, head_dim, C.FEATURE_VALUE_DIM, rows, "auto", head_dim_v
+            if full and dtype != "float32":
+                yield ("fp8_decode", dtype, head_dim, 64 | C.FEATURE_VALUE_DIM, rows, "auto",
+                       head_dim_v)
     yield "dropout_mask", "float32", 64, 0, 1, "auto", 0
     yield "cache_check", "float32", 64, 0, 1, "auto", 0
     for dtype in ("float32", "bfloat16", "float8_e4m3fn"):  # copies bits: 32, 16, 8
@@ -122,6 +137,11 @@ def plan_target(target: str, full: bool, families=None, dtypes=None) -> list:
                 continue
             family = "decode"
         if (families and family not in families) or (dtypes and dtype not in dtypes):
+            continue
+        # Past what the decode kernel's local memory holds (C.decode_fits: head dims past 480
+        # on 64 KiB GPUs) the general forward kernel serves decodes; the grid has it.
+        if family == "decode" and not C.decode_fits(dtype, max(head_dim, head_dim_v), rows,
+                                                    features, target)[0]:
             continue
         base = dict(target=target, family=family, dtype=dtype, head_dim=head_dim,
                     features=features, rows=rows, mode=mode,

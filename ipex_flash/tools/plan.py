@@ -73,9 +73,14 @@ def make_plan(args) -> dict:
     widest = max(args.head_dim, head_dim_v)
     features = call_features(args)
     family, rows, reasons = args.direction, 1, []
+    on_device = target in ("cpu", "xpu")
     if family == "decode":
         rows = args.gqa * args.new_tokens
         served, reasons = C.decode_serves_rows(rows, args.new_tokens, args.kv_heads)
+        if served:  # (and the decode kernel's local memory at this head dim)
+            served, reasons = C.decode_fits(
+                args.dtype, widest, rows, features, "" if on_device else target,
+                launch.queue_handle(torch.device(target)) if on_device else 0)
         if not served:
             family = "forward"
         elif head_dim_v != args.head_dim:
@@ -84,7 +89,7 @@ def make_plan(args) -> dict:
     head_dim = args.head_dim if family == "forward" else widest
     dims = dict(head_dim=head_dim, features=features, rows=rows,
                 head_dim_v=head_dim_v if family == "forward" else 0)
-    if target in ("cpu", "xpu"):
+    if on_device:
         if args.matrix:
             os.environ["IPEX_FLASH_MATRIX"] = args.matrix  # (read by C++ on each call)
         queue = launch.queue_handle(torch.device(target))
@@ -108,7 +113,8 @@ def describe(family: str, v) -> str:
     blocks = f"{v.block_m} query rows x {v.block_n} keys per block"
     kernel = "general forward kernel" if family == "forward" else "backward kernels"
     if v.matrix_m == 0:
-        return f"{kernel} on the vector units, {blocks}"
+        slabs = f", K and V {v.kv_cols} columns at a time" if v.kv_cols else ""
+        return f"{kernel} on the vector units, {blocks}{slabs}"
     if family == "forward":
         form = "tiles in registers" if v.matrix_registers else \
             "tiles staged through local memory"

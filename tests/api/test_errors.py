@@ -19,10 +19,10 @@ BAD_SHAPES = [
     (dict(k=(3, 2, 12, 32)), r"k.shape\[0\] \(batch\) is 3"),
     (dict(v=(3, 2, 12, 32)), r"v.shape\[0\] \(batch\) is 3"),
     (dict(k=(2, 2, 12, 16)), r"k.shape\[3\] \(head_dim\) is 16"),
-    (dict(v=(2, 2, 12, 257)), r"v's head_dim \(v.shape\[3\]\) must be in \[1, 256\], got 257"),
+    (dict(v=(2, 2, 12, 513)), r"v's head_dim \(v.shape\[3\]\) must be in \[1, 512\], got 513"),
     (dict(v=(2, 2, 13, 32)), r"v must have k's heads and seq_len"),
     (dict(k=(2, 3, 12, 32), v=(2, 3, 12, 32)), r"head count \(4\) must be a multiple of k's and v's \(3\)"),
-    (dict(q=(2, 4, 10, 300), k=(2, 2, 12, 300), v=(2, 2, 12, 300)), r"head_dim .* must be in \[1, 256\], got 300"),
+    (dict(q=(2, 4, 10, 600), k=(2, 2, 12, 600), v=(2, 2, 12, 64)), r"head_dim .* must be in \[1, 576\], got 600"),
 ]
 
 
@@ -133,7 +133,7 @@ def _head_dim_zero_calls():
 def test_head_dim_zero_is_refused_everywhere(entry):
     """1 / sqrt(head_dim) is undefined: every entry point names the head dim, never divides."""
     with pytest.raises(ValueError, match=r"head dim .* must be at least 1|head_dim \(q.shape\[3\]\) "
-                                         r"must be in \[1, 256\], got 0"):
+                                         r"must be in \[1, 576\], got 0"):
         _head_dim_zero_calls()[entry]()
 
 

@@ -261,9 +261,9 @@ def test_bad_head_dims_are_named():
     k48 = torch.randn(1, 2, 12, 48)
     with pytest.raises(ValueError, match=r"k\.shape\[3\] \(head_dim\) is 48, q's is 64"):
         ipex_flash.attention(q, k48, v)
-    with pytest.raises(ValueError, match=r"v's head_dim \(v\.shape\[3\]\) must be in \[1, 256\], "
-                                         r"got 257"):
-        ipex_flash.attention(q, k, torch.randn(1, 2, 12, 257))
+    with pytest.raises(ValueError, match=r"v's head_dim \(v\.shape\[3\]\) must be in \[1, 512\], "
+                                         r"got 513"):
+        ipex_flash.attention(q, k, torch.randn(1, 2, 12, 513))
     with pytest.raises(ValueError, match=r"key's head dim \(last dimension\) must equal query's "
                                          r"\(64\), got 48"):
         ipex_flash.scaled_dot_product_attention(q, k48, v)

@@ -17,7 +17,9 @@ constexpr int DECODE_LANES = 16;
 // Query rows (over all its K/V heads) a decode work-group of a kernel compiled for head_dim
 // keeps Q and O of in local memory: 2 x 16 KB of float32, and at most 128 rows, whose running
 // max and sum take another 2 x 8 KB, so that the whole fits the 64 KiB of Arc A-series and
-// Meteor Lake GPUs at every head dim.
+// Meteor Lake GPUs up to head dim 256; past it, DECODE_LANES rows (16 of 512 columns: 2 x 32
+// KB), which 64 KiB holds up to head dim 480 (the host's decode_fits; beyond, the general
+// forward kernel serves those GPUs' decodes).
 constexpr int decode_row_capacity(int head_dim) {
   return 4096 / head_dim > 128 ? 128 : 4096 / head_dim > DECODE_LANES ? 4096 / head_dim : DECODE_LANES;
 }

@@ -118,4 +118,100 @@ void flash_fwd_kernel(FwdParams p) {
                       kv_descale<FEATURES>(c, block.batch, block.head_kv).v);
 }
 
+// The same forward for head dims whose whole K and V rows do not fit the device's local memory
+// beside Q and the accumulator (the host's choice, forward_variant.cpp: past 256 on GPUs with
+// 64 KiB, MLA's 576 / 512 with 128 KiB): K and V go through SLM KV_COLS columns at a time.
+// A K/V block is one register chunk of keys (BLOCK_N = FWD_KEY_CHUNK), whose scores are summed
+// slab by slab of K, in the order of the kernel above, then P.V updates the accumulator slab
+// by slab of V; each slab between two barriers.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int HEAD_DIM_V,
+          int KV_COLS>
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+IPEX_FLASH_REGISTER_FILE
+void flash_fwd_slab_kernel(FwdParams p) {
+  constexpr int KEY_CHUNK = FWD_KEY_CHUNK;
+  static_assert(BLOCK_N == KEY_CHUNK && HEAD_DIM % KV_COLS == 0 && HEAD_DIM_V % KV_COLS == 0 &&
+                    KV_COLS % D_UNROLL == 0,
+                "tile shape");
+  static syclexp::work_group_static<float[HEAD_DIM][BLOCK_M]> q_slm;      // (d, q) * q_prescale
+  static syclexp::work_group_static<float[HEAD_DIM_V][BLOCK_M]> acc_slm;  // (dv, q) unnormalised O
+  static syclexp::work_group_static<float[BLOCK_N][KV_COLS]> k_slm;       // (kv, a slab of d)
+  static syclexp::work_group_static<float[BLOCK_N][KV_COLS]> v_slm;       // (kv, a slab of dv)
+  float(&q_t)[HEAD_DIM][BLOCK_M] = q_slm;
+  float(&acc_t)[HEAD_DIM_V][BLOCK_M] = acc_slm;
+  float(&k_tile)[BLOCK_N][KV_COLS] = k_slm;
+  float(&v_tile)[BLOCK_N][KV_COLS] = v_slm;
+
+  const AttentionCommon& c = p.common;
+  const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const auto group = item.get_group();
+  const int lid = static_cast<int>(item.get_local_id(0));
+  const QueryBlock block = query_block(c, static_cast<int64_t>(item.get_group(0)), BLOCK_M);
+  if (block.empty) return;
+  const SeqInfo& seq = block.seq;
+  const int64_t q_begin = block.begin, q_end = block.end;
+  const int64_t row = q_begin + lid;
+  const int64_t batch_head = block.batch_head;
+  using KV = kv_storage_t<T, FEATURES>;
+  const ForwardOperands<T, KV> operands = forward_operands<T, KV>(p, block);
+
+  load_tile_transposed<BLOCK_M, HEAD_DIM>(
+      q_t, operands.q, p.q_stride.row, static_cast<int>(q_end - q_begin), c.dims.head_dim,
+      c.q_prescale * kv_descale<FEATURES>(c, block.batch, block.head_kv).k, lid, BLOCK_M);
+  for (int d = 0; d < HEAD_DIM_V; ++d) acc_t[d][lid] = 0.f;
+
+  const BlockMask mask = BlockMask::of(c.mask, seq);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
+  const int64_t kv_end = mask.end_key(q_end);
+  OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
+
+  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+    if constexpr ((FEATURES & FEATURE_ATTN_MASK) != 0) {
+      if (!score_mod.attn_mask.any_visible<FEATURES>(
+              group, k_tile[0][0], q_begin, static_cast<int>(q_end - q_begin), kv_begin,
+              static_cast<int>(std::min<int64_t>(BLOCK_N, kv_end - kv_begin)), lid, BLOCK_M))
+        continue;
+    }
+    const int rows = static_cast<int>(std::min<int64_t>(BLOCK_N, seq.len_k - kv_begin));
+    const bool fully_visible =
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
+
+    float scores[KEY_CHUNK] = {};  // (kv) for this work-item's row
+    for (int s0 = 0; s0 < HEAD_DIM; s0 += KV_COLS) {
+      KvRows<KV> slab = operands.k;
+      slab.base += s0;  // columns s0 .. s0 + KV_COLS of each row (past head_dim: zeros)
+      sycl::group_barrier(group);
+      load_tile<BLOCK_N, KV_COLS>(k_tile, slab, kv_begin, rows, c.dims.head_dim - s0, lid,
+                                  BLOCK_M);
+      sycl::group_barrier(group);
+      dot_rows_slab(scores, q_t, lid, k_tile, 0, s0);
+    }
+    if constexpr (FEATURES != 0) {
+      float unused_grad[KEY_CHUNK];
+      score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin, 0, 1);
+    }
+    if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin);
+    const float rescale = softmax.update(scores);  // scores now hold probabilities
+    if (c.dropout.enabled) {
+      float factor[KEY_CHUNK];
+      dropout_factors_for_keys(c.dropout, batch_head, row, kv_begin, factor);
+#pragma unroll
+      for (int j = 0; j < KEY_CHUNK; ++j) scores[j] *= factor[j];
+    }
+    for (int s0 = 0; s0 < HEAD_DIM_V; s0 += KV_COLS) {
+      KvRows<KV> slab = operands.v;
+      slab.base += s0;
+      sycl::group_barrier(group);
+      load_tile<BLOCK_N, KV_COLS>(v_tile, slab, kv_begin, rows, c.dims.head_dim_v - s0, lid,
+                                  BLOCK_M);
+      sycl::group_barrier(group);
+      accumulate_rows_slab(acc_t, lid, scores, v_tile, 0, s0, rescale);
+    }
+  }
+
+  write_output_row<T>(p, block, lid, acc_t, softmax,
+                      kv_descale<FEATURES>(c, block.batch, block.head_kv).v);
+}
+
 }  // namespace ipex_flash

@@ -52,4 +52,38 @@ inline void accumulate_rows(float (&acc_t)[HEAD_DIM][LANES], int lane,
   }
 }
 
+// The same over one slab of the head dim, columns col0 .. col0 + COLS of the work-item's vector
+// against a tile of those columns alone (the forward's K/V slabs, forward/vector_kernel.hpp):
+//   dot_rows_slab:        out[j] += sum_{d < COLS} own_t[col0 + d][lane] * rows[row0 + j][d]
+//   accumulate_rows_slab: acc_t[col0 + d][lane] = acc_t[col0 + d][lane] * rescale
+//                                                 + sum_j weight[j] * rows[row0 + j][d]
+// Called slab by slab in ascending col0, dot_rows_slab sums in dot_rows's order.
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS, int COLS>
+inline void dot_rows_slab(float (&out)[CHUNK], const float (&own_t)[HEAD_DIM][LANES], int lane,
+                          const float (&rows)[ROWS][COLS], int row0, int col0) {
+  for (int d = 0; d < COLS; ++d) {
+    const float own_d = own_t[col0 + d][lane];
+#pragma unroll
+    for (int j = 0; j < CHUNK; ++j) out[j] += own_d * rows[row0 + j][d];
+  }
+}
+
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS, int COLS>
+inline void accumulate_rows_slab(float (&acc_t)[HEAD_DIM][LANES], int lane,
+                                 const float (&weight)[CHUNK], const float (&rows)[ROWS][COLS],
+                                 int row0, int col0, float rescale) {
+  static_assert(COLS % D_UNROLL == 0, "tile shape: slabs of whole multiples of 8 columns");
+  for (int d0 = 0; d0 < COLS; d0 += D_UNROLL) {
+    float acc[D_UNROLL];  // (d)
+#pragma unroll
+    for (int u = 0; u < D_UNROLL; ++u) acc[u] = acc_t[col0 + d0 + u][lane] * rescale;
+    IPEX_FLASH_KEY_LOOP
+    for (int j = 0; j < CHUNK; ++j)
+#pragma unroll
+      for (int u = 0; u < D_UNROLL; ++u) acc[u] += weight[j] * rows[row0 + j][d0 + u];
+#pragma unroll
+    for (int u = 0; u < D_UNROLL; ++u) acc_t[col0 + d0 + u][lane] = acc[u];
+  }
+}
+
 }  // namespace ipex_flash

@@ -55,6 +55,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dtype", &TensorView::dtype)
       .def_readonly("sizes", &TensorView::sizes)
       .def_readonly("strides", &TensorView::strides);
+  m.def("views_overlap", &views_overlap, "a"_a, "b"_a,
+        "Whether two views of one dtype (addresses: data pointers, or offsets in one storage) "
+        "may share an element (launch/tensor_view.hpp)");
 
   py::class_<MaskParams>(m, "MaskParams")
       .def(py::init([](int32_t window_left, int32_t window_right, bool bottom_right) {
@@ -78,6 +81,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("matrix_registers", &KernelVariant::matrix_registers)
       .def_readonly("dkdv_registers", &KernelVariant::dkdv_registers)
       .def_readonly("value_split", &KernelVariant::value_split)
+      .def_readonly("kv_cols", &KernelVariant::kv_cols)
       .def_readonly("features", &KernelVariant::features)
       .def_readonly("slm_bytes", &KernelVariant::slm_bytes)
       .def_readonly("large_grf", &KernelVariant::large_grf)
@@ -134,7 +138,22 @@ PYBIND11_MODULE(_C, m) {
       },
       "rows"_a, "new_tokens"_a, "heads_kv"_a,
       "(whether the decode kernel serves these query rows per K/V head, the reason if not)");
-  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;
+  m.def(
+      "decode_fits",
+      [](const std::string& dtype, int head_dim, int rows, int features,
+         const std::string& profile, std::uintptr_t queue) {
+        const DeviceLimits limits = profile.empty()
+                                        ? device_limits(queue_from_handle(queue).get_device())
+                                        : profile_limits(profile);
+        SkipReasons why;
+        const bool fits = decode_fits(dtype, head_dim, rows, features, limits, &why);
+        return py::make_tuple(fits, why);
+      },
+      "dtype"_a, "head_dim"_a, "rows"_a, "features"_a = 0, "profile"_a = "", "queue"_a = 0,
+      "(whether the decode kernel fits the local memory of a GPU profile, or of the queue's "
+      "device for profile '', the reason if not: the general kernel then serves the call)");
+  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;        // v's (kernel_variant.hpp)
+  m.attr("MAX_QK_HEAD_DIM") = kMaxQkHeadDim;  // q's and k's
   m.attr("DECODE_MIN_BLOCK_KEYS") = kMinDecodeBlockKeys;
   m.def("most_splits", &most_splits, "keys"_a,
         "The most splits the decode kernel can use over `keys` keys: each is a whole number of "

@@ -27,10 +27,6 @@ int attn_mask_feature(const std::string& dtype) {
                               dtype);
 }
 
-int64_t element_bytes(const std::string& dtype) {
-  return dtype == "bool" ? 1 : dtype == "float32" ? 4 : 2;
-}
-
 }  // namespace
 
 int kv_feature(const std::string& kv_dtype) {

@@ -67,7 +67,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
         "than " + std::to_string(kMaxDecodeRows) + " query rows per K/V head with more than " +
         std::to_string(max_sliced_decode_tokens(k.size(1))) + " new tokens (" +
         std::to_string(k.size(1)) +
-        " K/V heads), or a 16-bit or FP8 cache whose rows are not word-aligned");
+        " K/V heads), a head dim whose decode kernel outgrows the device's local memory "
+        "(decode_fits), or a 16-bit or FP8 cache whose rows are not word-aligned");
   const int rows = c.dims.heads_per_kv * c.dims.len_q;
   // decode/append.hpp: each new row written by the one work-group that reads it.
   if (options.k_new && (decode_row_slices(rows) != 1 || !options.v_new || !options.seqlens_k ||

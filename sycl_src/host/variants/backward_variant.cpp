@@ -48,8 +48,12 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
                      "matrix backward (device_limits.hpp, matrix_masked_backward)");
     tile = MatrixTile{};
   }
+  // Past what the device's local memory fits (the vector kernels' float32 tiles: head dims up
+  // to 320 in 128 KiB, 160 in 64 KiB; the matrix kernels': 576 and 480), an error naming the
+  // head dim, the device and its limit: the backward has no form with smaller tiles.
   KernelVariant variant = choose_variant(dtype, head_dim, limits,
-                                         tile.m > 0 ? bwd_matrix_slm_bytes : bwd_slm_bytes);
+                                         tile.m > 0 ? bwd_matrix_slm_bytes : bwd_slm_bytes,
+                                         TileBounds{"backward kernel"});
   variant.features = features;
   variant.matrix_m = tile.m;
   variant.matrix_emulated = tile.emulated;

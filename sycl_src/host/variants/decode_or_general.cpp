@@ -1,5 +1,6 @@
 #include "host/variants/decode_or_general.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "host/runtime/device_queue.hpp"
@@ -38,8 +39,12 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
   const int64_t heads_kv = k.size(1);
   if (heads_kv <= 0) return false;
   if (!decode_serves_rows((q.size(1) / heads_kv) * q.size(2), q.size(2), heads_kv)) return false;
-  if (kv_feature(k.dtype) != 0 &&
-      !device_limits(queue_from_handle(queue_handle).get_device()).fp8_decode)
+  const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
+  if (kv_feature(k.dtype) != 0 && !limits.fp8_decode) return false;
+  if (!decode_fits(q.dtype, static_cast<int>(std::max(q.size(3), v.size(3))),
+                   static_cast<int>(std::min<int64_t>((q.size(1) / heads_kv) * q.size(2),
+                                                      kMaxDecodeRows)),
+                   kv_feature(k.dtype), limits))
     return false;
   // The decode kernel reads 16-bit and FP8 rows a 32-bit word at a time.
   const int kv_bytes = kv_element_bytes(k.dtype, kv_feature(k.dtype));

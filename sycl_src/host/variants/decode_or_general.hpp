@@ -38,7 +38,8 @@ bool decode_serves_rows(int64_t rows, int64_t new_tokens, int64_t heads_kv,
                         SkipReasons* why = nullptr);
 
 // Whether flash_decode serves q (B, Hq, Nq, D) against this cache: the query rows per K/V head
-// (decode_serves_rows) and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
+// (decode_serves_rows), the kernel's local memory at the head dim (decode_fits: past 480 on
+// GPUs with 64 KiB) and, for 16-bit and FP8 caches, rows starting on 4-byte boundaries and
 // head dims (q's and v's) in whole 4-byte words. Other problems go to flash_fwd (which also
 // reads caches). FP8 caches take the decode kernel only where it has the large register file
 // (or on the CPU device): with 128 registers its FP8 conversions spill on Meteor Lake and,

@@ -71,7 +71,30 @@ bool decode_key_streams(const KernelVariant& variant, bool heads_interleaved) {
          DECODE_LANES / variant.block_m >= 4;
 }
 
+// The vector-score variant's local memory (decode_slm_bytes) for a call: what the kernel needs
+// at least, whatever its scores.
+size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows, int features,
+                               const DeviceLimits& limits) {
+  const int kv_bytes = kv_element_bytes(dtype, features);
+  const int d = decode_head_dim(kv_bytes, padded_head_dim(head_dim));
+  return decode_slm_bytes(d, decode_group_rows(rows), decode_block_keys(kv_bytes, d),
+                          dtype == "float32" ? 4 : 2, false, limits.is_cpu, false);
+}
+
 }  // namespace
+
+bool decode_fits(const std::string& dtype, int head_dim, int rows, int features,
+                 const DeviceLimits& limits, SkipReasons* why) {
+  const size_t needed = decode_vector_slm_bytes(dtype, head_dim, rows, features, limits);
+  if (needed <= limits.local_mem_bytes) return true;
+  if (why)
+    why->push_back("head dim " + std::to_string(head_dim) + ": the decode kernel needs " +
+                   std::to_string(needed) + " bytes of local memory (Q and O of its query rows " +
+                   "in float32), " + limits.name + " has " +
+                   std::to_string(limits.local_mem_bytes) +
+                   ": the general forward kernel serves it");
+  return false;
+}
 
 int kv_element_bytes(const std::string& dtype, int features) {
   return (features & FEATURE_KV_FP8) != 0 ? 1 : dtype == "float32" ? 4 : 2;
@@ -117,7 +140,12 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
                              " bytes of local memory, " + limits.name + " has " +
                              std::to_string(limits.local_mem_bytes));
   }
-  const bool key_streams = decode_key_streams(variant, heads_interleaved);
+  // (key streams keep every head's factors in SLM: only where they fit)
+  const bool key_streams =
+      decode_key_streams(variant, heads_interleaved) &&
+      decode_slm_bytes(variant.head_dim, variant.block_m, kMaxDecodeBlockKeys, elem_bytes,
+                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
+                       true) <= limits.local_mem_bytes;
   if (key_streams) {
     variant.features |= FEATURE_KEY_STREAMS;
     // The most keys per block: V is read in a pass of its own, so a block's rows need not stay

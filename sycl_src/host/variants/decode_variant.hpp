@@ -37,6 +37,14 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
                              bool heads_interleaved, const DeviceLimits& limits,
                              const std::string& mode, SkipReasons* why = nullptr);
 
+// Whether the decode kernel fits the device's local memory for a call of this dtype, head dim
+// (the larger of q's and v's), query rows per K/V head and features (an FP8 cache's): its
+// smallest form, vector scores. It holds Q and O of up to 16 rows in float32, so past head
+// dim 480 it outgrows the 64 KiB of Arc A-series, Meteor Lake and Arrow Lake-H; those calls
+// take the general forward kernel (flash_decode_supported). why: where it does not, the reason.
+bool decode_fits(const std::string& dtype, int head_dim, int rows, int features,
+                 const DeviceLimits& limits, SkipReasons* why = nullptr);
+
 // The program holding its kernels: the split kernel, then the merge kernel.
 KernelProgram decode_program(const KernelVariant& variant);
 

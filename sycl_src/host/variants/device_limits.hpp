@@ -25,6 +25,7 @@ struct MatrixShape {
 
 struct DeviceLimits {
   std::string name;          // profile name ("bmg") or the device's name
+  std::string title;         // a profile's GPU in words ("Meteor Lake"), for errors; "" otherwise
   std::string ocloc_device;  // ocloc's -device for a GPU profile; "" for a real device
   bool is_cpu = false;
   size_t local_mem_bytes = 0;     // per work-group

@@ -1,6 +1,7 @@
 #include "host/variants/forward_variant.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "host/variants/matrix_engine.hpp"
@@ -9,10 +10,30 @@
 namespace ipex_flash {
 namespace {
 
+// The fewest keys per block (choose_variant's): the vector kernels' two register chunks of 8,
+// the slab kernel's one chunk of FWD_KEY_CHUNK (forward/vector_kernel.hpp).
+constexpr int kSmallestKeyBlock = 16;
+
 size_t fwd_slm_bytes(int head_dim, int head_dim_v, int block_m, int block_n) {
   // Q (d, q) and the output accumulator (dv, q), K (kv, d) and V (kv, dv) tiles, all float32.
   return sizeof(float) * (static_cast<size_t>(head_dim + head_dim_v) * block_m +
                           static_cast<size_t>(block_n) * (head_dim + head_dim_v));
+}
+
+// The vector forward walking K and V in slabs of kv_cols columns (flash_fwd_slab_kernel): Q
+// (d, q) and the output accumulator (dv, q) as above, and one slab of K's and one of V's block
+// (kv, kv_cols), all float32.
+size_t fwd_slab_slm_bytes(int head_dim, int head_dim_v, int kv_cols, int block_m, int block_n) {
+  return sizeof(float) * (static_cast<size_t>(head_dim + head_dim_v) * block_m +
+                          2 * static_cast<size_t>(block_n) * kv_cols);
+}
+
+// The slabs' width: the widest of 128, 64, 32 and 16 columns that divides both padded head dims
+// (multiples of 32 past 128), so that every slab is whole.
+int fwd_slab_cols(int d, int d_v) {
+  for (int cols : {128, 64, 32})
+    if (d % cols == 0 && d_v % cols == 0) return cols;
+  return 16;
 }
 
 size_t fwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
@@ -72,6 +93,10 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
                           const DeviceLimits& limits, const std::string& mode,
                           SkipReasons* why) {
   if (head_dim_v <= 0) head_dim_v = head_dim;
+  if (head_dim_v > kMaxHeadDim)
+    throw std::invalid_argument("ipex_flash: v's head dim must be in [1, " +
+                                std::to_string(kMaxHeadDim) + "], got " +
+                                std::to_string(head_dim_v));
   const int widest = std::max(head_dim, head_dim_v);
   const int d = padded_head_dim(head_dim), d_v = padded_head_dim(head_dim_v);
   // FP8 caches (common/kv_quant.hpp) take the matrix kernel too, its K/V pack converting them to T,
@@ -86,14 +111,22 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
                         : matrix_tile(limits, dtype, padded_head_dim(widest), mode, why);
   // With D != Dv the register kernel runs S = Q K^T at D and P.V, O at Dv. What must fit is
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
-  // SLM per block, so D adds no resident registers (up to the largest head dim, 256).
+  // SLM per block, so D adds no resident registers: gpu-check's record has it up to D = 256,
+  // and past that the SLM-staged kernel serves it.
   const int eight_wide_split = eight_wide_value_split(d_v, features);
   const int max_8_wide = eight_wide_split > 0 ? 128 : 0;
   const std::string no_8_wide =
       why && eight_wide_split == 0 ? no_eight_wide_reason(d_v, features) : std::string();
+  constexpr int kMaxSplitHeadDim = 256;
   // (The reasons from the call that decides: at Dv where the head dims differ.)
-  const bool split = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128, max_8_wide,
-                                                           why, "the register forward", no_8_wide);
+  const bool split_fits = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128,
+                                                                max_8_wide, why,
+                                                                "the register forward", no_8_wide);
+  if (split_fits && d > kMaxSplitHeadDim && why)
+    why->push_back("head dim " + std::to_string(d) + " > " + std::to_string(kMaxSplitHeadDim) +
+                   " (v's " + std::to_string(d_v) + "): the register forward with V's head " +
+                   "dim apart is checked up to " + std::to_string(kMaxSplitHeadDim));
+  const bool split = split_fits && d <= kMaxSplitHeadDim;
   const bool registers =
       split || matrix_tiles_in_registers(tile, limits, padded_head_dim(widest), 128, max_8_wide,
                                          d == d_v ? why : nullptr, "the register forward",
@@ -109,9 +142,37 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   const SlmBytes registers_slm = [&](int hd, int bm, int bn) {
     return value_split * fwd_matrix_registers_slm_bytes(hd, bm, bn);  // Q^T per share
   };
-  KernelVariant variant = choose_variant(
-      dtype, split || vector_split ? head_dim : widest, limits,
-      registers ? registers_slm : tile.m > 0 ? fwd_matrix_slm_bytes : vector_slm);
+  const int kernel_head_dim = split || vector_split ? head_dim : widest;
+  const TileBounds bounds{"forward kernel"};
+  // The vector kernel holds whole K and V rows where its smallest tiles fit them, else walks
+  // them in slabs, with as few as 8 query rows: Q and the output accumulator alone, 16 rows of
+  // 576 + 512 float32 columns, would fill the 64 KiB of Arc A-series, Meteor Lake and Arrow
+  // Lake-H (and whole rows at 576 + 512 outgrow 128 KiB).
+  const int vector_d = padded_head_dim(kernel_head_dim);
+  const size_t whole_rows_slm = vector_slm(vector_d, bounds.min_block_m, kSmallestKeyBlock);
+  const bool slabs = tile.m == 0 && whole_rows_slm > limits.local_mem_bytes;
+  const int kv_cols = slabs ? fwd_slab_cols(vector_d, vector_split ? d_v : vector_d) : 0;
+  if (slabs && why)
+    why->push_back("head dim " + std::to_string(vector_d) +
+                   (vector_split ? ", v's " + std::to_string(d_v) : std::string()) +
+                   ": the vector forward's whole K and V rows need " +
+                   std::to_string(whole_rows_slm) +
+                   " bytes of local memory at its smallest tiles, " + limits.name + " has " +
+                   std::to_string(limits.local_mem_bytes) + ": K and V go through it " +
+                   std::to_string(kv_cols) + " columns at a time");
+  const SlmBytes slab_slm = [&](int hd, int bm, int bn) {
+    return fwd_slab_slm_bytes(hd, vector_split ? d_v : hd, kv_cols, bm, bn);
+  };
+  KernelVariant variant =
+      slabs ? choose_variant(dtype, kernel_head_dim, limits, slab_slm,
+                             TileBounds{"forward kernel", /*min_block_m=*/8,
+                                        /*max_block_n=*/kSmallestKeyBlock})
+            : choose_variant(dtype, kernel_head_dim, limits,
+                             registers    ? registers_slm
+                             : tile.m > 0 ? SlmBytes(fwd_matrix_slm_bytes)
+                                          : vector_slm,
+                             bounds);
+  variant.kv_cols = kv_cols;
   variant.value_split = value_split;
   if (split || vector_split) variant.head_dim_v = d_v;
   // The 8-wide engines' 128 registers hold O^T (64 at d = 64) beside the S^T and P of 16 keys;
@@ -141,8 +202,11 @@ KernelProgram fwd_program(const KernelVariant& variant) {
                  std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
             program_options(variant)};
   return {"programs/flash_fwd.hpp",
-          {with_trailing(variant.instantiate("ipex_flash::flash_fwd_kernel"),
-                         {variant.value_head_dim()})},
+          {variant.kv_cols > 0
+               ? with_trailing(variant.instantiate("ipex_flash::flash_fwd_slab_kernel"),
+                               {variant.value_head_dim(), variant.kv_cols})
+               : with_trailing(variant.instantiate("ipex_flash::flash_fwd_kernel"),
+                               {variant.value_head_dim()})},
           program_options(variant)};
 }
 

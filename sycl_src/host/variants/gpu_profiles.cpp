@@ -22,12 +22,14 @@ std::vector<MatrixShape> xmx_shapes(int n) {
   return shapes;
 }
 
-DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_device,
-                         size_t local_kib, std::vector<int> sub_groups, int compute_units,
+DeviceLimits gpu_profile(const std::string& name, const std::string& title,
+                         const std::string& ocloc_device, size_t local_kib,
+                         std::vector<int> sub_groups, int compute_units,
                          std::vector<MatrixShape> matrix, bool large_grf,
                          bool matrix_by_default) {
   DeviceLimits limits;
   limits.name = name;
+  limits.title = title;
   limits.ocloc_device = ocloc_device;
   limits.local_mem_bytes = local_kib * 1024;
   limits.max_work_group = 1024;
@@ -44,18 +46,24 @@ DeviceLimits gpu_profile(const std::string& name, const std::string& ocloc_devic
 const std::map<std::string, DeviceLimits>& profiles() {
   static const std::map<std::string, DeviceLimits> table = {
       // Data Center GPU Max 1100 (Xe-HPC): XMX with sub-group 16, 8x16x16 tiles.
-      {"pvc", gpu_profile("pvc", "pvc", 128, {16, 32}, 448, xmx_shapes(16), true, true)},
+      {"pvc", gpu_profile("pvc", "Data Center GPU Max",
+                          "pvc", 128, {16, 32}, 448, xmx_shapes(16), true, true)},
       // Arc B580 / Pro B60 (Xe2-HPG).
-      {"bmg", gpu_profile("bmg", "bmg", 128, {16, 32}, 160, xmx_shapes(16), true, true)},
+      {"bmg", gpu_profile("bmg", "Battlemage",
+                          "bmg", 128, {16, 32}, 160, xmx_shapes(16), true, true)},
       // Arc A770 / A380 (Xe-HPG): XMX only with sub-group 8, N = 8 (the kernels' 8-wide form);
       // 64 KiB of SLM.
-      {"dg2", gpu_profile("dg2", "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false, true)},
+      {"dg2", gpu_profile("dg2", "Arc A-series",
+                          "acm-g10", 64, {8, 16, 32}, 512, xmx_shapes(8), false, true)},
       // Lunar Lake's Arc 140V (Xe2-LPG).
-      {"lnl", gpu_profile("lnl", "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true, true)},
+      {"lnl", gpu_profile("lnl", "Lunar Lake",
+                          "lnl-m", 128, {16, 32}, 64, xmx_shapes(16), true, true)},
       // Meteor Lake's Arc (Xe-LPG): no XMX.
-      {"mtl", gpu_profile("mtl", "mtl-h", 64, {8, 16, 32}, 128, {}, false, false)},
+      {"mtl", gpu_profile("mtl", "Meteor Lake",
+                          "mtl-h", 64, {8, 16, 32}, 128, {}, false, false)},
       // Arrow Lake-H's Arc 140T (Xe-LPG+): DPAS with DG2's shape.
-      {"arl-h", gpu_profile("arl-h", "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false, true)},
+      {"arl-h", gpu_profile("arl-h", "Arrow Lake-H",
+                            "arl-h", 64, {8, 16, 32}, 128, xmx_shapes(8), false, true)},
   };
   return table;
 }

@@ -1,5 +1,6 @@
 #include "host/variants/kernel_variant.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace ipex_flash {
@@ -60,9 +61,10 @@ std::vector<std::string> program_options(const KernelVariant& variant) {
 }
 
 KernelVariant base_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits) {
-  if (head_dim < 1 || head_dim > kMaxHeadDim)
+  if (head_dim < 1 || head_dim > kMaxQkHeadDim)
     throw std::invalid_argument("ipex_flash: head dim must be in [1, " +
-                                std::to_string(kMaxHeadDim) + "], got " +
+                                std::to_string(kMaxQkHeadDim) + "] (v's in [1, " +
+                                std::to_string(kMaxHeadDim) + "]), got " +
                                 std::to_string(head_dim));
   device_type_name(dtype);  // validates the dtype
   KernelVariant variant{dtype, padded_head_dim(head_dim), 64, 64};
@@ -71,12 +73,35 @@ KernelVariant base_variant(const std::string& dtype, int head_dim, const DeviceL
   return variant;
 }
 
+int largest_fitting_head_dim(int head_dim, size_t local_bytes, const SlmBytes& slm_bytes,
+                             const TileBounds& bounds) {
+  // Compiled sizes downwards: multiples of 32 above 128, of 16 from there.
+  for (int d = padded_head_dim(head_dim); d >= 16; d -= d > 128 ? 32 : 16)
+    if (slm_bytes(d, bounds.min_block_m, kMinBlock) <= local_bytes) return d;
+  return 0;
+}
+
+std::string no_fit_message(const std::string& kernel, int head_dim, const DeviceLimits& limits,
+                           size_t needed, int fits) {
+  const std::string device =
+      limits.title.empty() ? limits.name : limits.name + " (" + limits.title + ")";
+  const size_t kib = limits.local_mem_bytes / 1024;
+  return "ipex_flash: no " + kernel + " for head dim " + std::to_string(head_dim) + " on " +
+         device + ": its " + std::to_string(kib) + " KiB of local memory per work-group (" +
+         std::to_string(limits.local_mem_bytes) + " bytes) " +
+         (fits > 0 ? "fits head dims up to " + std::to_string(fits)
+                   : std::string("fits no head dim")) +
+         "; the smallest tiles need " + std::to_string(needed) + " bytes at head dim " +
+         std::to_string(head_dim);
+}
+
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
-                             const SlmBytes& slm_bytes) {
+                             const SlmBytes& slm_bytes, const TileBounds& bounds) {
   KernelVariant variant = base_variant(dtype, head_dim, limits);
+  variant.block_n = std::min(variant.block_n, bounds.max_block_n);
   const size_t slm_limit = limits.local_mem_bytes;
   const size_t wg_limit = limits.max_work_group;
-  while (variant.block_m > kMinBlock && static_cast<size_t>(variant.block_m) > wg_limit)
+  while (variant.block_m > bounds.min_block_m && static_cast<size_t>(variant.block_m) > wg_limit)
     variant.block_m /= 2;
   while (variant.block_n > kMinBlock && static_cast<size_t>(variant.block_n) > wg_limit)
     variant.block_n /= 2;
@@ -84,12 +109,11 @@ KernelVariant choose_variant(const std::string& dtype, int head_dim, const Devic
   // re-reading K and V more often.
   while (slm_bytes(variant.head_dim, variant.block_m, variant.block_n) > slm_limit) {
     if (variant.block_n > kMinBlock) variant.block_n /= 2;
-    else if (variant.block_m > kMinBlock) variant.block_m /= 2;
-    else throw std::runtime_error(
-        "ipex_flash: device local memory too small for head dim " + std::to_string(head_dim) +
-        ": " + limits.name + " has " + std::to_string(slm_limit) + " bytes per work-group, " +
-        "the smallest tiles need " +
-        std::to_string(slm_bytes(variant.head_dim, variant.block_m, variant.block_n)));
+    else if (variant.block_m > bounds.min_block_m) variant.block_m /= 2;
+    else throw std::runtime_error(no_fit_message(
+        bounds.kernel, head_dim, limits,
+        slm_bytes(variant.head_dim, variant.block_m, variant.block_n),
+        largest_fitting_head_dim(head_dim, slm_limit, slm_bytes, bounds)));
   }
   variant.slm_bytes = slm_bytes(variant.head_dim, variant.block_m, variant.block_n);
   return variant;

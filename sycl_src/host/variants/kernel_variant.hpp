@@ -39,6 +39,11 @@ struct KernelVariant {
   // (forward/registers_kernel.hpp: 2 on the 8-wide engines past head dim 64); its work-group
   // is block_m x value_split work-items.
   int value_split = 1;
+  // The vector forward's K and V tiles hold this many of their columns at a time, the head dims
+  // walked in slabs (forward/vector_kernel.hpp, flash_fwd_slab_kernel), where whole rows do
+  // not fit the device's local memory (past head dim 256 in 64 KiB, MLA's 576 / 512 in 128
+  // KiB); 0: whole rows.
+  int kv_cols = 0;
   size_t slm_bytes = 0;  // local memory the kernels need, as the launcher estimates it
   bool cpu_device = false;  // built for the SYCL CPU device: its loop forms (vector/tile_math.hpp)
   bool large_grf = false;   // Intel GPU kernels with 256 registers (common/kernel_props.hpp)
@@ -81,25 +86,49 @@ struct KernelProgram {
 // matrix emulation (matrix/slm_tile.hpp).
 std::vector<std::string> program_options(const KernelVariant& variant);
 
-// The largest head dim (q's, k's and v's) the kernels are compiled for; Python's checks read it
-// (C.MAX_HEAD_DIM).
-constexpr int kMaxHeadDim = 256;
+// The head dims the kernels are compiled for, the one statement of the rule (Python's checks
+// read it: C.MAX_HEAD_DIM, C.MAX_QK_HEAD_DIM): v's (and so the output's) up to kMaxHeadDim; q's
+// and k's up to kMaxQkHeadDim, past v's limit for DeepSeek's MLA, whose queries and keys are a
+// 512-column latent and 64 rope columns and whose values the latent alone (576 / 512).
+constexpr int kMaxHeadDim = 512;
+constexpr int kMaxQkHeadDim = 576;
 
-// The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond.
+// The head dim kernels are compiled for: rounded up to a multiple of 16 up to 128, of 32 beyond
+// (up to 576: 160, 192, ..., 320, ..., 448, 480, 512, 544, 576).
 int padded_head_dim(int head_dim);
 
 // The parts of a variant every kernel family shares: the validated dtype, the head dim rounded
 // up to a compiled size, 64x64 tiles, and the device's code forms (loops, register file).
-// Throws std::invalid_argument for head dims outside [1, kMaxHeadDim] and unknown dtypes.
+// Throws std::invalid_argument for head dims outside [1, kMaxQkHeadDim] (the kernels run q's
+// and k's head dim, or the larger of it and v's) and unknown dtypes.
 KernelVariant base_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits);
 
 // Bytes of local memory a kernel needs for (head_dim, block_m, block_n).
 using SlmBytes = std::function<size_t(int head_dim, int block_m, int block_n)>;
 
+// How far choose_variant may shrink a kernel's tiles, and what its error calls the kernel.
+struct TileBounds {
+  const char* kernel = "kernel";  // e.g. "backward kernel": "no backward kernel for head dim ..."
+  int min_block_m = 16;  // one sub-group of rows (the vector forward's K/V slabs: 8)
+  int max_block_n = 64;  // keys per block to start from (the K/V slabs: 16, one register chunk)
+};
+
 // The variant serving `head_dim`: head dim rounded up to a compiled size (multiples of 16 up
 // to 128, of 32 beyond), 64x64 tiles shrunk until they fit the device's local memory and
-// work-group limits. Throws std::invalid_argument for head dims outside [1, kMaxHeadDim].
+// work-group limits. Throws std::invalid_argument for head dims outside [1, kMaxQkHeadDim], and
+// std::runtime_error where even the smallest tiles do not fit, naming the kernel, the head dim,
+// the device and the largest head dim its local memory fits.
 KernelVariant choose_variant(const std::string& dtype, int head_dim, const DeviceLimits& limits,
-                             const SlmBytes& slm_bytes);
+                             const SlmBytes& slm_bytes, const TileBounds& bounds = {});
+
+// The largest compiled head dim (padded_head_dim's sizes) at most `head_dim` whose smallest
+// tiles (bounds) fit `local_bytes`; 0 where none does.
+int largest_fitting_head_dim(int head_dim, size_t local_bytes, const SlmBytes& slm_bytes,
+                             const TileBounds& bounds);
+
+// "the <kernel> ... head dim D on <device>: its N KiB of local memory per work-group fits head
+// dims up to M": the error of a kernel family no tiles of which fit the device.
+std::string no_fit_message(const std::string& kernel, int head_dim, const DeviceLimits& limits,
+                           size_t needed, int fits);
 
 }  // namespace ipex_flash
