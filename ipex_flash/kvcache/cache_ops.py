@@ -68,7 +68,7 @@ def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:
     would have one write land on every row sharing it, and a v_cache sharing k_cache's, as
     MLA's one latent cache does, would take both writes), and outside autograd (which cannot
     follow writes into a tensor that requires grad)."""
-    if caches_share_elements(k_cache, v_cache):
+    if caches_share_rows(k_cache, v_cache):
         raise ValueError(
             f"{_FN}: k_cache and v_cache share memory (one latent cache for both, as MLA's, "
             "v_cache a view of k_cache's first columns), and appending k and v would write the "
@@ -85,13 +85,14 @@ def check_appendable(k_cache: Tensor, v_cache: Tensor) -> None:
                              "of its own (e.g. cache.clone())")
 
 
-def caches_share_elements(k_cache: Tensor, v_cache: Tensor) -> bool:
-    """Whether k_cache and v_cache may share an element: views of one storage whose memory
-    overlaps (C.views_overlap: MLA's latent cache and its first columns do; vLLM's kv.unbind(0)
-    and K, V halves of each row do not). From storage offsets, so fake and meta tensors too."""
+def caches_share_rows(k_cache: Tensor, v_cache: Tensor) -> bool:
+    """Whether a row of k_cache and the same row of v_cache share memory, so that an append
+    would write it twice (C.rows_overlap: MLA's latent cache and its first columns do; vLLM's
+    kv.unbind(0), K and V halves of each row, and transformers' paged K and V a page apart in
+    one buffer do not). From storage offsets, so fake and meta tensors too."""
     if not torch._C._is_alias_of(k_cache, v_cache):  # (different storages)
         return False
-    return C.views_overlap(*(C.TensorView(t.storage_offset() * t.element_size(),
+    return C.rows_overlap(*(C.TensorView(t.storage_offset() * t.element_size(),
                                           str(t.dtype).removeprefix("torch."), list(t.shape),
                                           list(t.stride())) for t in (k_cache, v_cache)))
 

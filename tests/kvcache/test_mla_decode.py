@@ -13,7 +13,7 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.kvcache.cache_ops import caches_share_elements
+from ipex_flash.kvcache.cache_ops import caches_share_rows
 from ipex_flash.ops import launch, launch_plans
 from ipex_flash.reference import flash_attn_reference
 
@@ -148,29 +148,33 @@ def test_append_into_one_latent_cache_is_refused(plan_runs):
     assert torch.equal(kv, before)
 
 
-def test_which_caches_share_memory():
-    """Caches sharing memory are told from caches in one storage that do not: MLA's latent
-    cache and a view of its first columns share; vLLM's (2, ...) cache unbound into k and v,
-    and K and V halves of each row, do not. Fake and meta tensors the same (from storage
-    offsets, as the append's checks see them under torch.compile)."""
+def test_which_caches_share_rows():
+    """Caches whose rows share memory are told from caches in one storage whose rows do not:
+    MLA's latent cache and a view of its first columns share; vLLM's (2, ...) cache unbound
+    into k and v, K and V halves of each row, and transformers' paged K and V (one buffer, V
+    a page after K) do not. Fake and meta tensors the same (from storage offsets, as the
+    append's checks see them under torch.compile)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def cases():
         kv = torch.zeros(4, 16, 1, D, dtype=torch.bfloat16)
         both = torch.zeros(2, 4, 16, 2, 64, dtype=torch.bfloat16)
         rows = torch.zeros(4, 16, 2, 128)
-        return [(kv, kv[..., :D_V], True), (kv[..., 64:], kv[..., :D_V], True),
+        pages = torch.zeros(9, 16, 2, 64)
+        shifted = pages.as_strided((8, 16, 2, 64), pages.stride(), 5)  # 5 columns on
+        return [(pages[:-1], pages[1:], False), (pages[:-1], shifted, True),
+                (kv, kv[..., :D_V], True), (kv[..., 64:], kv[..., :D_V], True),
                 (*both.unbind(0), False), (rows[..., :64], rows[..., 64:], False),
                 (rows[..., 64:], rows[..., :64], False), (kv, kv.clone(), False)]
 
     for k_cache, v_cache, shared in cases():
-        assert caches_share_elements(k_cache, v_cache) == shared
+        assert caches_share_rows(k_cache, v_cache) == shared
     with FakeTensorMode():
         for k_cache, v_cache, shared in cases():
-            assert caches_share_elements(k_cache, v_cache) == shared
+            assert caches_share_rows(k_cache, v_cache) == shared
     kv = torch.zeros(4, 16, 1, D, device="meta")
-    assert caches_share_elements(kv, kv[..., :D_V])
-    assert not caches_share_elements(kv, torch.zeros(4, 16, 1, D_V, device="meta"))
+    assert caches_share_rows(kv, kv[..., :D_V])
+    assert not caches_share_rows(kv, torch.zeros(4, 16, 1, D_V, device="meta"))
 
 
 @pytest.fixture

@@ -55,9 +55,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("dtype", &TensorView::dtype)
       .def_readonly("sizes", &TensorView::sizes)
       .def_readonly("strides", &TensorView::strides);
-  m.def("views_overlap", &views_overlap, "a"_a, "b"_a,
-        "Whether two views of one dtype (addresses: data pointers, or offsets in one storage) "
-        "may share an element (launch/tensor_view.hpp)");
+  m.def("rows_overlap", &rows_overlap, "a"_a, "b"_a,
+        "Whether the same row of two views (addresses: data pointers, or offsets in one "
+        "storage) shares memory (launch/tensor_view.hpp)");
 
   py::class_<MaskParams>(m, "MaskParams")
       .def(py::init([](int32_t window_left, int32_t window_right, bool bottom_right) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,44 +36,25 @@ inline int64_t element_bytes(const std::string& dtype) {
   return dtype == "float32" ? 4 : dtype == "bool" || dtype.rfind("float8", 0) == 0 ? 1 : 2;
 }
 
-// Whether two views of one dtype may share an element (addresses: data pointers, or offsets in
-// one storage). Their byte spans meet, and they are not column ranges that miss each other in
-// the same rows: views of equal sizes and strides but the last, contiguous one, on rows a
-// common stride apart. MLA's one latent cache, passed as k_cache and a view of its first
-// columns as v_cache, overlaps; K and V as halves of each row, or as the two halves of one
-// (2, ...) tensor (vLLM's layout), do not. Negative strides count as overlapping.
-inline bool views_overlap(const TensorView& a, const TensorView& b) {
-  const auto span = [](const TensorView& t, int64_t& first, int64_t& end) {
-    int64_t last = 0;
-    for (size_t d = 0; d < t.sizes.size(); ++d) {
-      if (t.sizes[d] == 0) return false;  // empty: no element
-      if (t.strides[d] < 0) return true;
-      last += (t.sizes[d] - 1) * t.strides[d];
-    }
-    first = static_cast<int64_t>(t.data);
-    end = first + (last + 1) * element_bytes(t.dtype);
-    return true;
-  };
-  int64_t a_first = 0, a_end = 0, b_first = 0, b_end = 0;
-  if (!span(a, a_first, a_end) || !span(b, b_first, b_end)) return false;
-  if (a_end <= b_first || b_end <= a_first) return false;
+// Whether the same row of two views (equal indices but the last) shares memory: what an append
+// into k_cache and v_cache would write twice. Addresses are data pointers, or offsets in one
+// storage. MLA's one latent cache, passed as k_cache and a view of its first columns as
+// v_cache, shares every row. K and V as halves of each row, the two halves of one (2, ...)
+// tensor (vLLM's layout) and views of one buffer a page apart (transformers' paged cache, where
+// the block table keeps the pages each cache writes apart) do not.
+inline bool rows_overlap(const TensorView& a, const TensorView& b) {
   const size_t n = a.sizes.size();
-  if (n == 0 || b.sizes.size() != n || a.dtype != b.dtype || a.strides[n - 1] != 1 ||
-      b.strides[n - 1] != 1)
-    return true;
-  int64_t row = 0;  // the rows' common stride: the smallest of the other dims'
-  for (size_t d = 0; d + 1 < n; ++d) {
-    if (a.sizes[d] != b.sizes[d] || a.strides[d] != b.strides[d] || a.strides[d] < 0) return true;
-    if (a.sizes[d] > 1 && (row == 0 || a.strides[d] < row)) row = a.strides[d];
-  }
-  if (row == 0) return true;
-  for (size_t d = 0; d + 1 < n; ++d)
-    if (a.sizes[d] > 1 && a.strides[d] % row != 0) return true;
-  const int64_t element = element_bytes(a.dtype), apart = b_first - a_first;
-  if (apart % element != 0) return true;
-  const int64_t shift = ((apart / element) % row + row) % row;  // b's first column in a's rows
-  if (a.sizes[n - 1] > row || shift + b.sizes[n - 1] > row) return true;
-  return shift < a.sizes[n - 1];  // columns [0, a's) and [shift, shift + b's) of a row
+  if (n == 0 || b.sizes.size() != n) return a.data == b.data;
+  for (size_t d = 0; d < n; ++d)
+    if (a.sizes[d] == 0 || b.sizes[d] == 0) return false;  // empty: no element
+  const int64_t a_bytes = element_bytes(a.dtype), b_bytes = element_bytes(b.dtype);
+  const auto row_bytes = [n](const TensorView& t, int64_t element) {
+    return ((t.sizes[n - 1] - 1) * std::abs(t.strides[n - 1]) + 1) * element;
+  };
+  // With equal other strides, rows i of a and b are as far apart as their first rows; with
+  // different ones (no engine's layout) the first rows stand for them.
+  const int64_t apart = static_cast<int64_t>(b.data) - static_cast<int64_t>(a.data);
+  return -row_bytes(b, b_bytes) < apart && apart < row_bytes(a, a_bytes);
 }
 
 }  // namespace ipex_flash

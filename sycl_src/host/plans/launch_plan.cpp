@@ -183,7 +183,7 @@ bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr
   // MLA's one latent cache as k_cache and a view of it as v_cache: an append would write the
   // shared columns twice, so such calls go to the general path, which refuses them
   // (ipex_flash/kvcache/cache_ops.py, check_appendable).
-  if (append_ && views_overlap(k_, v_)) return false;
+  if (append_ && rows_overlap(k_, v_)) return false;
   if (append_) {
     append_->k_new = reinterpret_cast<const void*>(at.k_new);
     append_->v_new = reinterpret_cast<const void*>(at.v_new);
