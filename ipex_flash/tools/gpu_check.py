@@ -42,21 +42,21 @@ class KernelReport(gpu_grid.Selection):
     dpas: int = 0
     instructions: int = 0
     dpas_share: float = 0.0
-    loop_dpas: int = 0           # DPAS in the main loop (the longest loop holding DPAS)
+    loop_dpas: int = 0           # DPAS in the main loop (gpu_native._asm_counts)
     loop_instructions: int = 0   # all instructions of that loop
     loop_dpas_share: float = 0.0
-    # The main loop's issued instructions (sync.* left out) per DPAS, for a fully visible
-    # block with dropout off: read from the kernel built with those as compile-time facts
-    # (IPEX_FLASH_MEASURE_FULL_BLOCK, common/kernel_props.hpp), so the mask and dropout branches
-    # are not in it. loop_nested > 0: loops inside the main loop, counted once (a lower bound).
+    # The main loop's issued instructions (sync.* left out) per DPAS, in the kernel as shipped:
+    # the register kernels' lean loop, which runs the fully visible blocks with dropout off
+    # and holds neither the mask's nor dropout's code (run_blocks, score/block_mask.hpp);
+    # loop_per_dpas_edge: their general loop's, which runs the blocks the mask cuts through
+    # and every block under dropout (0: the kernel has one loop over blocks, the mask's code
+    # in it). loop_nested > 0: loops inside the main loop, counted once (a lower bound).
     loop_per_dpas: float = 0.0
+    loop_per_dpas_edge: float = 0.0
     loop_nested: int = 0
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
     loop_prefetches: int = 0
     violations: list = field(default_factory=list)
-
-
-MEASURE_OPTION = "-DIPEX_FLASH_MEASURE_FULL_BLOCK"
 
 
 def _module_id(header: str, kernels: list, options: list) -> str:
@@ -77,12 +77,7 @@ def group_modules(programs: list) -> dict:
         names = list(p.kernels)
         module_id = _module_id(p.header, names, list(p.options))
         modules[module_id] = (p.header, names, list(p.options))
-        p.module, p.measure_module = module_id, None
-        if p.matrix and p.header != "programs/matrix_layout_probe.hpp":
-            # its XMX main loops, measured (KernelReport)
-            measure_options = [*p.options, MEASURE_OPTION]
-            p.measure_module = _module_id(p.header, names, measure_options)
-            modules[p.measure_module] = (p.header, names, measure_options)
+        p.module = module_id
     return modules
 
 
@@ -98,8 +93,6 @@ def kernel_reports(programs: list, native: dict) -> list:
         result = native[(p.target, p.module)]
         by_key = {gpu_grid.mangled_key(name): figures
                   for name, figures in result.get("kernels", {}).items()}
-        measured = {gpu_grid.mangled_key(name): figures for name, figures in
-                    native.get((p.target, p.measure_module), {}).get("kernels", {}).items()}
         for kernel in p.kernels:
             if (p.target, kernel) in seen:
                 continue
@@ -115,12 +108,14 @@ def kernel_reports(programs: list, native: dict) -> list:
                     setattr(report, name, figures[name])
                 report.dpas_share = figures["dpas"] / max(figures["instructions"], 1)
                 report.loop_dpas_share = figures["loop_dpas"] / max(figures["loop_instructions"], 1)
-                loop = measured.get(gpu_grid.registered_key(kernel))
-                if loop and loop["loop_dpas"]:
-                    report.loop_per_dpas = round(loop["loop_issued"] / loop["loop_dpas"], 2)
-                    report.loop_nested = loop["loop_nested"]
-                    report.loop_block_loads = loop["loop_block_loads"]
-                    report.loop_prefetches = loop["loop_prefetches"]
+                if figures["loop_dpas"]:
+                    report.loop_per_dpas = round(figures["loop_issued"] / figures["loop_dpas"], 2)
+                    report.loop_nested = figures["loop_nested"]
+                    report.loop_block_loads = figures["loop_block_loads"]
+                    report.loop_prefetches = figures["loop_prefetches"]
+                if figures["edge_dpas"]:
+                    report.loop_per_dpas_edge = round(
+                        figures["edge_issued"] / figures["edge_dpas"], 2)
             reports.append(report)
     return reports
 
@@ -151,8 +146,7 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
     except OSError:  # an unwritable cache directory: this run's SPIR-V is not kept
         store = work
     gpu_spirv.build(modules, store, jobs)
-    pairs = sorted({(p.target, module) for p in programs if not p.error
-                    for module in (p.module, p.measure_module) if module})
+    pairs = sorted({(p.target, p.module) for p in programs if not p.error})
 
     def compile_pair(pair):
         target, module_id = pair

@@ -67,7 +67,6 @@ class Program(Selection):
     kernels: list = field(default_factory=list)
     options: list = field(default_factory=list)
     module: str = ""
-    measure_module: str | None = None  # the same built for measurement (gpu_check.py)
     error: str = ""  # the host refused to plan this call (e.g. local memory)
 
     def selection(self) -> dict:

@@ -60,15 +60,25 @@ _PREDICATE = re.compile(r"^\(\S+\)\s+")
 
 
 def _asm_counts(asm: Path) -> dict:
-    """DPAS and all instructions of a disassembled kernel, and of its main loop: the longest
-    loop (a branch back to an earlier label) holding DPAS, e.g. the matrix kernels' loop over
-    K/V or Q blocks. Its DPAS share says how much of the loop's issue the matrix engine gets;
-    the rest is softmax, loads, stores and barriers. loop_issued leaves out sync.* (scoreboard
-    waits, which take no issue slot); loop_nested counts the loops inside the main loop, whose
-    bodies run more than once per block (the static count then under-states the cost);
+    """DPAS and all instructions of a disassembled kernel, and of its main loop.
+
+    Loops are the spans from a label to a branch back to it; those holding DPAS are read, a
+    loop inside another counted once per turn of the outer one. The loops over blocks (a K/V
+    block of the forward and dQ a turn, a query block of dK/dV) are the outermost loops holding
+    DPAS, looking through a loop when two or more such loops inside it take up most of its
+    instructions (dK/dV's loop over the query heads around its loops over query blocks). Three
+    in a row are the split of run_blocks (score/block_mask.hpp): a general loop, the lean loop
+    of the fully visible blocks, which holds neither the mask's nor dropout's code, and a second
+    general loop; the lean loop issues the fewest instructions per DPAS of the three. The main
+    loop is the lean loop holding the most DPAS (dK/dV past d = 64 has one per pass over the
+    rows), the fewest instructions per DPAS among equals; in a kernel without the split, its
+    loop over blocks holding the most DPAS so. The edge loop is the costliest general loop
+    (none without the split). loop_issued leaves out sync.* (scoreboard waits,
+    which take no issue slot); loop_nested counts the loops inside the main loop, whose bodies
+    run more than once per block (the static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
     load that writes no register)."""
-    labels, ops, block2d, loops = {}, [], [], []
+    labels, ops, block2d, spans = {}, [], [], set()
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
         label = _LABEL.match(stripped)
@@ -79,21 +89,60 @@ def _asm_counts(asm: Path) -> dict:
             continue
         branch = _BRANCH.match(stripped)
         if branch and branch.group(3) in labels:  # a label already seen: a backward branch
-            loops.append((labels[branch.group(3)], len(ops) + 1))
+            spans.add((labels[branch.group(3)], len(ops) + 1))
         opcode = _PREDICATE.sub("", stripped).split(" ", 1)[0]
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
         block2d.append("" if "load_block2d" not in stripped else
                        "prefetch" if "rd:0;" in stripped else "load")
-    main = max((loop for loop in loops if "dpas" in ops[loop[0]:loop[1]]),
-               key=lambda loop: loop[1] - loop[0], default=(0, 0))
+    dpas_before = [0]
+    for op in ops:
+        dpas_before.append(dpas_before[-1] + (op == "dpas"))
+
+    def dpas_in(loop):
+        return dpas_before[loop[1]] - dpas_before[loop[0]]
+
+    def issued(loop):
+        return sum(1 for op in ops[loop[0]:loop[1]] if not op.startswith("sync."))
+
+    def per_dpas(loop):
+        return issued(loop) / dpas_in(loop)
+
+    def inside(inner, outer):
+        return inner != outer and outer[0] <= inner[0] and inner[1] <= outer[1]
+
+    holding = [loop for loop in spans if dpas_in(loop)]
+
+    def outermost(within):  # the loops holding DPAS inside `within` (None: the kernel)
+        found = [loop for loop in holding if within is None or inside(loop, within)]
+        return sorted(loop for loop in found if not any(inside(loop, o) for o in found))
+
+    leans, generals = [], []
+
+    def read(within):  # the loops over blocks inside `within`, into leans and generals
+        blocks = []
+        for loop in outermost(within):
+            inner = outermost(loop)
+            if len(inner) >= 2 and 2 * sum(e - s for s, e in inner) > loop[1] - loop[0]:
+                read(loop)
+            else:
+                blocks.append(loop)
+        if len(blocks) == 3 and per_dpas(blocks[1]) == min(map(per_dpas, blocks)):
+            leans.append(blocks[1])
+            generals.extend((blocks[0], blocks[2]))
+        else:
+            leans.extend(blocks)
+
+    read(None)
+    main = max(leans, key=lambda loop: (dpas_in(loop), -per_dpas(loop)), default=(0, 0))
+    edge = max(generals, key=per_dpas, default=(0, 0))
     body = ops[main[0]:main[1]]
     return {"dpas": ops.count("dpas"), "instructions": len(ops), "loop_dpas": body.count("dpas"),
             "loop_instructions": len(body),
-            "loop_issued": sum(1 for op in body if not op.startswith("sync.")),
-            "loop_nested": sum(1 for loop in loops
-                               if loop != main and main[0] <= loop[0] and loop[1] <= main[1]),
+            "loop_issued": issued(main),
+            "loop_nested": sum(1 for loop in spans if inside(loop, main)),
             "loop_block_loads": block2d[main[0]:main[1]].count("load"),
-            "loop_prefetches": block2d[main[0]:main[1]].count("prefetch")}
+            "loop_prefetches": block2d[main[0]:main[1]].count("prefetch"),
+            "edge_dpas": dpas_in(edge), "edge_issued": issued(edge)}
 
 
 def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
@@ -117,7 +166,8 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
         asm = dump / f".text.{name}.asm"
         counts = _asm_counts(asm) if asm.exists() else {
             "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0,
-            "loop_issued": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0}
+            "loop_issued": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0,
+            "edge_dpas": 0, "edge_issued": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),
             "slm": int(env.get("slm_size", 0)), "spill": int(env.get("spill_size", 0)),
@@ -160,7 +210,7 @@ def print_table(reports: list) -> None:
     thread (spill and private sizes are per hardware thread of `simd` lanes)."""
     header = (f"{'target':6} {'kernel':44} {'mode':4} {'simd':>4} {'grf':>4} {'slm':>7} "
               f"{'limit':>7} {'spill':>6} {'priv':>5} {'dpas':>5} {'insts':>6} {'loop%':>5} "
-              f"{'/dpas':>6}  result")
+              f"{'/dpas':>6} {'edge':>5}  result")
     print(header)
     print("-" * len(header))
     for r in sorted(reports, key=lambda r: (r.target, r.family, r.dtype, r.head_dim, r.kernel)):
@@ -169,13 +219,15 @@ def print_table(reports: list) -> None:
             status = "ok (spill reported, not enforced: gpu_rules.py)"
         # DPAS share of the main loop's instructions (gpu-check's "loop%"), for XMX kernels.
         loop_share = f"{100 * r.loop_dpas_share:5.1f}" if r.loop_dpas else f"{'-':>5}"
-        # Issued instructions per DPAS in a fully visible block's main loop; "+": loops
-        # nested in it were counted once, so the figure is a lower bound.
+        # Issued instructions per DPAS in the main loop (the lean loop of the fully visible
+        # blocks where the kernel has one); "+": loops nested in it were counted once, so the
+        # figure is a lower bound. edge: the general loop's (the blocks the mask cuts through).
         per_dpas = (f"{r.loop_per_dpas:5.1f}{'+' if r.loop_nested else ' '}" if r.loop_per_dpas
                     else f"{'-':>5} ")
+        edge = f"{r.loop_per_dpas_edge:5.1f}" if r.loop_per_dpas_edge else f"{'-':>5}"
         if not r.built:
             print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} not built: {r.error}")
             continue
         print(f"{r.target:6} {_short_kernel(r.kernel):44} {r.mode:4} {r.simd:4d} {r.grf:4d} "
               f"{r.slm:7d} {r.slm_limit:7d} {r.spill:6d} {r.private:5d} {r.dpas:5d} "
-              f"{r.instructions:6d} {loop_share} {per_dpas}  {status}")
+              f"{r.instructions:6d} {loop_share} {per_dpas} {edge}  {status}")

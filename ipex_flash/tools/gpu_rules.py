@@ -6,18 +6,20 @@
 - at the common head dims (gpu_grid.COMMON_HEAD_DIMS) it neither spills nor uses private
   (scratch) memory; at other head dims these are reported, not enforced;
 - an XMX kernel contains DPAS instructions, and its main loop's cost per DPAS is measured
-  (gpu_check.KernelReport.loop_per_dpas); the forward with its tiles in registers issues at
+  (gpu_check.KernelReport.loop_per_dpas: the register kernels' lean loop of the fully visible
+  blocks, in the kernel as shipped); the forward with its tiles in registers issues at
   most MAX_FORWARD_PER_DPAS instructions per DPAS there (without score changes, at the common
   head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 9.3-11.6
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 7.4-11.9: dQ 8.8-11.9, dK/dV 7.4-10.4, at d = 128 in two passes over the
+  (they reached 6.7-11.3: dQ 8.5-11.3, dK/dV 6.7-9.9, at d = 128 in two passes over the
   query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8) at most
-  MAX_FORWARD_8_WIDE_PER_DPAS (it reached 20.2 and 27.2 at d = 64, 17.6 and 23.0 at 128 per
-  DPAS it runs, where their SLM-staged forward issues 88-95), their register dQ (d = 64)
-  at most MAX_DQ_8_WIDE_PER_DPAS (21.7 and 23.7 per DPAS it runs, where the SLM-staged dQ
-  issues 90-124), and their register dK/dV (d = 64) at most MAX_DKDV_8_WIDE_PER_DPAS (24.1 and
-  25.2 per DPAS it runs, where the SLM-staged dK/dV issues 75-111);
+  MAX_FORWARD_8_WIDE_PER_DPAS (it reached 24.5 and 27.3 at d = 64, 21.4 and 23.0 at 128 per
+  DPAS it runs, where their SLM-staged forward issued 88-95 in a build with every block
+  fully visible), their register dQ (d = 64) at most MAX_DQ_8_WIDE_PER_DPAS (21.7 and 23.7 per
+  DPAS it runs, where the SLM-staged dQ issued 90-124 so), and their register dK/dV (d = 64)
+  at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 per DPAS it runs, where the SLM-staged
+  dK/dV issued 75-111 so);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Four spills are known and reported as such rather than failed (docs/gpus.md). The 16-bit

@@ -60,7 +60,7 @@ L80:
 
 
 def test_main_loop_cost_is_read_from_disassembly(tmp_path):
-    """The main loop is the longest loop holding DPAS; its issued instructions leave sync.*
+    """A kernel's one loop over blocks is its main loop; its issued instructions leave sync.*
     out, and the loops nested in it, its 2-D block loads and its prefetches are counted."""
     asm = tmp_path / "kernel.asm"
     asm.write_text(MAIN_LOOP_ASM)
@@ -69,6 +69,40 @@ def test_main_loop_cost_is_read_from_disassembly(tmp_path):
     assert counts["loop_dpas"] == 2 and counts["loop_instructions"] == 9
     assert counts["loop_issued"] == 8 and counts["loop_nested"] == 1
     assert counts["loop_block_loads"] == 1 and counts["loop_prefetches"] == 1
+
+
+DPAS_LINE = ("        dpas.8x8 (16|M0)         r32:f         r32:f            r23:bf"
+             "            r11.0:bf         {$2}\n")
+AND_LINE = "        and (16|M0)              r50.0<1>:d    r50.0<1;1,0>:d    1:w\n"
+
+
+def loop(label, body):
+    return f"L{label}:\n{body}(W&f0.0) jmpi                               L{label}\n"
+
+
+def split_pass(label, general_extra):
+    """A loop over query heads around run_blocks' three loops over blocks (general, lean,
+    general; score/block_mask.hpp), each with two DPAS: the general ones with
+    `general_extra` more instructions (the mask's and dropout's code) than the lean one."""
+    general = loop(f"{label}1", DPAS_LINE * 2 + AND_LINE * (1 + general_extra))
+    lean = loop(f"{label}2", DPAS_LINE * 2 + AND_LINE)
+    return loop(f"{label}0", general + lean + general.replace(f"L{label}1", f"L{label}3"))
+
+
+def test_lean_loop_is_the_main_loop(tmp_path):
+    """run_blocks' lean loop is the main loop and its general loops the edge loop, inside a
+    loop over query heads, over two passes (dK/dV past d = 64): the lean loop with the most
+    DPAS, and the costliest general loop."""
+    asm = tmp_path / "kernel.asm"
+    asm.write_text(split_pass(1, 5) + split_pass(2, 9))
+    counts = gpu_native._asm_counts(asm)
+    assert (counts["loop_dpas"], counts["loop_issued"]) == (2, 4)  # 2 DPAS, and, jmpi
+    assert (counts["edge_dpas"], counts["edge_issued"]) == (2, 13)  # the second pass's
+    assert counts["loop_nested"] == 0
+    # Without the split: the loop over blocks (one a pass) with the most DPAS, and no edge.
+    asm.write_text(loop(1, DPAS_LINE * 2 + AND_LINE * 3) + loop(2, DPAS_LINE * 4))
+    counts = gpu_native._asm_counts(asm)
+    assert (counts["loop_dpas"], counts["loop_issued"], counts["edge_dpas"]) == (4, 5, 0)
 
 
 @pytest.mark.parametrize("registered,mangled", [

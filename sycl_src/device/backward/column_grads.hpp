@@ -8,7 +8,6 @@
 #include <sycl/sycl.hpp>
 
 #include "score/dropout.hpp"
-#include "common/kernel_props.hpp"
 #include "score/block_mask.hpp"
 #include "common/params.hpp"
 #include "score/softcap_alibi.hpp"
@@ -18,7 +17,9 @@ namespace ipex_flash {
 // Step 1. On entry prob[j] = q.k (unscaled); on exit prob[j] = P before dropout,
 // softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
 // after dropout (what multiplied V in the forward: dV's factor). LANES: the sub-group's.
-template <int FEATURES, int LANES, int N>
+// GENERAL false, here and below: the lean form of a fully visible block without dropout
+// (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code.
+template <int FEATURES, int LANES, bool GENERAL = true, int N>
 inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& c,
                                      const ScoreMod& score_mod, const BlockMask& mask,
                                      bool fully_visible,
@@ -28,33 +29,40 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
 #pragma unroll
   for (int j = 0; j < N; ++j) prob[j] *= c.q_prescale;
   if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(prob, softcap_grad, row0, key, 1, 0);
-  if (!fully_visible) mask.apply_to_rows(prob, row0, key);
+  if constexpr (GENERAL) {
+    if (!fully_visible) mask.apply_to_rows(prob, row0, key);
+  }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     prob[j] = sycl::exp2(prob[j] - lse_log2[j]);
     dropped[j] = prob[j];
   }
-  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    const uint32_t kept =
-        dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
+  if constexpr (GENERAL) {
+    if (c.dropout.enabled) {
+      const uint32_t kept =
+          dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
-    for (int j = 0; j < N; ++j) dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
+      for (int j = 0; j < N; ++j)
+        dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
+    }
   }
 }
 
 // Step 2. On entry dp[j] = dO.v; on exit dS in the natural domain of scale * q.k (dK's factor;
 // the caller applies the softmax scale once at the end). The dropout factors are drawn again
 // rather than kept across the products.
-template <int FEATURES, int LANES, int N>
+template <int FEATURES, int LANES, bool GENERAL = true, int N>
 inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int64_t batch_head,
                                int64_t row0, int64_t key, const float (&prob)[N],
                                const float (&softcap_grad)[N], const float (&delta)[N],
                                float (&dp)[N]) {
-  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-    const uint32_t kept =
-        dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
+  if constexpr (GENERAL) {
+    if (c.dropout.enabled) {
+      const uint32_t kept =
+          dropout_kept_rows<N, LANES>(sg, c.dropout, batch_head, row0, key);
 #pragma unroll
-    for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
+      for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
+    }
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
@@ -67,13 +75,15 @@ inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int
 // are read off it instead of drawn again (a kept element is P times 1/(1-p), a dropped one 0;
 // where P itself is 0, dS is 0 with either factor). The dK/dV kernel's pass for dK alone does
 // so: drawing them twice there, beside dK^T's 128 registers at d = 128, spilled.
-template <int FEATURES, int N>
+template <int FEATURES, bool GENERAL = true, int N>
 inline void bwd_column_dscores_kept(const AttentionCommon& c, const float (&prob)[N],
                                     const float (&dropped)[N], const float (&softcap_grad)[N],
                                     const float (&delta)[N], float (&dp)[N]) {
-  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+  if constexpr (GENERAL) {
+    if (c.dropout.enabled) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) dp[j] *= dropped[j] != 0.f ? c.dropout.keep_scale : 0.f;
+      for (int j = 0; j < N; ++j) dp[j] *= dropped[j] != 0.f ? c.dropout.keep_scale : 0.f;
+    }
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {

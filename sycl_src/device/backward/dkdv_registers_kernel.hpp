@@ -81,21 +81,45 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   static_assert(!(SHIFTED && Packed::TILED), "the 8-wide engines' kernel stops at d = 64");
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = kb.seq;
-  const int64_t key = kb.key;
   const int lane = static_cast<int>(sg.get_local_id()[0]);
+  // The query blocks that see the whole key block, run without the mask's code (run_blocks;
+  // none under dropout). Computed per pass: held from the kernel's start, with the general
+  // form's values, they spilled on the 8-wide engines.
+  constexpr bool SPLIT = split_blocks<FEATURES>;
+  const BlockRun lean =
+      SPLIT && !c.dropout.enabled
+          ? kb.mask.fully_visible_row_blocks(kb.kv_begin, kb.kv_begin + BLOCK_N, kb.q_first,
+                                             kb.q_last, BLOCK_M, seq.len_q)
+          : BlockRun::none(kb.q_first);
   for (int h = kb.head_kv * c.dims.heads_per_kv; h < (kb.head_kv + 1) * c.dims.heads_per_kv;
        ++h) {
     const int64_t batch_head = static_cast<int64_t>(kb.batch) * c.dims.heads_q + h;
     const ScoreMod score_mod = ScoreMod::of(c, seq, kb.batch, h);
     const int64_t row_block0 = Packed::first_row_block(p, kb.batch, h);
-    for (int64_t q_begin = kb.q_first; q_begin < kb.q_last; q_begin += BLOCK_M) {
+    // One query block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the
+    // blocks the mask cuts through and every block under dropout, the lean form for the
+    // others, without the mask's or dropout's code (backward/column_grads.hpp). With score
+    // changes every block takes the general form (split_blocks).
+    const auto q_block = [&](auto general, int64_t q_begin) __attribute__((always_inline)) {
+      constexpr bool GENERAL = decltype(general)::value;
+      // The general form takes the lane's key and the mask's bounds through a sub-group
+      // broadcast per block, which IGC does not hoist out of the loops: values it derived from
+      // them there stayed live through the lean loop and spilled on the 8-wide engines (DG2,
+      // Arrow Lake-H at d = 64). The lean form reads neither.
+      const auto uniform = [&](auto value) { return sycl::group_broadcast(sg, value, 0); };
+      const int64_t key = GENERAL ? uniform(kb.key) + lane : kb.key;
+      const BlockMask mask =
+          GENERAL ? BlockMask{uniform(kb.mask.diag), uniform(kb.mask.window_left),
+                              uniform(kb.mask.window_right), uniform(kb.mask.len_k)}
+                  : kb.mask;
       const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
       if (score_mod.attn_mask.hides_lines<FEATURES>(sg, key < kb.kv_end, q_begin, key, 1, 0,
                                                     q_end - q_begin))
-        continue;
+        return;
       const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
-      const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-          kb.mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N), true);
+      const bool fully_visible =
+          !GENERAL ||
+          mask.block_fully_visible(q_begin, q_end, kb.kv_begin, kb.kv_begin + BLOCK_N);
       const Surface q_rows{rows.q, BLOCK_M, HEAD_DIM, HEAD_DIM};
       const Surface do_rows{rows.dout, BLOCK_M, HEAD_DIM, HEAD_DIM};
       const Surface q_cols{rows.q_cols, HEAD_DIM, BLOCK_M, BLOCK_M};
@@ -141,16 +165,17 @@ IPEX_FLASH_TILE_LOOP
         for (int r = 0; r < SLAB; r += PART) {
           float lse_log2[PART], dropped[PART];
           broadcast_lanes(sg, lse_lane[r / PART], lse_log2);
-          bwd_column_probabilities<FEATURES, N>(sg, c, score_mod, kb.mask, fully_visible,
-                                                batch_head, row0 + r, key, lse_log2,
-                                                part(qk, r), part(softcap_grad, r), dropped);
+          bwd_column_probabilities<FEATURES, N, GENERAL>(
+              sg, c, score_mod, mask, fully_visible, batch_head, row0 + r, key, lse_log2,
+              part(qk, r), part(softcap_grad, r), dropped);
           if constexpr (DV) {
             round_into(dropped, operand + r);
           } else {
             float delta[PART];
             broadcast_lanes(sg, delta_lane[r / PART], delta);
-            bwd_column_dscores_kept<FEATURES>(c, part(qk, r), dropped, part(softcap_grad, r),
-                                              delta, part(grad, r));
+            bwd_column_dscores_kept<FEATURES, GENERAL>(c, part(qk, r), dropped,
+                                                       part(softcap_grad, r), delta,
+                                                       part(grad, r));
             round_into(part(grad, r), operand + r);
           }
         }
@@ -166,8 +191,9 @@ IPEX_FLASH_TILE_LOOP
           for (int r = 0; r < SLAB; r += PART) {
             float delta[PART];
             broadcast_lanes(sg, delta_lane[r / PART], delta);
-            bwd_column_dscores<FEATURES, N>(sg, c, batch_head, row0 + r, key, part(qk, r),
-                                            part(softcap_grad, r), delta, part(grad, r));
+            bwd_column_dscores<FEATURES, N, GENERAL>(sg, c, batch_head, row0 + r, key,
+                                                     part(qk, r), part(softcap_grad, r), delta,
+                                                     part(grad, r));
             round_into(part(grad, r), operand + r);
           }
         }
@@ -177,7 +203,8 @@ IPEX_FLASH_TILE_LOOP
           slab_gradient_step<T, M, K, N, TILES>(sg, dk, slab_cols(q_cols), kb.d0, col, ds_b);
         }
       }
-    }
+    };
+    run_blocks<SPLIT>(kb.q_first, kb.q_last, BLOCK_M, lean, q_block);
   }
 }
 

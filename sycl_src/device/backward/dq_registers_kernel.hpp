@@ -102,15 +102,20 @@ IPEX_FLASH_TILE_LOOP
   const int64_t kv_end = mask.end_key(q_end);
   const int64_t key_block0 = Packed::first_key_block(p, block.batch, block.head_kv);
 
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end; kv_begin += BLOCK_N) {
+  // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
+  // the mask cuts through and every block under dropout, the lean form for the others, without
+  // the mask's or dropout's code (bwd_score_grads). With score changes every block takes the
+  // general form (split_blocks), the user's mask's vote on skipping it included.
+  const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
+    constexpr bool GENERAL = decltype(general)::value;
     if (score_mod.attn_mask.hides_lines<FEATURES>(
             sg, row < q_end, row, kv_begin, 0, 1,
             std::min<int64_t>(kv_begin + BLOCK_N, kv_end) - kv_begin))
-      continue;
+      return;
     const typename Packed::Keys keys =
         Packed::keys(p, key_block0 + kv_begin / BLOCK_N);
-    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+    const bool fully_visible =
+        !GENERAL || mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 #pragma unroll 1
     for (int slab = 0; slab < BLOCK_N; slab += SLAB) {
       // The slab's rows of K and V (whole strips: the same start in either order), its columns
@@ -149,8 +154,8 @@ IPEX_FLASH_TILE_LOOP
         float qk[CHUNK], grad[CHUNK];
         chunk_of_columns<M>(sg, s, c0, qk);
         chunk_of_columns<M>(sg, dp, c0, grad);
-        bwd_score_grads<FEATURES>(c, score_mod, mask, fully_visible, block.batch_head, row,
-                                  kv_begin + slab + c0, stats, qk, grad);
+        bwd_score_grads<FEATURES, GENERAL>(c, score_mod, mask, fully_visible, block.batch_head,
+                                           row, kv_begin + slab + c0, stats, qk, grad);
 IPEX_FLASH_TILE_LOOP
         for (int j = 0; j < CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
@@ -165,7 +170,14 @@ IPEX_FLASH_TILE_LOOP
         matrix_mad_surface_wide<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
       }
     }
-  }
+  };
+  // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
+  constexpr bool SPLIT = split_blocks<FEATURES>;
+  const BlockRun lean =
+      SPLIT && !c.dropout.enabled
+          ? mask.fully_visible_key_blocks(q_begin, q_end, kv_first, kv_end, BLOCK_N)
+          : BlockRun::none(kv_first);
+  run_blocks<SPLIT>(kv_first, kv_end, BLOCK_N, lean, kv_block);
 
   float values[DQ_ROWS];
   lane_row_of_tiles<M>(sg, dq, values);

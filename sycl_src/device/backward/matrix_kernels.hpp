@@ -126,8 +126,8 @@ void flash_bwd_dkdv_matrix_kernel(BwdParams p) {
 
       const int64_t row = q_begin + lid;
       const BwdRowStats stats = BwdRowStats::of(p, seq, b, h, row);
-      const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-          mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+      const bool fully_visible =
+          mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
       for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
         float qk[MATRIX_KEY_CHUNK], dp[MATRIX_KEY_CHUNK];
 #pragma unroll

@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "score/dropout.hpp"
-#include "common/kernel_props.hpp"
 #include "score/block_mask.hpp"
 #include "common/params.hpp"
 #include "backward/params.hpp"
@@ -45,8 +44,10 @@ struct BwdRowStats {
 // dp[j] = dO.v; on exit qk[j] = P after dropout (what multiplied V in the forward: dV's
 // factor) and dp[j] = dS in the natural domain of scale * q.k (dK's and dQ's factor; the
 // caller applies the softmax scale once at the end). fully_visible: the causal/window mask
-// hides nothing in this block, so it is not applied element by element.
-template <int FEATURES, int N>
+// hides nothing in this block, so it is not applied element by element. GENERAL false: the
+// lean form of a fully visible block without dropout (run_blocks, score/block_mask.hpp), with
+// neither the mask's nor dropout's code.
+template <int FEATURES, bool GENERAL = true, int N>
 inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
                             const BlockMask& mask, bool fully_visible, int64_t batch_head,
                             int64_t row, int64_t key0, const BwdRowStats& stats,
@@ -55,12 +56,15 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
 #pragma unroll
   for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale;
   if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(qk, softcap_grad, row, key0, 0, 1);
-  if (!fully_visible) mask.apply_to_keys(qk, row, key0);
+  if constexpr (GENERAL) {
+    if (!fully_visible) mask.apply_to_keys(qk, row, key0);
+  }
   float factor[N];  // dropout: 1/(1-p) kept, 0 dropped
 #pragma unroll
   for (int j = 0; j < N; ++j) factor[j] = 1.f;
-  if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false))
-    dropout_factors_for_keys(c.dropout, batch_head, row, key0, factor);
+  if constexpr (GENERAL) {
+    if (c.dropout.enabled) dropout_factors_for_keys(c.dropout, batch_head, row, key0, factor);
+  }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     const float prob = sycl::exp2(qk[j] - stats.lse_log2);

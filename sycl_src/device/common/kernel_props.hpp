@@ -26,13 +26,3 @@
 #else
 #define IPEX_FLASH_INLINE
 #endif
-
-// gpu-check's measurement build (-DIPEX_FLASH_MEASURE_FULL_BLOCK): every block fully visible
-// and dropout off, as compile-time facts, so that the main loop's native code is the path a
-// fully visible block takes, without the mask and dropout branches, and its instructions per
-// DPAS can be counted. Elsewhere the runtime condition.
-#if defined(IPEX_FLASH_MEASURE_FULL_BLOCK)
-#define IPEX_FLASH_UNLESS_MEASURED(condition, measured) (measured)
-#else
-#define IPEX_FLASH_UNLESS_MEASURED(condition, measured) (condition)
-#endif

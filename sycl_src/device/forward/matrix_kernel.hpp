@@ -104,8 +104,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
   for (int64_t kv_begin = kv_first; kv_begin < kv_end;
        kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
     const T* v_t = k_tile + BLOCK_N * HEAD_DIM;
-    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+    const bool fully_visible =
+        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
     // S^T for this sub-group's rows: S_STRIPS x MATRIX_M keys at a time.
     for (int j0 = 0; j0 < BLOCK_N; j0 += S_STRIPS * MATRIX_M)
@@ -142,7 +142,7 @@ void flash_fwd_matrix_kernel(FwdParams p) {
         block_sum += probs[j];
       }
       // After the row sum: dropout rescales P, not the softmax.
-      if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
+      if (c.dropout.enabled) {
         float factor[MATRIX_KEY_CHUNK];
         dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
 #pragma unroll

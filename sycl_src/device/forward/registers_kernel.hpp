@@ -159,13 +159,18 @@ IPEX_FLASH_TILE_LOOP
 
   const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_first / BLOCK_N);
 
-  for (int64_t kv_begin = kv_first; kv_begin < kv_end;
-       kv_begin += BLOCK_N, k_tile += Packed::BLOCK_ELEMENTS) {
+  // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
+  // the mask cuts through (the diagonal, a window's edges, the keys' last partial block) and
+  // every block under dropout; the lean form for the others, without the mask's or dropout's
+  // code. Both do the same operations in the same order on a fully visible block. With score
+  // changes every block takes the general form (split_blocks).
+  const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
+    constexpr bool GENERAL = decltype(general)::value;
     const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
     const Surface values{k_tile + BLOCK_N * HEAD_DIM + share * DV * BLOCK_N, DV, BLOCK_N,
                          BLOCK_N};  // the share's rows of V^T (whole tile rows in either order)
-    const bool fully_visible = IPEX_FLASH_UNLESS_MEASURED(
-        mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N), true);
+    const bool fully_visible =
+        !GENERAL || mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
     // The next block's K and V^T, shared by the sub-groups, asked for while this one computes.
     // Up to d = 64: at 128 the addresses spilled beside the resident accumulators on PVC.
@@ -203,7 +208,9 @@ IPEX_FLASH_TILE_LOOP
         float unused_grad[MATRIX_KEY_CHUNK];
         score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
       }
-      if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
+      if constexpr (GENERAL) {
+        if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
+      }
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) block_max = sycl::fmax(block_max, scores[j]);
       set_chunk_of_columns<M>(sg, s, c0, scores);
@@ -223,11 +230,13 @@ IPEX_FLASH_TILE_LOOP
         block_sum += chunk[j];
       }
       // After the row sum: dropout rescales P, not the softmax.
-      if (IPEX_FLASH_UNLESS_MEASURED(c.dropout.enabled, false)) {
-        float factor[MATRIX_KEY_CHUNK];
-        dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
+      if constexpr (GENERAL) {
+        if (c.dropout.enabled) {
+          float factor[MATRIX_KEY_CHUNK];
+          dropout_factors_for_keys(c.dropout, block.batch_head, row, kv_begin + c0, factor);
 IPEX_FLASH_TILE_LOOP
-        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
+          for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
+        }
       }
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[c0 + j] = from_float<T>(chunk[j]);
@@ -254,7 +263,15 @@ IPEX_FLASH_TILE_LOOP
       else
         matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
     }
-  }
+    k_tile += Packed::BLOCK_ELEMENTS;
+  };
+  // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
+  constexpr bool SPLIT = split_blocks<FEATURES>;
+  const BlockRun lean =
+      SPLIT && !c.dropout.enabled
+          ? mask.fully_visible_key_blocks(q_begin, q_end, kv_first, kv_end, BLOCK_N)
+          : BlockRun::none(kv_first);
+  run_blocks<SPLIT>(kv_first, kv_end, BLOCK_N, lean, kv_block);
 
   write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }

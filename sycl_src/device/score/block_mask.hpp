@@ -1,14 +1,23 @@
 // The attention mask as arithmetic on indices: which key blocks a query block must visit,
-// which of those straddle a boundary (and so need the per-element test), and that test.
+// which of those straddle a boundary (and so need the per-element test), and that test; and
+// the walk over blocks that runs the others through a loop without the test (run_blocks).
 #pragma once
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "common/params.hpp"
 #include "common/seq_info.hpp"
 
 namespace ipex_flash {
+
+// Blocks on a grid (starts first, first + size, ... below an end) as the starts [begin, end)
+// of a run of them, both on the grid; empty when begin == end.
+struct BlockRun {
+  int64_t begin, end;
+  static inline BlockRun none(int64_t first) { return BlockRun{first, first}; }
+};
 
 struct BlockMask {
   int64_t diag;          // key on the diagonal of row 0
@@ -57,6 +66,39 @@ struct BlockMask {
     return true;
   }
 
+  // The blocks of `size` keys, starting at first, first + size, ... below end, that every row
+  // in [row_begin, row_end) sees whole (block_fully_visible): one run, as each of that test's
+  // bounds on a block's start is monotone (below: the keys' end and a window's right edge;
+  // above: a window's left edge). Under a causal mask or a window the run is the middle of the
+  // blocks, the diagonal's and the edges' on either side of it.
+  inline BlockRun fully_visible_key_blocks(int64_t row_begin, int64_t row_end, int64_t first,
+                                           int64_t end, int size) const {
+    int64_t last = len_k - size;  // start + size <= len_k
+    if (window_right >= 0)  // start + size - 1 <= row_begin + diag + window_right
+      last = std::min<int64_t>(last, row_begin + diag + window_right - size + 1);
+    // start >= row_end - 1 + diag - window_left
+    const int64_t least = window_left >= 0 ? row_end - 1 + diag - window_left : first;
+    return run_on_grid(least, last, first, end, size);
+  }
+
+  // The blocks of query rows [start, min(start + size, len_q)), starting at first,
+  // first + size, ... below end, that see every key of [key_begin, key_end) (the dK/dV
+  // kernel's walk over the query blocks for one key block; block_fully_visible as it asks).
+  inline BlockRun fully_visible_row_blocks(int64_t key_begin, int64_t key_end, int64_t first,
+                                           int64_t end, int size, int64_t len_q) const {
+    if (key_end > len_k) return BlockRun::none(first);
+    // key_end - 1 <= start + diag + window_right
+    const int64_t least = window_right >= 0 ? key_end - 1 - diag - window_right : first;
+    int64_t last = end;
+    if (window_left >= 0) {
+      // key_begin >= min(start + size, len_q) - 1 + diag - window_left: rows below rows_end
+      // see key_begin; every block does when the sequence's rows all do.
+      const int64_t rows_end = key_begin + 1 - diag + window_left;
+      if (len_q > rows_end) last = rows_end - size;
+    }
+    return run_on_grid(least, last, first, end, size);
+  }
+
   inline bool visible(int64_t row, int64_t key) const {
     if (key >= len_k) return false;
     if (window_right >= 0 && key > row + diag + window_right) return false;
@@ -98,6 +140,18 @@ struct BlockMask {
   }
 
  private:
+  // The starts of the grid first, first + size, ... below end that lie in [least, last].
+  static inline BlockRun run_on_grid(int64_t least, int64_t last, int64_t first, int64_t end,
+                                     int size) {
+    const auto steps_to = [&](int64_t bound) {  // grid steps to the first start >= bound
+      return bound <= first ? int64_t{0} : (bound - first + size - 1) / size;
+    };
+    const int64_t stop = first + steps_to(end) * size;
+    const int64_t past = last < first ? first : first + ((last - first) / size + 1) * size;
+    const int64_t run_end = std::min(past, stop);
+    return BlockRun{std::min(first + steps_to(least) * size, run_end), run_end};
+  }
+
   template <int N>
   static inline void hide_outside(float (&scores)[N], int64_t lo, int64_t hi) {
     const int first = static_cast<int>(std::clamp<int64_t>(lo, 0, N));
@@ -107,5 +161,38 @@ struct BlockMask {
       if (j < first || j > last) scores[j] = -std::numeric_limits<float>::infinity();
   }
 };
+
+// FlashAttention-2's split of the main loop: block(std::true_type{}, start) runs a block in
+// the general form (the per-element mask behind the block's test, dropout behind its flag),
+// block(std::false_type{}, start) in the lean one, which has neither in its code; for the
+// starts first, first + step, ... below end, in that order (the online softmax's results
+// depend on it), the lean form for those of `lean` (the fully visible blocks; none under
+// dropout). So a general loop runs the blocks before the lean run (over keys: a window's left
+// edge; over query rows, dK/dV: the diagonal), a lean loop the run, and a second general loop
+// the blocks after it (the diagonal and the keys' last partial block; a window's left edge):
+// the lean loop is a loop of its own in the native code, which gpu-check reads
+// (gpu_native.py). One loop around the general and lean loops would hold the general form's
+// code once, but values IGC hoisted out of either loop then stayed live through the other:
+// the forward at d = 128 spilled on BMG and PVC (docs/gpus.md). SPLIT false: every block in
+// the general form, one loop (split_blocks).
+template <bool SPLIT, typename Block>
+__attribute__((always_inline)) inline void run_blocks(int64_t first, int64_t end, int step,
+                                                      BlockRun lean, Block&& block) {
+  int64_t start = first;
+  if constexpr (SPLIT) {
+    for (; start < lean.begin; start += step) block(std::true_type{}, start);
+    for (; start < lean.end; start += step) block(std::false_type{}, start);
+  }
+  for (; start < end; start += step) block(std::true_type{}, start);
+}
+
+// Whether the kernels of FEATURES split their blocks so (run_blocks). Not with score changes
+// (softcap, ALiBi, a user's mask), whose per-element work, in every form, dominates the loop:
+// split, the forward with all three spilled at d = 128 on BMG and PVC, its code more than
+// twice as long; and a user's mask is a tensor, not index arithmetic, so the blocks the index
+// mask leaves whole still need its values.
+template <int FEATURES>
+constexpr bool split_blocks =
+    (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
 
 }  // namespace ipex_flash

@@ -86,6 +86,11 @@ inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutParams& dropo
                 "whole runs of rows, one bit per row, whole Philox calls per sub-group");
   const int lane = static_cast<int>(sg.get_local_id()[0]);
   const int64_t first_key4 = sycl::group_broadcast(sg, key, 0) / 4;
+  // The seed through a broadcast too, which IGC does not hoist: Philox's key schedule derived
+  // from it outside the caller's loops stayed live through its lean loop (run_blocks), where
+  // the 8-wide engines' dK/dV issued more (DG2, Arrow Lake-H at d = 64).
+  DropoutParams local = dropout;
+  local.seed = sycl::group_broadcast(sg, dropout.seed, 0);
   uint32_t kept = 0;
 #pragma unroll 1
   for (int run = 0; run < ROWS; run += LANES) {
@@ -93,7 +98,7 @@ inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutParams& dropo
 #pragma unroll 1
     for (int k4 = 0; k4 < LANES / 4; ++k4) {
       uint32_t words[4];
-      dropout_words(dropout, batch_head, row0 + run + lane, first_key4 + k4, words);
+      dropout_words(local, batch_head, row0 + run + lane, first_key4 + k4, words);
 #pragma unroll
       for (int u = 0; u < 4; ++u)
         row_keys |= static_cast<uint32_t>(words[u] >= dropout.threshold) << (4 * k4 + u);
