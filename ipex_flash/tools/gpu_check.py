@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ipex_flash._runtime import C
-from ipex_flash.tools import gpu_grid, gpu_native, gpu_spirv
+from ipex_flash.tools import gpu_bandwidth, gpu_grid, gpu_native, gpu_spirv
 from ipex_flash.tools.gpu_rules import check_rules
 
 DEFAULT_TARGETS = ["pvc", "bmg", "dg2", "lnl", "mtl", "arl-h"]
@@ -56,6 +56,14 @@ class KernelReport(gpu_grid.Selection):
     loop_nested: int = 0
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
     loop_prefetches: int = 0
+    # Decode kernels (gpu_bandwidth.py): the loop over key blocks' issued instructions and the
+    # loops nested in it (counted once: a lower bound where there are any), the KiB of one K/V
+    # head's block, the instructions per KiB, and what the target affords per KiB.
+    block_issued: int = 0
+    block_nested: int = 0
+    kv_kib: float = 0.0
+    issued_per_kib: float = 0.0
+    affordable_per_kib: float = 0.0
     violations: list = field(default_factory=list)
 
 
@@ -113,6 +121,8 @@ def kernel_reports(programs: list, native: dict) -> list:
                     report.loop_nested = figures["loop_nested"]
                     report.loop_block_loads = figures["loop_block_loads"]
                     report.loop_prefetches = figures["loop_prefetches"]
+                report.block_issued = figures["block_issued"]
+                report.block_nested = figures["block_nested"]
                 if figures["edge_dpas"]:
                     report.loop_per_dpas_edge = round(
                         figures["edge_issued"] / figures["edge_dpas"], 2)
@@ -157,10 +167,14 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         native = dict(pool.map(compile_pair, pairs))
     reports = kernel_reports(programs, native)
+    limits = {t: C.profile_limits(t) for t in targets}
+    for r in reports:
+        gpu_bandwidth.measure(r, limits[r.target])
     check_rules(reports)
     seconds = time.perf_counter() - start
     failed = [r for r in reports if r.violations]
     gpu_native.print_table(reports)
+    gpu_bandwidth.print_decode_table(reports)
     print(f"\n{len(reports)} kernels over {len(targets)} targets ({', '.join(targets)}) in "
           f"{seconds:.0f} s: {len(failed)} break a rule")
     if json_path:
@@ -168,7 +182,7 @@ def run(targets: list, full: bool = False, json_path: str | None = None,
             {"targets": targets, "full": full, "families": families, "dtypes": dtypes,
              "seconds": round(seconds, 1),
              "ocloc": gpu_native.ocloc_version(ocloc),
-             "limits": {t: C.profile_limits(t) for t in targets},
+             "limits": limits,
              "kernels": [asdict(r) for r in reports]}, indent=1))
     if not spirv_dir:
         shutil.rmtree(work, ignore_errors=True)

@@ -32,6 +32,13 @@ struct DeviceLimits {
   size_t max_work_group = 0;      // work-items
   std::vector<int> sub_group_sizes;
   int compute_units = 1;
+  // A GPU profile's published figures for the part it names (0 elsewhere): its graphics clock,
+  // the lanes each vector engine's ALU takes per clock (8 on Xe-LPG/HPG, 16 on Xe2 and
+  // Xe-HPC), and its memory bandwidth. With compute_units they say how many instructions the
+  // GPU can issue per KiB its memory delivers (ipex_flash/tools/gpu_bandwidth.py).
+  int clock_mhz = 0;
+  int vector_lanes = 0;
+  double memory_gb_per_s = 0;
   std::vector<MatrixShape> matrix;  // empty: no matrix engine this build can use
   bool matrix_by_default = false;   // IPEX_FLASH_MATRIX=auto turns the matrix kernels on
   bool large_grf = false;           // 256-register mode exists (PVC, BMG, LNL)
