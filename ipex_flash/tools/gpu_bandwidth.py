@@ -75,6 +75,14 @@ def over_budget(r) -> bool:
     return r.issued_per_kib > BANDWIDTH_SHARE * r.affordable_per_kib > 0
 
 
+def groups_per_core(r) -> int:
+    """The kernel's work-groups one Xe core's local memory holds at once (the profile's local
+    memory per work-group is the core's on these GPUs). A decode work-group is one sub-group,
+    one hardware thread of the core's 8 vector engines of 8 threads each: past 32 KiB a
+    work-group, fewer than 4 of a 128 KiB core's 64 threads have reads in flight."""
+    return r.slm_limit // r.slm if r.slm else 0
+
+
 def print_decode_table(reports: list) -> None:
     """The decode kernels' loops per KiB of K/V against their GPUs' budgets, and their local
     memory against DECODE_SLM_BYTES. Reported, not enforced: see docs/gpus.md."""
@@ -82,7 +90,7 @@ def print_decode_table(reports: list) -> None:
     if not rows:
         return
     header = (f"{'target':6} {'kernel':44} {'KiB':>5} {'insts':>6} {'/KiB':>7} {'half':>6} "
-              f"{'slm':>6}  decode rule (reported, not enforced)")
+              f"{'slm':>6} {'wg/core':>7}  decode rule (reported, not enforced)")
     print("\n" + header)
     print("-" * len(header))
     for r in sorted(rows, key=lambda r: (r.target, r.dtype, r.head_dim, r.kernel)):
@@ -95,7 +103,7 @@ def print_decode_table(reports: list) -> None:
         verdict = "; ".join(found) or ("within (lower bound)" if r.block_nested else "within")
         print(f"{r.target:6} {short_kernel(r.kernel):44} {r.kv_kib:5.1f} {r.block_issued:6d} "
               f"{r.issued_per_kib:6.0f}{lower} {BANDWIDTH_SHARE * r.affordable_per_kib:6.0f} "
-              f"{r.slm:6d}  {verdict}")
+              f"{r.slm:6d} {groups_per_core(r):7d}  {verdict}")
     broken = sum(1 for r in rows if over_budget(r))
     print(f"\n{broken} of {len(rows)} decode kernels issue more than half of what their GPU "
           f"affords per KiB ('+': loops nested in the block loop counted once, a lower bound)")

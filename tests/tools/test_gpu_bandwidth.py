@@ -96,3 +96,9 @@ def test_the_rule_weighs_a_blocks_instructions_against_half_the_budget():
                           block_issued=5000)
     gpu_bandwidth.measure(other, limits)
     assert other.issued_per_kib == 0 and not gpu_bandwidth.over_budget(other)
+
+
+def test_a_cores_local_memory_holds_so_many_decode_work_groups():
+    assert gpu_bandwidth.groups_per_core(decode_report(slm=45376)) == 2  # of 128 KiB
+    assert gpu_bandwidth.groups_per_core(decode_report(slm=32768)) == 4
+    assert gpu_bandwidth.groups_per_core(decode_report(slm=40000, slm_limit=65536)) == 1
