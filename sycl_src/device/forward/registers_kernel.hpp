@@ -266,12 +266,8 @@ IPEX_FLASH_TILE_LOOP
     k_tile += Packed::BLOCK_ELEMENTS;
   };
   // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
-  constexpr bool SPLIT = split_blocks<FEATURES>;
-  const BlockRun lean =
-      SPLIT && !c.dropout.enabled
-          ? mask.fully_visible_key_blocks(q_begin, q_end, kv_first, kv_end, BLOCK_N)
-          : BlockRun::none(kv_first);
-  run_blocks<SPLIT>(kv_first, kv_end, BLOCK_N, lean, kv_block);
+  run_key_blocks<FEATURES>(mask, c.dropout.enabled, q_begin, q_end, kv_first, kv_end, BLOCK_N,
+                           kv_block);
 
   write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }

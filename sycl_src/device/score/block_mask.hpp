@@ -195,4 +195,19 @@ template <int FEATURES>
 constexpr bool split_blocks =
     (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
 
+// The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
+// forward's and dQ's walk: the fully visible ones in the lean loop, unless the kernel's
+// score changes or dropout keep every block general.
+template <int FEATURES, typename Block>
+__attribute__((always_inline)) inline void run_key_blocks(const BlockMask& mask, bool dropout,
+                                                          int64_t row_begin, int64_t row_end,
+                                                          int64_t first, int64_t end, int size,
+                                                          Block&& block) {
+  constexpr bool SPLIT = split_blocks<FEATURES>;
+  const BlockRun lean = SPLIT && !dropout
+                            ? mask.fully_visible_key_blocks(row_begin, row_end, first, end, size)
+                            : BlockRun::none(first);
+  run_blocks<SPLIT>(first, end, size, lean, block);
+}
+
 }  // namespace ipex_flash
