@@ -139,8 +139,10 @@ def test_gpu_variants_run_here(profile, name, dtype, mode, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", tiered([32, 64, 128], [128]))
 def test_gpu_decode_variants_run_here(profile, name, dtype, head_dim):
+    """A GPU's decode kernel holds one sub-group's query rows (decode_row_capacity): 5 K/V
+    heads of 4 rows take two work-groups per sequence and split, the second with one head."""
     profile(name)
-    batch, heads_kv, group = 2, 2, 4
+    batch, heads_kv, group = 2, 5, 4
     k_cache, v_cache = make_cache(batch, 300, heads_kv, head_dim, dtype)
     q = torch.randn(batch, 1, heads_kv * group, head_dim, dtype=dtype)
     lengths = torch.tensor([300, 123], dtype=torch.int32)

@@ -15,12 +15,17 @@ namespace ipex_flash {
 constexpr int DECODE_LANES = 16;
 
 // Query rows (over all its K/V heads) a decode work-group of a kernel compiled for head_dim
-// keeps Q and O of in local memory: 2 x 16 KB of float32, and at most 128 rows, whose running
-// max and sum take another 2 x 8 KB, so that the whole fits the 64 KiB of Arc A-series and
-// Meteor Lake GPUs up to head dim 256; past it, DECODE_LANES rows (16 of 512 columns: 2 x 32
-// KB), which 64 KiB holds up to head dim 480 (the host's decode_fits; beyond, the general
-// forward kernel serves those GPUs' decodes).
-constexpr int decode_row_capacity(int head_dim) {
+// keeps Q and O of in local memory. On GPUs one sub-group's worth, DECODE_LANES rows: there a
+// work-group gains nothing from serving several K/V heads in turn (their K/V rows are apart),
+// and every row costs local memory that keeps other work-groups off the Xe core; with 32-128
+// rows the kernels took 33-45 KiB, 1-3 work-groups (one hardware thread each) per core
+// (docs/gpus.md, decode against memory bandwidth). On the CPU device, where a work-group
+// walking several heads' rows of a key reads one contiguous run (decode/traits.hpp), 2 x 16 KB
+// of float32 and at most 128 rows. Past head dim 256 DECODE_LANES rows everywhere (16 of 512
+// columns: 2 x 32 KB), which 64 KiB holds up to head dim 480 (the host's decode_fits; beyond,
+// the general forward kernel serves those GPUs' decodes).
+constexpr int decode_row_capacity(int head_dim, bool cpu_device) {
+  if (!cpu_device) return DECODE_LANES;
   return 4096 / head_dim > 128 ? 128 : 4096 / head_dim > DECODE_LANES ? 4096 / head_dim : DECODE_LANES;
 }
 

@@ -29,8 +29,10 @@ constexpr int DECODE_PV_CHAINS = 8;
 // (gpu-check's record).
 #if defined(IPEX_FLASH_CPU_LOOPS)
 constexpr bool DECODE_STEP_MAJOR = true;
+constexpr bool DECODE_CPU_DEVICE = true;  // decode_row_capacity
 #else
 constexpr bool DECODE_STEP_MAJOR = false;
+constexpr bool DECODE_CPU_DEVICE = false;
 #endif
 
 // Whether a call of one split writes its output in the decode kernel, with no merge launch:
@@ -76,7 +78,7 @@ struct DecodeTraits {
   static constexpr int HEAD_DIM = HEAD_DIM_, GROUP_ROWS = GROUP_ROWS_, BLOCK_N = BLOCK_N_;
   static constexpr int FEATURES = FEATURES_;
   static constexpr int MATRIX_M = MATRIX_M_, MATRIX_K = MATRIX_K_, MATRIX_N = MATRIX_N_;
-  static constexpr int MAX_HEADS = decode_row_capacity(HEAD_DIM) / GROUP_ROWS;
+  static constexpr int MAX_HEADS = decode_row_capacity(HEAD_DIM, DECODE_CPU_DEVICE) / GROUP_ROWS;
   static constexpr int KEYS_PER_STEP = LANES / GROUP_ROWS;  // one step's scores fill the lanes
   static constexpr int STEPS = BLOCK_N / KEYS_PER_STEP;
   static constexpr int D_VECS = HEAD_DIM / LANES;

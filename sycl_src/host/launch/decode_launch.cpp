@@ -23,7 +23,7 @@ int decode_splits(int64_t requested, int batch, int heads_kv, int rows, int head
                   int64_t max_len_k, std::uintptr_t queue_handle) {
   const DeviceLimits& limits = device_limits(queue_from_handle(queue_handle).get_device());
   return decode_num_splits(requested, batch, heads_kv, rows, head_dim, max_len_k,
-                           limits.compute_units);
+                           limits.compute_units, limits.is_cpu);
 }
 
 KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
@@ -85,8 +85,8 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   set_forward_tensors(params, q, k, v, out, lse);
   params.bounds = cache_bounds(k, options);
   const int64_t heads_kv = c.dims.heads_kv();
-  params.heads_per_group =
-      decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max());
+  params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows,
+                                                  c.dims.head_dim_max(), variant.cpu_device);
   params.row_slices = decode_row_slices(rows);
   if (options.k_new) {
     params.k_new = reinterpret_cast<const void*>(options.k_new->data);

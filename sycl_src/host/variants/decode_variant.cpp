@@ -43,13 +43,14 @@ int decode_group_rows(int rows) {
 }
 
 // Bytes of local memory the decode kernel declares (decode/kernel.hpp, its work_group_static
-// arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size; the matrix-score
-// buffers only when `matrix`, every head's probabilities only when `step_major` (the CPU
-// device's vector scores, DECODE_STEP_MAJOR), every head's factors only with `key_streams`.
+// arrays) for a compiled head dim, GROUP_ROWS, BLOCK_N and element size, built for the CPU
+// device or not (decode_row_capacity); the matrix-score buffers only when `matrix`, every
+// head's probabilities only when `step_major` (the CPU device's vector scores,
+// DECODE_STEP_MAJOR), every head's factors only with `key_streams`.
 size_t decode_slm_bytes(int head_dim, int group_rows, int block_n, size_t elem_bytes,
-                        bool matrix, bool step_major, bool key_streams) {
+                        bool cpu_device, bool matrix, bool step_major, bool key_streams) {
   const size_t d = head_dim, lanes = DECODE_LANES, keys = block_n;
-  const size_t max_heads = decode_row_capacity(head_dim) / group_rows;
+  const size_t max_heads = decode_row_capacity(head_dim, cpu_device) / group_rows;
   const size_t sets = ceil_div(max_heads, lanes / group_rows);
   const size_t floats = 2 * max_heads * group_rows * d  // Q and O
                         + 2 * max_heads * lanes         // running max and sum
@@ -78,7 +79,7 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
   const int kv_bytes = kv_element_bytes(dtype, features);
   const int d = decode_head_dim(kv_bytes, padded_head_dim(head_dim));
   return decode_slm_bytes(d, decode_group_rows(rows), decode_block_keys(kv_bytes, d),
-                          dtype == "float32" ? 4 : 2, false, limits.is_cpu, false);
+                          dtype == "float32" ? 4 : 2, limits.is_cpu, false, limits.is_cpu, false);
 }
 
 }  // namespace
@@ -124,8 +125,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, variant.head_dim, mode, why);
   const size_t matrix_slm =
-      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes, true, false,
-                       false);
+      decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
+                       variant.cpu_device, true, false, false);
   // The scores' tile is as wide as the kernel's sub-group (DECODE_LANES): N = 8 engines (DG2,
   // Arrow Lake-H) compute decode scores on the vector units.
   if (tile.m > 0 && tile.n == DECODE_LANES && matrix_slm <= limits.local_mem_bytes) {
@@ -144,8 +145,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const bool key_streams =
       decode_key_streams(variant, heads_interleaved) &&
       decode_slm_bytes(variant.head_dim, variant.block_m, kMaxDecodeBlockKeys, elem_bytes,
-                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
-                       true) <= limits.local_mem_bytes;
+                       variant.cpu_device, variant.matrix_m > 0,
+                       variant.cpu_device && variant.matrix_m == 0, true) <= limits.local_mem_bytes;
   if (key_streams) {
     variant.features |= FEATURE_KEY_STREAMS;
     // The most keys per block: V is read in a pass of its own, so a block's rows need not stay
@@ -155,8 +156,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   }
   variant.slm_bytes =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
-                       variant.matrix_m > 0, variant.cpu_device && variant.matrix_m == 0,
-                       key_streams);
+                       variant.cpu_device, variant.matrix_m > 0,
+                       variant.cpu_device && variant.matrix_m == 0, key_streams);
   if (variant.slm_bytes > limits.local_mem_bytes)
     throw std::runtime_error("ipex_flash: the decode kernel needs " +
                              std::to_string(variant.slm_bytes) + " bytes of local memory, " +
@@ -172,11 +173,12 @@ KernelProgram decode_program(const KernelVariant& variant) {
           program_options(variant)};
 }
 
-int decode_heads_per_group(int heads_kv, int rows, int head_dim) {
+int decode_heads_per_group(int heads_kv, int rows, int head_dim, bool cpu_device) {
   const int group_rows = decode_group_rows(rows);
   // The kernel's capacity is set by its compiled (padded) head dim; rounding up to 32 here
   // gives a capacity no larger than any kernel serving this head dim has.
-  const int capacity = decode_row_capacity(static_cast<int>(ceil_div(head_dim, 32) * 32));
+  const int capacity =
+      decode_row_capacity(static_cast<int>(ceil_div(head_dim, 32) * 32), cpu_device);
   return std::clamp(capacity / group_rows, 1, std::max(heads_kv, 1));
 }
 
@@ -187,10 +189,10 @@ int64_t most_splits(int64_t keys) {
 }
 
 int decode_num_splits(int64_t requested, int batch, int heads_kv, int rows, int head_dim,
-                      int64_t max_len_k, int compute_units) {
+                      int64_t max_len_k, int compute_units, bool cpu_device) {
   if (requested > 0) return static_cast<int>(std::min(requested, most_splits(max_len_k)));
   const int64_t target_groups = 4 * static_cast<int64_t>(compute_units);
-  const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim);
+  const int heads_per_group = decode_heads_per_group(heads_kv, rows, head_dim, cpu_device);
   const int64_t groups = std::max<int64_t>(1, static_cast<int64_t>(batch) *
                                                   ceil_div(heads_kv, heads_per_group) *
                                                   decode_row_slices(rows));

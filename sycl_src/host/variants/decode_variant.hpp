@@ -52,15 +52,16 @@ KernelProgram decode_program(const KernelVariant& variant);
 int decode_row_slices(int rows);
 
 // K/V heads one decode work-group serves: as many as its local memory holds the query rows
-// of (rows = GQA group size x new tokens per K/V head), so that it reads each key's heads
-// together (contiguous in a (B, N, H, D) cache).
-int decode_heads_per_group(int heads_kv, int rows, int head_dim);
+// of (rows = GQA group size x new tokens per K/V head; decode_row_capacity, one sub-group's
+// on GPUs), so that on the CPU device it reads each key's heads together (contiguous in a
+// (B, N, H, D) cache).
+int decode_heads_per_group(int heads_kv, int rows, int head_dim, bool cpu_device);
 
 // How many splits of the keys a call runs: `requested` > 0 (a caller's num_splits, a hint) as
 // many, at most most_splits(max_len_k); 0 as many as make batch x head groups x splits
 // work-groups fill a device of `compute_units` while each split keeps a few key blocks.
-// head_dim: the larger of q's and v's.
+// head_dim: the larger of q's and v's; cpu_device: the kernels are built for the CPU device.
 int decode_num_splits(int64_t requested, int batch, int heads_kv, int rows, int head_dim,
-                      int64_t max_len_k, int compute_units);
+                      int64_t max_len_k, int compute_units, bool cpu_device);
 
 }  // namespace ipex_flash
