@@ -10,8 +10,8 @@ import torch
 from torch.utils._device import DeviceContext
 
 from ipex_flash.ops import fast_path, launch
-from ipex_flash.ops.validation import (
-    SUPPORTED_DTYPES, head_dim_error, raise_error, scale_error, sdpa_contract_error)
+from ipex_flash.ops.sdpa_contract import sdpa_contract_error
+from ipex_flash.ops.validation import SUPPORTED_DTYPES, head_dim_error, raise_error, scale_error
 
 Tensor = torch.Tensor
 _FN = "ipex_flash.scaled_dot_product_attention"
