@@ -22,38 +22,9 @@ constexpr int D_UNROLL = 8;  // independent accumulators per lane: hides FMA lat
 #define IPEX_FLASH_KEY_LOOP _Pragma("unroll")
 #endif
 
-template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
-inline void dot_rows(float (&out)[CHUNK], const float (&own_t)[HEAD_DIM][LANES], int lane,
-                     const float (&rows)[ROWS][HEAD_DIM], int row0) {
-#pragma unroll
-  for (int j = 0; j < CHUNK; ++j) out[j] = 0.f;
-  for (int d = 0; d < HEAD_DIM; ++d) {
-    const float own_d = own_t[d][lane];
-#pragma unroll
-    for (int j = 0; j < CHUNK; ++j) out[j] += own_d * rows[row0 + j][d];
-  }
-}
-
-template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
-inline void accumulate_rows(float (&acc_t)[HEAD_DIM][LANES], int lane,
-                            const float (&weight)[CHUNK], const float (&rows)[ROWS][HEAD_DIM],
-                            int row0, float rescale) {
-  static_assert(HEAD_DIM % D_UNROLL == 0, "tile shape: HEAD_DIM must be a multiple of 8");
-  for (int d0 = 0; d0 < HEAD_DIM; d0 += D_UNROLL) {
-    float acc[D_UNROLL];  // (d)
-#pragma unroll
-    for (int u = 0; u < D_UNROLL; ++u) acc[u] = acc_t[d0 + u][lane] * rescale;
-    IPEX_FLASH_KEY_LOOP
-    for (int j = 0; j < CHUNK; ++j)
-#pragma unroll
-      for (int u = 0; u < D_UNROLL; ++u) acc[u] += weight[j] * rows[row0 + j][d0 + u];
-#pragma unroll
-    for (int u = 0; u < D_UNROLL; ++u) acc_t[d0 + u][lane] = acc[u];
-  }
-}
-
-// The same over one slab of the head dim, columns col0 .. col0 + COLS of the work-item's vector
-// against a tile of those columns alone (the forward's K/V slabs, forward/vector_kernel.hpp):
+// Both over one slab of the head dim, columns col0 .. col0 + COLS of the work-item's vector
+// against a tile of those columns alone (the forward's K/V slabs, forward/vector_kernel.hpp);
+// dot_rows and accumulate_rows below are the one slab of every column:
 //   dot_rows_slab:        out[j] += sum_{d < COLS} own_t[col0 + d][lane] * rows[row0 + j][d]
 //   accumulate_rows_slab: acc_t[col0 + d][lane] = acc_t[col0 + d][lane] * rescale
 //                                                 + sum_j weight[j] * rows[row0 + j][d]
@@ -84,6 +55,21 @@ inline void accumulate_rows_slab(float (&acc_t)[HEAD_DIM][LANES], int lane,
 #pragma unroll
     for (int u = 0; u < D_UNROLL; ++u) acc_t[col0 + d0 + u][lane] = acc[u];
   }
+}
+
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
+inline void dot_rows(float (&out)[CHUNK], const float (&own_t)[HEAD_DIM][LANES], int lane,
+                     const float (&rows)[ROWS][HEAD_DIM], int row0) {
+#pragma unroll
+  for (int j = 0; j < CHUNK; ++j) out[j] = 0.f;
+  dot_rows_slab(out, own_t, lane, rows, row0, 0);
+}
+
+template <int CHUNK, int HEAD_DIM, int LANES, int ROWS>
+inline void accumulate_rows(float (&acc_t)[HEAD_DIM][LANES], int lane,
+                            const float (&weight)[CHUNK], const float (&rows)[ROWS][HEAD_DIM],
+                            int row0, float rescale) {
+  accumulate_rows_slab(acc_t, lane, weight, rows, row0, 0, rescale);
 }
 
 }  // namespace ipex_flash
