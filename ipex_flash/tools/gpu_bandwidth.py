@@ -39,10 +39,11 @@ def affordable_per_kib(limits: dict, simd: int) -> float:
 
 
 def decode_block_keys(kernel: str) -> int:
-    """BLOCK_N of a flash_decode_kernel<T, HEAD_DIM, GROUP_ROWS, BLOCK_N, ...> name; 0 for
-    other kernels."""
+    """BLOCK_N of a flash_decode_kernel<T, HEAD_DIM, GROUP_ROWS, BLOCK_N, ...> or
+    flash_decode_xmx_kernel<T, HEAD_DIM, ROWS, BLOCK_N, ...> name; 0 for other kernels."""
     base, _, integers = gpu_grid.registered_key(kernel)
-    return integers[2] if base == "flash_decode_kernel" and len(integers) > 2 else 0
+    decode = base in ("flash_decode_kernel", "flash_decode_xmx_kernel")
+    return integers[2] if decode and len(integers) > 2 else 0
 
 
 def shares_latent_cache(head_dim: int, head_dim_v: int) -> bool:

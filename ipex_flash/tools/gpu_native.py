@@ -78,7 +78,8 @@ def _asm_counts(asm: Path) -> dict:
     run more than once per block (the static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
     load that writes no register). block_issued and block_nested: the same of the decode
-    kernel's loop over key blocks (below)."""
+    kernel's loop over key blocks (below; in its register form, which splits its blocks as the
+    forward does, the lean loop)."""
     labels, ops, block2d, spans = {}, [], [], set()
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
@@ -147,6 +148,8 @@ def _asm_counts(asm: Path) -> dict:
     heaviest = max((loop for loop in spans if not any(inside(loop, o) for o in spans)),
                    key=lambda loop: (dpas_in(loop), nested(loop) > 0, issued(loop)),
                    default=(0, 0))
+    if generals:  # the register form splits its blocks (run_blocks): all but a split's edge
+        heaviest = main  # blocks (a window's, the partial last) run its lean loop
     return {"dpas": ops.count("dpas"), "instructions": len(ops), "loop_dpas": body.count("dpas"),
             "loop_instructions": len(body),
             "loop_issued": issued(main),

@@ -1,6 +1,9 @@
 """The decode kernel's scores on the matrix engine (flash_decode.hpp, MATRIX_M > 0): its tile
 shapes forced through IPEX_FLASH_MATRIX and emulated (IPEX_FLASH_MATRIX=emulate), over
-contiguous, head-major and paged caches, against the float64 reference."""
+contiguous, head-major and paged caches, against the float64 reference. Emulated, the cases the
+decode's register form serves (16-bit, no score change but softcap) take it instead
+(test_matrix_decode_registers.py); the ALiBi case keeps the matrix scores, and the tile-height
+modes run them on AMX."""
 import pytest
 import torch
 

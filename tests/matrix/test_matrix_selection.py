@@ -20,13 +20,14 @@ from helpers.reference import assert_matches_reference
 
 
 def test_emulated_variants_and_build_options(matrix_mode):
-    """emulate picks AMX's tile shape on any device, marks the variants, and builds them with
+    """emulate picks AMX's tile shape on any device (the decode's register form: XMX's 8x16x16,
+    the only one it is built for), marks the variants, and builds them with
     IPEX_FLASH_MATRIX_EMULATE (kept apart from real matrix builds in the kernel caches, whose
     keys include the options); float32 keeps the vector kernels."""
-    for family in ("forward", "decode"):
+    for family, tile in (("forward", (16, 32)), ("decode", (8, 16))):
         plan = C.plan(family, "", "float16", 128, 0, 4, "emulate")
         variant = plan["variant"]
-        assert (variant.matrix_m, variant.matrix_k, variant.matrix_emulated) == (16, 32, True)
+        assert (variant.matrix_m, variant.matrix_k, variant.matrix_emulated) == (*tile, True)
         assert "-DIPEX_FLASH_MATRIX_EMULATE" in plan["options"]
         for dtype, mode in [("float32", "emulate"), ("bfloat16", "1"), ("bfloat16", "0")]:
             plan = C.plan(family, "", dtype, 128, 0, 4, mode)

@@ -83,6 +83,26 @@ def test_the_block_loop_is_the_outermost_loop_with_loops_inside_issuing_the_most
     assert gpu_native._asm_counts(asm)["block_issued"] == 0
 
 
+def test_a_split_walk_over_blocks_is_read_at_its_lean_loop(tmp_path):
+    """The register form walks its blocks as run_blocks does (general, lean, general loops,
+    each with DPAS): its block loop is the lean one, which runs all but a split's edge blocks,
+    not the costlier general loops."""
+    asm = tmp_path / "kernel.asm"
+    general = loop(1, DPAS * 2 + ADD * 30)
+    lean = loop(2, DPAS * 2 + ADD * 4)
+    asm.write_text(general + lean + general.replace("L1", "L3"))
+    counts = gpu_native._asm_counts(asm)
+    assert (counts["block_issued"], counts["block_nested"]) == (2 + 4 + 1, 0)
+    assert counts["edge_issued"] == 2 + 30 + 1
+
+
+def test_the_register_forms_key_block_is_its_fourth_argument():
+    kernel = ("ipex_flash::flash_decode_xmx_kernel<ipex_flash::bfloat16_bits, 128, 16, 32, 0, "
+              "8, 16, 16>")
+    assert gpu_bandwidth.decode_block_keys(kernel) == 32
+    assert gpu_bandwidth.kv_kib_per_block(decode_report(kernel=kernel)) == 32 * 256 * 2 / 1024
+
+
 def test_the_rule_weighs_a_blocks_instructions_against_half_the_budget():
     limits = C.profile_limits("bmg")  # affords 959.3 per KiB at SIMD16: half is 479.7
     within = decode_report(block_issued=int(32 * 470))  # 32 KiB a block

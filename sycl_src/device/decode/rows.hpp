@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "decode/merge_kernel.hpp"
 #include "decode/traits.hpp"
 #include "common/dtypes.hpp"
 #include "common/online_softmax.hpp"
@@ -114,6 +115,63 @@ inline void decode_load_queries(sycl::group<1> group, const DecodeRows& rows, in
     }
   }
   sycl::group_barrier(group);
+}
+
+// The register form's (decode/xmx_kernel.hpp) rows of one K/V head (rows.head0), staged and
+// written by lanes along d. Q of ROWS rows into SLM as T, rotated with the append's rotary
+// (Shape: DecodeXmxShape); padding rows and columns zero.
+template <class Shape, int ROWS, int HEAD_DIM>
+inline void decode_stage_queries(const DecodeRows& rows,
+                                 typename Shape::T (&q_rows)[ROWS][HEAD_DIM], int head_dim,
+                                 int lid) {
+  using T = typename Shape::T;
+  for (int r = 0; r < ROWS; ++r) {
+    const bool row_ok = r < rows.count;
+    const T* q = rows.q<T>(0, r, row_ok);
+    for (int d = lid; d < HEAD_DIM; d += Shape::LANES)
+      q_rows[r][d] = row_ok && d < head_dim ? rows.q_element<Shape>(q, r, d) : tile_zero<T>();
+  }
+}
+
+// Row r's softmax done: its LSE written (with one split, the sinks' share folded in, as the
+// merge does it: decode/merge_kernel.hpp), and the factor of its output returned.
+inline float decode_row_finish(const DecodeRows& rows, int split, bool one_split, int r,
+                               const OnlineSoftmaxRow& row, int lid) {
+  const AttentionCommon& c = rows.p.common;
+  const bool valid = r < rows.count;
+  const float lse = row.log2_sum_exp();
+  float scale = row.inverse_sum();
+  if (one_split) {
+    const int h = rows.query_head(rows.head0, valid ? r : 0);
+    const SplitShare total = split_share(c.score_mod.sinks, h, lse);
+    scale *= total.share;
+    if (valid && lid == 0) rows.p.lse[lse_index(c, rows.seq, rows.b, h, rows.token(r))] = total.lse;
+  } else if (valid && lid == 0) {
+    rows.p.partial_lse[rows.index(0, r) * c.num_blocks + split] = lse;
+  }
+  return scale;
+}
+
+// The rows' outputs (O in SLM times each row's factor): into out with one split, else into the
+// split's partial buffer.
+template <typename T, int ROWS, int HEAD_DIM>
+inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split,
+                              const float (&o_rows)[ROWS][HEAD_DIM], const float (&scale)[ROWS],
+                              int head_dim, int lid) {
+  const DecodeParams& p = rows.p;
+  for (int r = 0; r < ROWS && r < rows.count; ++r) {
+    if (one_split) {
+      T* out = static_cast<T*>(p.out) + rows.b * p.out_stride.batch +
+               rows.query_head(rows.head0, r) * p.out_stride.head +
+               rows.token(r) * p.out_stride.row;
+      for (int d = lid; d < head_dim; d += DECODE_LANES)
+        out[d] = from_float<T>(o_rows[r][d] * scale[r]);
+    } else {
+      float* partial =
+          p.partial_out + (rows.index(0, r) * p.common.num_blocks + split) * head_dim;
+      for (int d = lid; d < head_dim; d += DECODE_LANES) partial[d] = o_rows[r][d] * scale[r];
+    }
+  }
 }
 
 }  // namespace ipex_flash

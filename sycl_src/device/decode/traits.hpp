@@ -107,6 +107,18 @@ struct DecodeTraits {
                 "matrix tile shape");
 };
 
+// What decode_append and DecodeRows::q_element read of a kernel's shape (DecodeTraits's
+// names): flash_attn_with_kvcache's append, and its rotary embedding, as the vector form does
+// them.
+template <typename T_, int FEATURES_>
+struct DecodeXmxShape {
+  using T = T_;
+  using KV = T_;
+  using Cos = std::conditional_t<(FEATURES_ & FEATURE_ROTARY_F32) != 0, float, T_>;
+  static constexpr bool ROTARY = (FEATURES_ & FEATURE_ROTARY) != 0;
+  static constexpr int LANES = DECODE_LANES, FEATURES = FEATURES_;
+};
+
 // The key block a work-group is visiting, within its split.
 struct DecodeKeys {
   int64_t begin;  // the block's first key

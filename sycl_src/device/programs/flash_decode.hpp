@@ -1,7 +1,9 @@
 // Program entry: one module for the kernel compiler (one compiler run).
 // Decode against a KV cache: flash_decode_kernel (vector or matrix scores, with or without the
-// append) and flash_decode_merge_kernel for split keys.
+// append) or flash_decode_xmx_kernel (every product on the matrix engine, tiles in registers),
+// and flash_decode_merge_kernel for split keys.
 #pragma once
 
 #include "decode/kernel.hpp"
 #include "decode/merge_kernel.hpp"
+#include "decode/xmx_kernel.hpp"

@@ -9,6 +9,7 @@
 #include "host/runtime/build_guard.hpp"
 #include "host/runtime/device_queue.hpp"
 #include "host/runtime/kernel_cache.hpp"
+#include "host/runtime/matrix_layout_probe.hpp"
 #include "device/decode/params.hpp"
 #include "device/kvcache/params.hpp"
 
@@ -32,9 +33,14 @@ KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, in
   const DeviceLimits& limits = device_limits(queue.get_device());
   return buildable_variant(
       queue,
-      [&](const std::string& mode, SkipReasons* reasons) {
-        return decode_variant(dtype, head_dim, rows, features, heads_interleaved, limits, mode,
-                              reasons);
+      [&](const std::string& mode, SkipReasons* chosen) {
+        return layout_verified_variant(
+            queue, limits,
+            [&](const DeviceLimits& verified, SkipReasons* reasons) {
+              return decode_variant(dtype, head_dim, rows, features, heads_interleaved, verified,
+                                    mode, reasons);
+            },
+            chosen);
       },
       decode_program, why);
 }
@@ -85,8 +91,12 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   set_forward_tensors(params, q, k, v, out, lse);
   params.bounds = cache_bounds(k, options);
   const int64_t heads_kv = c.dims.heads_kv();
-  params.heads_per_group = decode_heads_per_group(static_cast<int>(heads_kv), rows,
-                                                  c.dims.head_dim_max(), variant.cpu_device);
+  // (the register form serves one K/V head per work-group: decode/xmx_kernel.hpp)
+  params.heads_per_group =
+      variant.matrix_registers
+          ? 1
+          : decode_heads_per_group(static_cast<int>(heads_kv), rows, c.dims.head_dim_max(),
+                                   variant.cpu_device);
   params.row_slices = decode_row_slices(rows);
   if (options.k_new) {
     params.k_new = reinterpret_cast<const void*>(options.k_new->data);

@@ -82,6 +82,50 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
                           dtype == "float32" ? 4 : 2, limits.is_cpu, false, limits.is_cpu, false);
 }
 
+// The matrix-engine form with every tile in registers (decode/xmx_kernel.hpp), where it serves
+// the call: 16-bit caches on an engine of 16-wide tiles in lane columns with 256 registers (XMX
+// on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
+// of 16), up to 256 with at most 8 rows per K/V head and 128 with 16 (O's accumulators take
+// ROWS x head dim / 16 registers: 128 at either limit); no score change but softcap (with or
+// without the append and its rotary embedding), no FP8 cache, no value head dim of its own.
+// Sets the variant's tile, rows and key block and returns true; false (with the reason) where
+// the other forms serve.
+bool take_xmx_form(KernelVariant& variant, int head_dim, int rows, int kv_bytes,
+                   const MatrixTile& tile, const DeviceLimits& limits, SkipReasons* why) {
+  constexpr int kTile = 16, kTileRows = 8;
+  const int served = FEATURE_SOFTCAP | FEATURE_APPEND | FEATURE_ROTARY;
+  if (kv_bytes != 2 || tile.n != kTile ||
+      !matrix_tiles_in_registers(tile, limits, head_dim, 256, 0, why,
+                                 "the decode kernel's register form"))
+    return false;
+  std::string reason;
+  if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
+    reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
+  else if ((variant.features & ~served) != 0)
+    reason = "ALiBi, a mask, FP8 caches and a value head dim of its own take the vector form";
+  else if (head_dim % kTile != 0)
+    reason = "head dim " + std::to_string(head_dim) + " is not a multiple of 16";
+  else if (rows > kTileRows && head_dim > 128)
+    reason = "more than 8 query rows per K/V head past head dim 128 (O would take more than "
+             "128 registers)";
+  if (!reason.empty()) {
+    if (why) why->push_back("decode kernel's register form: " + reason);
+    return false;
+  }
+  variant.head_dim = head_dim;
+  variant.block_m = rows > kTileRows ? 2 * kTileRows : kTileRows;
+  variant.block_n = variant.block_m * head_dim <= 1024 ? 64 : 32;  // S beside O and Q
+  variant.matrix_m = kTileRows;
+  variant.matrix_k = kTile;
+  variant.matrix_n = kTile;
+  variant.matrix_emulated = tile.emulated;
+  variant.matrix_registers = true;
+  // Q and a block's P in T, O and its rows' scales in float (decode/xmx_kernel.hpp)
+  variant.slm_bytes = static_cast<size_t>(variant.block_m) *
+                      (2 * head_dim + 2 * variant.block_n + 4 * head_dim + 4);
+  return true;
+}
+
 }  // namespace
 
 bool decode_fits(const std::string& dtype, int head_dim, int rows, int features,
@@ -124,6 +168,7 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const MatrixTile tile = kv_bytes == 1
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, variant.head_dim, mode, why);
+  if (take_xmx_form(variant, head_dim, rows, kv_bytes, tile, limits, why)) return variant;
   const size_t matrix_slm =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
                        variant.cpu_device, true, false, false);
@@ -168,7 +213,9 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
 // The split kernel and the merge kernel, built together from one program.
 KernelProgram decode_program(const KernelVariant& variant) {
   return {"programs/flash_decode.hpp",
-          {variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
+          {variant.instantiate(variant.matrix_registers ? "ipex_flash::flash_decode_xmx_kernel"
+                                                        : "ipex_flash::flash_decode_kernel",
+                               /*matrix_args=*/true),
            "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
           program_options(variant)};
 }
