@@ -2,7 +2,7 @@
 engine with S and O in registers, the query rows of a K/V head as the tiles' rows), run with
 joint_matrix emulated (IPEX_FLASH_MATRIX=emulate) against the float64 reference: 8 and 16 rows,
 row slices, head dims 64 to 256 (80: five tiles), contiguous, head-major and paged caches,
-partial key blocks, splits, causal and windowed masks, softcap, flash_attn_with_kvcache's
+partial key blocks, splits, causal and windowed masks, softcap, sinks, flash_attn_with_kvcache's
 append and its rotary embedding, both 16-bit dtypes."""
 import math
 
@@ -11,11 +11,12 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
+from ipex_flash.reference import sdpa_reference
 
 from helpers.cache_checks import after_append, check, check_cache_attention
 from helpers.caches import cache_in_layout, make_cache, to_paged
 from helpers.matrix import matrix_mode  # noqa: F401 (a fixture)
-from helpers.reference import check_against_reference
+from helpers.reference import OUTPUT_TOLERANCE, check_against_reference
 from helpers.rotary import expected as rotary_expected
 
 # heads (q, kv) x new tokens = the rows of a K/V head: 4 (8-row tiles, one row tile), 12 and 16
@@ -147,3 +148,26 @@ def test_register_decode_rotates(matrix_mode, dtype, interleaved):
     used = torch.atan2(sin.double(), cos.double())
     want = rotary_expected(q, *before, k_new, v_new, lengths, [0, 1], True, used, interleaved)
     check(out, want, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one_split", "three_splits"])
+def test_register_decode_sinks(matrix_mode, num_splits):
+    """A head's sink as one more term of each row's denominator: with one split the kernel
+    folds it in itself (decode/rows.hpp, decode_row_finish), with three the merge kernel does."""
+    matrix_mode("emulate")
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    assert takes_register_form(dtype, 64, 4, 0)
+    q = torch.randn(3, 1, 16, 64, dtype=dtype)
+    k_cache, v_cache = make_cache(3, 300, 4, 64, dtype)
+    lengths = [300, 133, 2]
+    sinks = torch.randn(16) * 2
+    out = ipex_flash.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), sinks=sinks,
+        num_splits=num_splits)
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, length in enumerate(lengths):
+        ref = sdpa_reference(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :length].transpose(1, 2),
+                             v_cache[b:b + 1, :length].transpose(1, 2), sinks=sinks)
+        torch.testing.assert_close(out[b:b + 1].double(), ref.transpose(1, 2), rtol=rtol,
+                                   atol=atol)
