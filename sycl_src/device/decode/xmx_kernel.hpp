@@ -141,9 +141,6 @@ IPEX_FLASH_TILE_LOOP
   const bool in_place = head_dim == HEAD_DIM &&
                         (c.seq.block_table == nullptr || c.seq.page_size % N == 0);
 
-  // Row `key` of the tile of keys from key0, clamped to the split's last key: a partial tile's
-  // missing keys read that row again (finite, their probabilities 0), never what lies past the
-  // keys. The tile's rows are evenly spaced where in_place holds, found by one page lookup.
   // Keys index a cache below 2^31 rows, so a page is found in 32 bits (KvRows::row divides in 64,
   // which Intel GPUs emulate with a loop of instructions).
   const auto row_at = [&](const KvRows<T>& rows_of, int64_t key) __attribute__((always_inline)) {
@@ -153,6 +150,9 @@ IPEX_FLASH_TILE_LOOP
                               rows_of.page_stride +
            static_cast<int64_t>(k % rows_of.page_size) * rows_of.row_stride;
   };
+  // Row `key` of the tile of keys from key0 (`tile`: its first row), clamped to the split's last
+  // key: a partial tile's missing keys read that row again (finite, their probabilities 0), never
+  // what lies past the keys. The tile's rows are evenly spaced where in_place holds.
   const int64_t last_key = kv_end - 1;
   const auto tile_row = [&](const KvRows<T>& rows_of, const T* tile, int64_t key0, int64_t key)
       __attribute__((always_inline)) {
@@ -225,7 +225,7 @@ IPEX_FLASH_TILE_LOOP
         const int64_t key = kv_begin + t * N + lid;
 IPEX_FLASH_TILE_LOOP
         for (int i = 0; i < M; ++i) column[i] *= score_scale;
-        if constexpr (FEATURES != 0) {
+        if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {  // (not the append's bits)
           float unused_grad[M];
           score_mod.template apply_from<FEATURES>(column, unused_grad, 0.f, 0.f);
         }
