@@ -141,3 +141,30 @@ def test_bad_arguments(build, error, message):
     q = torch.randn(2, 1, 4, 32)
     with pytest.raises(error, match=message):
         ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, **build(torch.ones(64, 8)))
+
+
+def test_cache_rows_of_any_length_through_cache_batch_idx():
+    """cache_batch_idx reads each sequence's cache row as one page of seqlen_cache keys: a
+    length off the decode kernel's runs of 16 keys (40 rows here), every key attended."""
+    k_cache, v_cache = make_cache(3, 40, 2, 32, torch.float32)
+    q = torch.randn(2, 1, 4, 32)
+    seqlens = torch.tensor([40, 27], dtype=torch.int32)
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                             cache_batch_idx=rows, causal=True)
+    want = torch.cat([flash_attn_reference(q[b:b + 1], k_cache[r:r + 1, :n], v_cache[r:r + 1, :n],
+                                           True)[0]
+                      for b, (r, n) in enumerate(zip(rows.tolist(), seqlens.tolist()))])
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_pages_off_runs_of_16_keys_are_refused_by_the_op():
+    """The cache op itself (what engines call) refuses pages of a size the decode kernels'
+    page lookups cannot serve, naming page_size, rather than reading the wrong rows."""
+    k_cache, v_cache = make_cache(4, 24, 2, 32, torch.float32)
+    q = torch.randn(1, 1, 4, 32)
+    table = torch.tensor([[0, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="page_size must be a multiple of 16, got 24"):
+        torch.ops.ipex_flash.kvcache_attention(q, k_cache, v_cache,
+                                               torch.tensor([40], dtype=torch.int32), table,
+                                               None, True, -1, -1, 0.0, None)

@@ -181,12 +181,13 @@ void flash_decode_kernel(DecodeParams p) {
       // On the CPU device Q is read with the lane in the base, so that the compiler sees
       // consecutive lanes read consecutive words (from the row index, the 16-row fp32 kernel
       // gathered them: 6x slower). GPUs keep the form their registers were checked with.
+      const KV* step_rows[KEYS_PER_STEP];
+      decode_step_rows<Tr>(k, keys, t, step_rows);
       for (int vi = 0; vi < Tr::D_VECS; vi += Tr::PER_LOAD) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j) {
           float k_vec[Tr::PER_LOAD];  // (vi + u)
-          Row::load(sg, k.row(keys.template step_key<Tr>(t, j)), vi, cols.whole_k,
-                    cols.head_dim, lid, k_vec);
+          Row::load(sg, step_rows[j], vi, cols.whole_k, cols.head_dim, lid, k_vec);
 #pragma unroll
           for (int u = 0; u < Tr::PER_LOAD; ++u)
 #pragma unroll
@@ -244,10 +245,15 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r)
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[0][r * KEYS_PER_STEP];
-        for (int key = 0; key < keys.count; ++key)
-          decode_pv_key<Tr, Tr::PV_VECS>(sg, v.row(kv_begin + key), v0,
-                                         &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP],
-                                         cols, lid, sum);
+        // (a page lookup per run of keys: decode_step_rows)
+        for (int run = 0; run < keys.count; run += DECODE_KEY_RUN) {
+          const KV* row = v.row(kv_begin + run);
+          for (int key = run; key < std::min(run + DECODE_KEY_RUN, keys.count);
+               ++key, row += v.row_stride)
+            decode_pv_key<Tr, Tr::PV_VECS>(sg, row, v0,
+                                           &head_probs[key / KEYS_PER_STEP][key % KEYS_PER_STEP],
+                                           cols, lid, sum);
+        }
 #pragma unroll
         for (int u = 0; u < Tr::PV_VECS; ++u)
 #pragma unroll

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/kernel_props.hpp"
 #include "decode/traits.hpp"
 #include "matrix/slm_tile.hpp"
 #include "common/params.hpp"
@@ -45,6 +46,35 @@ struct DecodeHeadRows {
   ScoreMod score_mod;
 };
 
+// Keys a page lookup serves: a run of DECODE_KEY_RUN keys from a multiple of it never crosses
+// a page (page sizes are multiples of it, or one page holds the sequence: make_common's check),
+// and key blocks start at multiples of it, so a run's rows are evenly spaced from its first.
+constexpr int DECODE_KEY_RUN = 16;
+
+// The K (or V) rows of step t's keys: one page lookup for the step (a run's part), the rest
+// evenly spaced, a key past the split's last reading the last key's row (the mask drops it);
+// with key streams (decode/key_streams.hpp: the keys of a step are runs apart) each key's own.
+// Found once per step: a lookup per key and head-dim vector cost GPUs more than the products
+// (gpu-check's record).
+template <class Tr>
+IPEX_FLASH_INLINE inline void decode_step_rows(const KvRows<typename Tr::KV>& rows,
+                                               const DecodeKeys& keys, int t,
+                                               const typename Tr::KV* (&out)[Tr::KEYS_PER_STEP]) {
+  static_assert(DECODE_KEY_RUN % Tr::KEYS_PER_STEP == 0 && Tr::BLOCK_N % DECODE_KEY_RUN == 0,
+                "a step within one run of keys");
+  if constexpr (Tr::KEY_STREAMS) {
+#pragma unroll
+    for (int j = 0; j < Tr::KEYS_PER_STEP; ++j) out[j] = rows.row(keys.template step_key<Tr>(t, j));
+  } else {
+    const int64_t key0 = keys.template step_key<Tr>(t, 0);
+    const int last = static_cast<int>(std::min<int64_t>(keys.end - 1 - key0, Tr::KEYS_PER_STEP));
+    const typename Tr::KV* first = rows.row(key0);
+#pragma unroll
+    for (int j = 0; j < Tr::KEYS_PER_STEP; ++j)
+      out[j] = first + static_cast<int64_t>(std::min(j, last)) * rows.row_stride;
+  }
+}
+
 // Reads the V rows of step t of one head, returned xor-ed (RowVectors::touch), so that P.V
 // finds them in cache: P.V alone issues too few misses at a time to keep memory busy (bf16
 // decode +20-30 %). The head-major order's read-ahead, while the K misses are in
@@ -52,11 +82,12 @@ struct DecodeHeadRows {
 template <class Tr>
 inline uint32_t decode_touch_v(sycl::sub_group sg, const KvRows<typename Tr::KV>& v,
                                const DecodeKeys& keys, int t) {
+  const typename Tr::KV* step_rows[Tr::KEYS_PER_STEP];
+  decode_step_rows<Tr>(v, keys, t, step_rows);
   uint32_t touched = 0;
 #pragma unroll
   for (int j = 0; j < Tr::KEYS_PER_STEP; ++j)
-    touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(
-        sg, v.row(keys.template step_key<Tr>(t, j)));
+    touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(sg, step_rows[j]);
   return touched;
 }
 

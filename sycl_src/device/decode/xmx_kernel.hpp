@@ -141,15 +141,6 @@ IPEX_FLASH_TILE_LOOP
   const bool in_place = head_dim == HEAD_DIM &&
                         (c.seq.block_table == nullptr || c.seq.page_size % N == 0);
 
-  // Keys index a cache below 2^31 rows, so a page is found in 32 bits (KvRows::row divides in 64,
-  // which Intel GPUs emulate with a loop of instructions).
-  const auto row_at = [&](const KvRows<T>& rows_of, int64_t key) __attribute__((always_inline)) {
-    if (rows_of.pages == nullptr) return rows_of.base + key * rows_of.row_stride;
-    const int k = static_cast<int>(key);
-    return rows_of.base + static_cast<int64_t>(rows_of.pages[k / rows_of.page_size]) *
-                              rows_of.page_stride +
-           static_cast<int64_t>(k % rows_of.page_size) * rows_of.row_stride;
-  };
   // Row `key` of the tile of keys from key0 (`tile`: its first row), clamped to the split's last
   // key: a partial tile's missing keys read that row again (finite, their probabilities 0), never
   // what lies past the keys. The tile's rows are evenly spaced where in_place holds.
@@ -157,7 +148,7 @@ IPEX_FLASH_TILE_LOOP
   const auto tile_row = [&](const KvRows<T>& rows_of, const T* tile, int64_t key0, int64_t key)
       __attribute__((always_inline)) {
     const int64_t clamped = std::min(key, last_key);
-    if (!in_place || key0 > last_key) return row_at(rows_of, clamped);
+    if (!in_place || key0 > last_key) return rows_of.row(clamped);
     return tile + (clamped - key0) * rows_of.row_stride;
   };
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
@@ -169,8 +160,8 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < KEY_TILES; ++t) {
       const int64_t key0 = std::min(kv_begin + t * N, last_key);
-      k_tiles[t] = row_at(k_rows, key0);
-      v_tiles[t] = row_at(v_rows, key0);
+      k_tiles[t] = k_rows.row(key0);
+      v_tiles[t] = v_rows.row(key0);
     }
     // S = Q . K^T, one K^T tile per key tile and reduction step for every row tile.
     Acc s[ROW_TILES][KEY_TILES];

@@ -29,7 +29,11 @@ inline Dst tile_zero() {
 }
 
 // Rows of K or V: contiguous with a row stride, or spread over the pages of a paged KV cache
-// (page p of the sequence is pages[p]; a page holds page_size rows).
+// (page p of the sequence is pages[p]; a page holds page_size rows). A paged sequence's keys
+// are int32 (seqlens_k), so its page and the row within it are found in 32 bits: Intel GPUs
+// emulate a 64-bit division with a loop of some 60 instructions, which the decode kernel paid
+// per key read (gpu-check's record); a page of a power of two rows (vLLM's 16-64, flash-attn's
+// 256) takes a shift and a mask, any other page size one 32-bit division.
 template <typename T>
 struct KvRows {
   const T* base;          // row 0, or page 0 of the pool when paged
@@ -37,13 +41,24 @@ struct KvRows {
   const int32_t* pages;   // null: contiguous
   int64_t page_stride;
   int32_t page_size;
+  int32_t page_shift;     // log2(page_size), or -1: not a power of two
 
   inline const T* row(int64_t r) const {
     if (pages == nullptr) return base + r * row_stride;
-    return base + static_cast<int64_t>(pages[r / page_size]) * page_stride +
-           (r % page_size) * row_stride;
+    const int32_t key = static_cast<int32_t>(r);
+    const int32_t page = page_shift >= 0 ? key >> page_shift : key / page_size;
+    const int32_t within = key - page * page_size;
+    return base + static_cast<int64_t>(pages[page]) * page_stride +
+           static_cast<int64_t>(within) * row_stride;
   }
 };
+
+// KvRows::page_shift of a page size.
+inline int32_t page_shift_of(int32_t page_size) {
+  return page_size > 0 && (page_size & (page_size - 1)) == 0
+             ? static_cast<int32_t>(sycl::ctz(static_cast<uint32_t>(page_size)))
+             : -1;
+}
 
 // The K (or V) rows of sequence b and K/V head h_kv: from the sequence's first packed row, or
 // through its pages (then stride.batch is the stride between pages and there is no batch
@@ -56,7 +71,7 @@ inline KvRows<T> kv_rows(const void* base, const BhndStrides& stride, const Atte
   const int64_t offset = (pages != nullptr ? 0 : b * stride.batch) + h_kv * stride.head +
                          seq.k_row0 * stride.row;
   return KvRows<T>{static_cast<const T*>(base) + offset, stride.row, pages, stride.batch,
-                   c.seq.page_size};
+                   c.seq.page_size, page_shift_of(c.seq.page_size)};
 }
 
 // Whether the block_table entries that keys [begin, end) of sequence b read are all pages of

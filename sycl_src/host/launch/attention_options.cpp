@@ -83,6 +83,11 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
   // one page per sequence (cache_batch_idx), so a real paged cache cannot take it.
   if (o.k_start && o.block_table && o.block_table->size(1) != 1)
     throw std::invalid_argument("ipex_flash: k_start (cache_leftpad) with a paged KV cache is not supported");
+  // The decode kernels look a page up once per run of 16 keys (decode/scores.hpp,
+  // DECODE_KEY_RUN), which needs whole runs in each page; one page per sequence holds them all.
+  if (o.block_table && o.block_table->size(1) != 1 && o.page_size % 16 != 0)
+    throw std::invalid_argument("ipex_flash: a paged KV cache's page_size must be a multiple of 16, got " +
+                                std::to_string(o.page_size));
   c.mask = o.mask;
   c.score_mod = ScoreModParams{o.softcap, data_of<float>(o.alibi_slopes), 0, AttnMaskParams{},
                                data_of<float>(o.sinks)};
