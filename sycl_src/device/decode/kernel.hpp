@@ -283,6 +283,9 @@ void flash_decode_kernel(DecodeParams p) {
         if constexpr (MATRIX) {
           matrix_scores(hk, head);
         } else {
+          // (rolled: with the reads as sub-group block loads IGC unrolled it, issued a whole
+          // block's K reads at once and spilled on the 128-register GPUs)
+#pragma unroll 1
           for (int t = 0; t < STEPS; ++t) vector_scores(hk, head, t);
         }
         softmax_and_pv(hk, head.v);

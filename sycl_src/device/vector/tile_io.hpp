@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/dtypes.hpp"
+#include "common/kernel_props.hpp"
 #include "common/params.hpp"
 #include "common/seq_info.hpp"
 
@@ -31,9 +32,11 @@ inline Dst tile_zero() {
 // Rows of K or V: contiguous with a row stride, or spread over the pages of a paged KV cache
 // (page p of the sequence is pages[p]; a page holds page_size rows). A paged sequence's keys
 // are int32 (seqlens_k), so its page and the row within it are found in 32 bits: Intel GPUs
-// emulate a 64-bit division with a loop of some 60 instructions, which the decode kernel paid
-// per key read (gpu-check's record); a page of a power of two rows (vLLM's 16-64, flash-attn's
-// 256) takes a shift and a mask, any other page size one 32-bit division.
+// emulate a 64-bit division with some 60 instructions, which the decode kernel paid per key
+// read (gpu-check's record). On GPUs a page of a power of two rows (vLLM's 16-64, flash-attn's
+// 256) takes a shift instead of the division: with the division the one-row decode kernel
+// spilled on DG2 (2.7 KB). The OpenCL CPU compiler divides: with the shift chosen at run time
+// it made the decode kernel's loads gathers, 2-3x slower, contiguous caches too.
 template <typename T>
 struct KvRows {
   const T* base;          // row 0, or page 0 of the pool when paged
@@ -43,13 +46,16 @@ struct KvRows {
   int32_t page_size;
   int32_t page_shift;     // log2(page_size), or -1: not a power of two
 
-  inline const T* row(int64_t r) const {
+  IPEX_FLASH_INLINE inline const T* row(int64_t r) const {
     if (pages == nullptr) return base + r * row_stride;
     const int32_t key = static_cast<int32_t>(r);
+#if defined(IPEX_FLASH_CPU_LOOPS)
+    const int32_t page = key / page_size;
+#else
     const int32_t page = page_shift >= 0 ? key >> page_shift : key / page_size;
-    const int32_t within = key - page * page_size;
+#endif
     return base + static_cast<int64_t>(pages[page]) * page_stride +
-           static_cast<int64_t>(within) * row_stride;
+           static_cast<int64_t>(key - page * page_size) * row_stride;
   }
 };
 
@@ -255,6 +261,24 @@ struct RowVectors {
     return (vi / PER_LOAD) * (LANES * PER_LOAD) + lane * PER_LOAD + vi % PER_LOAD;
   }
 
+  // group_load's sub-group block read needs both: the whole sub-group loading (full_group;
+  // without it group_load reads lane by lane between two barriers) and a global pointer
+  // (from a generic one it tests the address space at run time, around the same fallback).
+  // Without them the decode loop's every K and V read compiled to a gather of 16 64-bit
+  // addresses on every GPU (gpu-check's record). The CPU device keeps the lane-by-lane form,
+  // which its compiler makes vector loads: its block reads ran one-row bf16 decode 20 % slower.
+#if defined(IPEX_FLASH_CPU_LOOPS)
+  static constexpr auto FULL_GROUP = sycl::ext::oneapi::experimental::properties{};
+  static inline auto global_words(const uint32_t* words) { return words; }
+#else
+  static constexpr auto FULL_GROUP =
+      sycl::ext::oneapi::experimental::properties{sycl::ext::oneapi::experimental::full_group};
+  static inline auto global_words(const uint32_t* words) {
+    return sycl::address_space_cast<sycl::access::address_space::global_space,
+                                    sycl::access::decorated::no>(words);
+  }
+#endif
+
   // Vectors vi0 .. vi0 + PER_LOAD - 1 of `row` (vi0 a multiple of PER_LOAD). With `whole`
   // false (a head dim padded up to the kernel's) masked lane-wise loads, columns at or past
   // `cols` reading 0; `cols` must be a multiple of PER_LOAD (a word is read or not).
@@ -263,7 +287,7 @@ struct RowVectors {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + (vi0 / PER_LOAD) * LANES;
     uint32_t word;
     if (whole) {
-      sycl::ext::oneapi::experimental::group_load(sg, words, word);
+      sycl::ext::oneapi::experimental::group_load(sg, global_words(words), word, FULL_GROUP);
     } else {
       word = column(vi0, lane) < cols ? words[lane] : 0u;
     }
@@ -290,7 +314,7 @@ struct RowVectors {
 #pragma unroll
     for (int w = 0; w < WORDS; w += LANES) {
       uint32_t word;
-      sycl::ext::oneapi::experimental::group_load(sg, words + w, word);
+      sycl::ext::oneapi::experimental::group_load(sg, global_words(words + w), word, FULL_GROUP);
       all ^= word;
     }
 #else
