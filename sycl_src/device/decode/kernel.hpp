@@ -181,13 +181,12 @@ void flash_decode_kernel(DecodeParams p) {
       // On the CPU device Q is read with the lane in the base, so that the compiler sees
       // consecutive lanes read consecutive words (from the row index, the 16-row fp32 kernel
       // gathered them: 6x slower). GPUs keep the form their registers were checked with.
-      const KV* step_rows[KEYS_PER_STEP];
-      decode_step_rows<Tr>(k, keys, t, step_rows);
+      const DecodeStepRows<Tr> step{k, keys, t};
       for (int vi = 0; vi < Tr::D_VECS; vi += Tr::PER_LOAD) {
 #pragma unroll
         for (int j = 0; j < KEYS_PER_STEP; ++j) {
           float k_vec[Tr::PER_LOAD];  // (vi + u)
-          Row::load(sg, step_rows[j], vi, cols.whole_k, cols.head_dim, lid, k_vec);
+          Row::load(sg, step.row(j), vi, cols.whole_k, cols.head_dim, lid, k_vec);
 #pragma unroll
           for (int u = 0; u < Tr::PER_LOAD; ++u)
 #pragma unroll
@@ -245,7 +244,7 @@ void flash_decode_kernel(DecodeParams p) {
 #pragma unroll
           for (int r = 0; r < GROUP_ROWS; ++r)
             sum[u][r] = acc[r][(v0 + u) * LANES + lid] * row_factor[0][r * KEYS_PER_STEP];
-        // (a page lookup per run of keys: decode_step_rows)
+        // (a page lookup per run of keys: DecodeStepRows)
         for (int run = 0; run < keys.count; run += DECODE_KEY_RUN) {
           const KV* row = v.row(kv_begin + run);
           for (int key = run; key < std::min(run + DECODE_KEY_RUN, keys.count);

@@ -57,23 +57,22 @@ constexpr int DECODE_KEY_RUN = 16;
 // Found once per step: a lookup per key and head-dim vector cost GPUs more than the products
 // (gpu-check's record).
 template <class Tr>
-IPEX_FLASH_INLINE inline void decode_step_rows(const KvRows<typename Tr::KV>& rows,
-                                               const DecodeKeys& keys, int t,
-                                               const typename Tr::KV* (&out)[Tr::KEYS_PER_STEP]) {
+struct DecodeStepRows {
+  using KV = typename Tr::KV;
   static_assert(DECODE_KEY_RUN % Tr::KEYS_PER_STEP == 0 && Tr::BLOCK_N % DECODE_KEY_RUN == 0,
                 "a step within one run of keys");
-  if constexpr (Tr::KEY_STREAMS) {
-#pragma unroll
-    for (int j = 0; j < Tr::KEYS_PER_STEP; ++j) out[j] = rows.row(keys.template step_key<Tr>(t, j));
-  } else {
-    const int64_t key0 = keys.template step_key<Tr>(t, 0);
-    const int last = static_cast<int>(std::min<int64_t>(keys.end - 1 - key0, Tr::KEYS_PER_STEP));
-    const typename Tr::KV* first = rows.row(key0);
-#pragma unroll
-    for (int j = 0; j < Tr::KEYS_PER_STEP; ++j)
-      out[j] = first + static_cast<int64_t>(std::min(j, last)) * rows.row_stride;
+  const KvRows<KV>& rows;
+  const DecodeKeys& keys;
+  int t;
+  const KV* first = rows.row(keys.template step_key<Tr>(t, 0));
+  int last = static_cast<int>(
+      std::min<int64_t>(keys.end - 1 - keys.template step_key<Tr>(t, 0), Tr::KEYS_PER_STEP));
+
+  IPEX_FLASH_INLINE const KV* row(int j) const {
+    if constexpr (Tr::KEY_STREAMS) return rows.row(keys.template step_key<Tr>(t, j));
+    return first + static_cast<int64_t>(std::min(j, last)) * rows.row_stride;
   }
-}
+};
 
 // Reads the V rows of step t of one head, returned xor-ed (RowVectors::touch), so that P.V
 // finds them in cache: P.V alone issues too few misses at a time to keep memory busy (bf16
@@ -82,12 +81,11 @@ IPEX_FLASH_INLINE inline void decode_step_rows(const KvRows<typename Tr::KV>& ro
 template <class Tr>
 inline uint32_t decode_touch_v(sycl::sub_group sg, const KvRows<typename Tr::KV>& v,
                                const DecodeKeys& keys, int t) {
-  const typename Tr::KV* step_rows[Tr::KEYS_PER_STEP];
-  decode_step_rows<Tr>(v, keys, t, step_rows);
+  const DecodeStepRows<Tr> step{v, keys, t};
   uint32_t touched = 0;
 #pragma unroll
   for (int j = 0; j < Tr::KEYS_PER_STEP; ++j)
-    touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(sg, step_rows[j]);
+    touched ^= Tr::Row::template touch<Tr::HEAD_DIM>(sg, step.row(j));
   return touched;
 }
 
