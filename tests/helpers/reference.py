@@ -2,7 +2,7 @@
 apply them."""
 import ipex_flash  # noqa: F401  (imported before torch, see _runtime.py)
 import torch
-from ipex_flash.reference import flash_attn_reference
+from ipex_flash.reference import flash_attn_reference, sdpa_reference
 
 # (rtol, atol) of the kernel's output against the float64 reference computed from the same
 # (already rounded) inputs: float32 accumulates like the reference; half types add one
@@ -40,3 +40,14 @@ def check_against_reference(out, lse, q, k_cache, v_cache, lengths, dtype, **opt
         assert torch.equal(torch.isneginf(lse[b:b + 1]), ~finite)
         torch.testing.assert_close(lse[b:b + 1].double()[finite], ref_lse[finite],
                                    rtol=LSE_TOLERANCE[0], atol=LSE_TOLERANCE[1])
+
+
+def check_sinks_against_reference(out, q, k_cache, v_cache, lengths, sinks, dtype):
+    """Sequence b's output, with a sink per query head, against the float64 SDPA reference over
+    its first lengths[b] cache rows (flash-attn's (B, N, H, D) layout)."""
+    rtol, atol = OUTPUT_TOLERANCE[dtype]
+    for b, length in enumerate(lengths):
+        ref = sdpa_reference(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :length].transpose(1, 2),
+                             v_cache[b:b + 1, :length].transpose(1, 2), sinks=sinks)
+        torch.testing.assert_close(out[b:b + 1].double(), ref.transpose(1, 2), rtol=rtol,
+                                   atol=atol)

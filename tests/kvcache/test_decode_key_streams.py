@@ -12,11 +12,12 @@ import torch
 import ipex_flash
 from ipex_flash.ops import launch
 from ipex_flash._runtime import C
-from ipex_flash.reference import flash_attn_reference, sdpa_reference
+from ipex_flash.reference import flash_attn_reference
 
 from helpers.caches import cache_in_layout, make_cache, to_paged
 from helpers.cases import DTYPES
-from helpers.reference import OUTPUT_TOLERANCE, check_against_reference
+from helpers.reference import (OUTPUT_TOLERANCE, check_against_reference,
+                               check_sinks_against_reference)
 
 
 def decode_order(q, k_cache, v_cache):
@@ -92,12 +93,7 @@ def test_streams_with_sinks(dtype):
     assert_order(q, k_cache, v_cache, "streams")
     out = ipex_flash.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), sinks=sinks)
-    rtol, atol = OUTPUT_TOLERANCE[dtype]
-    for b, length in enumerate(lengths):
-        ref = sdpa_reference(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :length].transpose(1, 2),
-                             v_cache[b:b + 1, :length].transpose(1, 2), sinks=sinks)
-        torch.testing.assert_close(out[b:b + 1].double(), ref.transpose(1, 2), rtol=rtol,
-                                   atol=atol)
+    check_sinks_against_reference(out, q, k_cache, v_cache, lengths, sinks, dtype)
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])

@@ -11,12 +11,11 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
-from ipex_flash.reference import sdpa_reference
 
 from helpers.cache_checks import after_append, check, check_cache_attention
 from helpers.caches import cache_in_layout, make_cache, to_paged
 from helpers.matrix import matrix_mode  # noqa: F401 (a fixture)
-from helpers.reference import OUTPUT_TOLERANCE, check_against_reference
+from helpers.reference import check_against_reference, check_sinks_against_reference
 from helpers.rotary import expected as rotary_expected
 
 # heads (q, kv) x new tokens = the rows of a K/V head: 4 (8-row tiles, one row tile), 12 and 16
@@ -165,9 +164,4 @@ def test_register_decode_sinks(matrix_mode, num_splits):
     out = ipex_flash.flash_attn_with_kvcache(
         q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), sinks=sinks,
         num_splits=num_splits)
-    rtol, atol = OUTPUT_TOLERANCE[dtype]
-    for b, length in enumerate(lengths):
-        ref = sdpa_reference(q[b:b + 1].transpose(1, 2), k_cache[b:b + 1, :length].transpose(1, 2),
-                             v_cache[b:b + 1, :length].transpose(1, 2), sinks=sinks)
-        torch.testing.assert_close(out[b:b + 1].double(), ref.transpose(1, 2), rtol=rtol,
-                                   atol=atol)
+    check_sinks_against_reference(out, q, k_cache, v_cache, lengths, sinks, dtype)
