@@ -17,7 +17,8 @@ from ipex_flash.tools import plan
 
 TESTS = Path(__file__).resolve().parent.parent
 
-SOFTCAP, ALIBI, MASK_BOOL, KV_E4M3 = 1, 2, 4, 64  # FEATURE_* bits (common/features.hpp)
+SOFTCAP, ALIBI, MASK_BOOL, KV_E4M3, VALUE_DIM = 1, 2, 4, 64, 256  # FEATURE_* bits
+# (common/features.hpp)
 ON_8_WIDE = "on 8-wide matrix engines the register "
 
 # (family, profile, dtype, head dim, features, rows, mode, head_dim_v) -> the reasons, in order.
@@ -76,9 +77,9 @@ KNOWN_REASONS = [
     (("decode", "bmg", "bfloat16", 256, 0, 16, "auto", 0),
      ["decode kernel's register form: more than 8 query rows per K/V head past head dim 128 "
       "(O would take more than 128 registers)"]),
-    (("decode", "lnl", "float16", 128, ALIBI, 4, "auto", 0),
-     ["decode kernel's register form: ALiBi, a mask, FP8 caches and a value head dim of its "
-      "own take the vector form"]),
+    (("decode", "lnl", "bfloat16", 128, VALUE_DIM, 4, "auto", 64),
+     ["decode kernel's register form: a value head dim of its own (MLA) takes the vector form"]),
+    (("decode", "lnl", "float16", 128, SOFTCAP | ALIBI | MASK_BOOL, 4, "auto", 0), []),
     (("decode", "pvc", "bfloat16", 128, SOFTCAP, 8, "auto", 0), []),
 ]
 

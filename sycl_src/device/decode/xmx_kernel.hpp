@@ -32,19 +32,19 @@
 #include "decode/append.hpp"
 #include "decode/merge_kernel.hpp"
 #include "decode/params.hpp"
+#include "decode/row_scores.hpp"
 #include "decode/rows.hpp"
 #include "decode/traits.hpp"
 #include "matrix/row_tiles.hpp"
 #include "score/block_mask.hpp"
-#include "score/softcap_alibi.hpp"
 #include "vector/tile_io.hpp"
 
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
 
-// FEATURES: softcap, the append and its rotary embedding (the host sends other score changes,
-// FP8 caches and MLA's value head dim to flash_decode_kernel).
+// FEATURES: softcap, ALiBi, the user's mask (decode/row_scores.hpp), the append and its rotary
+// embedding (the host sends FP8 caches and MLA's value head dim to flash_decode_kernel).
 template <typename T, int HEAD_DIM, int ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -60,7 +60,8 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   static_assert(ROWS % M == 0 && BLOCK_N % N == 0 && HEAD_DIM % K == 0 && HEAD_DIM % N == 0 &&
                     K == N && N == DECODE_LANES && sizeof(T) == 2 && KEY_TILES >= 2,
                 "tile shape");
-  static_assert((FEATURES & ~(FEATURE_SOFTCAP | FEATURE_APPEND | FEATURE_ROTARY)) == 0,
+  static_assert((FEATURES & ~(FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK |
+                              FEATURE_APPEND | FEATURE_ROTARY)) == 0,
                 "features this form serves");
   using Shape = DecodeXmxShape<T, FEATURES>;
   using Acc = MatrixAcc<M, N>;
@@ -101,7 +102,8 @@ void flash_decode_xmx_kernel(DecodeParams p) {
       in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;
   const KvRows<T> k_rows = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
   const KvRows<T> v_rows = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
-  const ScoreMod score_mod = ScoreMod::of(c, seq, b, rows.query_head(h_kv, 0));
+  const DecodeRowScores<FEATURES> row_scores =
+      DecodeRowScores<FEATURES>::of(c, rows, h_kv, ROWS, lid);
 
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
     decode_append<Shape>(p, seq, DecodeColumns{head_dim, head_dim, true, true}, b, h_kv, 1,
@@ -135,7 +137,6 @@ IPEX_FLASH_TILE_LOOP
       row_max[rt][i] = NEG_INF;
       lane_sum[rt][i] = 0.f;
     }
-  const float score_scale = c.q_prescale;
   // Tiles straight from the cache where a tile's 16 rows are evenly spaced (no pages, or pages
   // of whole tiles) and whole (the compiled head dim).
   const bool in_place = head_dim == HEAD_DIM &&
@@ -206,6 +207,7 @@ IPEX_FLASH_TILE_LOOP
     }
 
     // Scores, the online softmax, P; O rescaled, then O += P . V tile by tile.
+    const typename DecodeRowScores<FEATURES>::Block score_block = row_scores.at(kv_begin);
     float factor[ROW_TILES][M];
 IPEX_FLASH_TILE_LOOP
     for (int rt = 0; rt < ROW_TILES; ++rt) {
@@ -214,12 +216,10 @@ IPEX_FLASH_TILE_LOOP
         float column[M];  // rows of this lane's key
         matrix_acc_column(sg, s[rt][t], column);
         const int64_t key = kv_begin + t * N + lid;
-IPEX_FLASH_TILE_LOOP
-        for (int i = 0; i < M; ++i) column[i] *= score_scale;
-        if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {  // (not the append's bits)
-          float unused_grad[M];
-          score_mod.template apply_from<FEATURES>(column, unused_grad, 0.f, 0.f);
-        }
+        // (a key past the split's last reads the last's mask element; hidden below)
+        const int key_in_block =
+            GENERAL ? static_cast<int>(std::min(key, last_key) - kv_begin) : t * N + lid;
+        row_scores.template apply<M>(sg, column, score_block, rt, key_in_block);
         if constexpr (GENERAL) {
 IPEX_FLASH_TILE_LOOP
           for (int i = 0; i < M; ++i) {
@@ -288,11 +288,14 @@ IPEX_FLASH_TILE_LOOP
     }
     sycl::group_barrier(sg);  // P read before the next block writes it
   };
-  // Rows span every new token: the mask's run is the one all of them see whole.
+  // Rows span every new token: the mask's run is the one all of them see whole. Split with
+  // score changes too, unlike the forward (split_blocks): here the general form is also the
+  // lane-by-lane K/V reads, which cost the loop 9x its instructions (gpu-check, BMG d = 64),
+  // and the changes' code is the same in both forms (decode/row_scores.hpp).
   const BlockRun lean = in_place ? mask.fully_visible_key_blocks(0, len_q, kv_first, kv_end,
                                                                  BLOCK_N)
                                  : BlockRun::none(kv_first);
-  run_blocks<split_blocks<FEATURES>>(kv_first, kv_end, BLOCK_N, lean, kv_block);
+  run_blocks</*SPLIT=*/true>(kv_first, kv_end, BLOCK_N, lean, kv_block);
 
   // Each row's sum over the lanes, and O / sum (and the sinks' share with one split) into out,
   // or into the split's partial buffers: O through SLM, read back a row at a time (the

@@ -86,14 +86,15 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
 // the call: 16-bit caches on an engine of 16-wide tiles in lane columns with 256 registers (XMX
 // on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
 // of 16), up to 256 with at most 8 rows per K/V head and 128 with 16 (O's accumulators take
-// ROWS x head dim / 16 registers: 128 at either limit); no score change but softcap (with or
-// without the append and its rotary embedding), no FP8 cache, no value head dim of its own.
+// ROWS x head dim / 16 registers: 128 at either limit); every score change (softcap, ALiBi, a
+// user's mask), the append and its rotary embedding; no FP8 cache, no value head dim of its own.
 // Sets the variant's tile, rows and key block and returns true; false (with the reason) where
 // the other forms serve.
 bool take_xmx_form(KernelVariant& variant, int head_dim, int rows, int kv_bytes,
                    const MatrixTile& tile, const DeviceLimits& limits, SkipReasons* why) {
   constexpr int kTile = 16, kTileRows = 8;
-  const int served = FEATURE_SOFTCAP | FEATURE_APPEND | FEATURE_ROTARY;
+  const int served = FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK | FEATURE_APPEND |
+                     FEATURE_ROTARY;
   if (kv_bytes != 2 || tile.n != kTile ||
       !matrix_tiles_in_registers(tile, limits, head_dim, 256, 0, why,
                                  "the decode kernel's register form"))
@@ -102,7 +103,7 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int rows, int kv_bytes,
   if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
     reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
   else if ((variant.features & ~served) != 0)
-    reason = "ALiBi, a mask, FP8 caches and a value head dim of its own take the vector form";
+    reason = "a value head dim of its own (MLA) takes the vector form";
   else if (head_dim % kTile != 0)
     reason = "head dim " + std::to_string(head_dim) + " is not a multiple of 16";
   else if (rows > kTileRows && head_dim > 128)

@@ -1,0 +1,92 @@
+// The score changes of the decode kernel's register form (decode/xmx_kernel.hpp), whose rows
+// span a GQA group's query heads and new tokens: softcap, each row's own head's ALiBi slope and
+// its distance from the keys, and each row's line of the user's mask. Lane r holds row r's
+// values (a form's ROWS are at most its lanes); a tile's row i reads them from lane
+// rt * M + i, a broadcast from a lane known at compile time (one move from a scalar region),
+// so the changes cost the loop no per-row lookups of heads or tokens.
+#pragma once
+
+#include <sycl/sycl.hpp>
+
+#include <cstdint>
+
+#include "common/features.hpp"
+#include "common/kernel_props.hpp"
+#include "common/params.hpp"
+#include "decode/rows.hpp"
+#include "score/softcap_alibi.hpp"
+
+namespace ipex_flash {
+
+template <int FEATURES>
+struct DecodeRowScores {
+  static constexpr bool ALIBI = (FEATURES & FEATURE_ALIBI) != 0;
+  static constexpr bool MASK = (FEATURES & FEATURE_ATTN_MASK) != 0;
+  // This lane's row's: softcap (every row's) and its head's ALiBi slope and mask plane.
+  ScoreMod mod;
+  float scale;       // q_prescale: dot products to exp2-domain scores (score/softcap_alibi.hpp)
+  int64_t position;  // the row's token + the sequence's diagonal (ALiBi distances from it)
+  int64_t mask_row;  // bytes from the mask's data to the row's line
+  // The mask's data and key stride, as one plane whose rows are the offsets above.
+  AttnMaskPlane mask;
+
+  // Row `lid` of the form's ROWS (a lane past them, or past the rows there are, takes row 0's
+  // values: its scores are hidden or never read).
+  static inline DecodeRowScores of(const AttentionCommon& c, const DecodeRows& rows, int h_kv,
+                                   int rows_held, int lid) {
+    const int r = lid < rows_held && lid < rows.count ? lid : 0;
+    const int h = rows.query_head(h_kv, r);
+    const ScoreMod mod = ScoreMod::of(c, rows.seq, rows.b, h);
+    const int64_t token = rows.token(r);
+    const AttnMaskParams& m = c.score_mod.attn_mask;
+    return DecodeRowScores{mod, c.q_prescale, token + rows.seq.diag,
+                           MASK ? rows.b * m.batch + h * m.head + token * m.row : 0,
+                           AttnMaskPlane{static_cast<const uint8_t*>(m.data), 0, m.col,
+                                         rows.seq.len_q, rows.seq.len_k}};
+  }
+
+  // What a key block's scores take from the rows: each lane's row's distance from the block's
+  // first key, and the byte offset of its mask element there. Once a block, in 64 bits; the
+  // elements step from them in 32 (64-bit integers are emulated on some GPUs).
+  struct Block {
+    float distance0;
+    int64_t mask0;
+  };
+  inline Block at(int64_t kv_begin) const {
+    return Block{ALIBI ? static_cast<float>(position - kv_begin) : 0.f,
+                 MASK ? mask_row + kv_begin * mask.col_stride : 0};
+  }
+
+  // column[i]: the dot product of row rt * M + i with this lane's key, key_in_block keys from
+  // the block's first (a key past the split's last: pass the last's, whose mask element exists;
+  // the caller hides the score), made the score.
+  template <int M>
+  IPEX_FLASH_INLINE void apply(sycl::sub_group sg, float (&column)[M], const Block& block,
+                               int rt, int key_in_block) const {
+#pragma unroll
+    for (int i = 0; i < M; ++i) column[i] *= scale;
+    if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
+      float unused_grad[M];
+      mod.template apply_from<FEATURE_SOFTCAP>(column, unused_grad, 0.f, 0.f);
+    }
+    if constexpr (ALIBI) {
+      const float key = static_cast<float>(key_in_block);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const float slope = sycl::group_broadcast(sg, mod.alibi_log2, rt * M + i);
+        const float distance0 = sycl::group_broadcast(sg, block.distance0, rt * M + i);
+        column[i] -= slope * sycl::fabs(distance0 - key);
+      }
+    }
+    if constexpr (MASK) {
+      const int64_t key_offset = static_cast<int64_t>(key_in_block) * mask.col_stride;
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const int64_t row_offset = sycl::group_broadcast(sg, block.mask0, rt * M + i);
+        column[i] += mask.template addend<FEATURES>(row_offset + key_offset);
+      }
+    }
+  }
+};
+
+}  // namespace ipex_flash
