@@ -70,21 +70,25 @@ def test_register_decode_matches_reference(matrix_mode, case, dtype):
     run_case(spec, dtype)
 
 
-@pytest.mark.parametrize("head_dim,rows,why", [
-    (128, 16, None),
-    (256, 8, None),
-    (256, 16, "more than 8 query rows per K/V head past head dim 128"),
-    (72, 4, "head dim 72 is not a multiple of 16"),
+@pytest.mark.parametrize("head_dim,rows,subgroups,why", [
+    (128, 8, 1, None),
+    (128, 16, 2, None),
+    (256, 8, 2, None),
+    (256, 16, 4, None),
+    (512, 16, 8, None),
+    (72, 4, 0, "head dim 72 is not a multiple of 16"),
 ])
-def test_register_form_takes_what_its_registers_hold(head_dim, rows, why):
-    """Where O's accumulators would pass 128 registers, or a head dim is not whole tiles, the
-    vector form serves the call and the plan says why (planned emulated on this device, and for
-    BMG's XMX)."""
+def test_register_form_takes_what_its_registers_hold(head_dim, rows, subgroups, why):
+    """O's accumulators at most 64 registers a sub-group: past that, sub-groups share the
+    work-group (value_split). Where a head dim is not whole tiles, the vector form serves the
+    call and the plan says why (planned emulated on this device, and for BMG's XMX)."""
     for profile, mode in (("", "emulate"), ("bmg", "1")):
         plan = C.plan("decode", profile, "bfloat16", head_dim, 0, rows, mode)
         assert plan["variant"].matrix_registers == (why is None), (profile, plan["reasons"])
         if why is not None:
             assert any(why in reason for reason in plan["reasons"]), plan["reasons"]
+        else:
+            assert plan["variant"].value_split == subgroups
 
 
 DTYPES_16 = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]

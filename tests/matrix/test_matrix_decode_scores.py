@@ -1,9 +1,9 @@
 """The decode kernel's scores on the matrix engine (flash_decode.hpp, MATRIX_M > 0): its tile
 shapes forced through IPEX_FLASH_MATRIX and emulated (IPEX_FLASH_MATRIX=emulate), over
 contiguous, head-major and paged caches, against the float64 reference. Emulated, the cases the
-decode's register form serves (16-bit, head dims up to 256 with 8 rows per K/V head, 128 with
-16) take it instead (test_matrix_decode_registers.py); the 16-row case at head dim 256 keeps the
-matrix scores, and the tile-height modes run them all on AMX."""
+decode's register form serves (16-bit, head dims of whole 16-column tiles) take it instead
+(test_matrix_decode_registers.py); the case at head dim 72 (padded to 96) keeps the matrix
+scores, and the tile-height modes run them all on AMX."""
 import pytest
 import torch
 
@@ -42,8 +42,8 @@ DECODE_CASES = {
     "softcap_alibi_window": dict(layout="contiguous", heads=(8, 2), head_dim=128,
                                  options=dict(causal=True, softcap=5.0, window_size=(100, 0),
                                               alibi=True)),
-    "sixteen_rows_d256_alibi": dict(layout="paged", heads=(32, 2), head_dim=256, page_size=32,
-                                    options=dict(softcap=5.0, alibi=True)),
+    "d72_sixteen_rows_alibi": dict(layout="paged", heads=(32, 2), head_dim=72, page_size=32,
+                                   options=dict(softcap=5.0, alibi=True)),
 }
 
 
@@ -99,8 +99,8 @@ def test_decode_takes_matrix_path(matrix_mode, mode):
 
 
 def test_emulated_matrix_scores_still_run():
-    """The emulated runs above reach the matrix-score form through the 16-row head-dim-256 case
-    (past the register form's limit): were the register form to take it, they would test only
-    that form."""
-    plan = C.plan("decode", "", "bfloat16", 256, 3, 16, "emulate")
+    """The emulated runs above reach the matrix-score form through the head-dim-72 case (not
+    whole tiles, which the register form needs): were the register form to take it, they would
+    test only that form."""
+    plan = C.plan("decode", "", "bfloat16", 72, 3, 16, "emulate")
     assert plan["variant"].matrix_m > 0 and not plan["variant"].matrix_registers, plan["reasons"]

@@ -74,11 +74,11 @@ KNOWN_REASONS = [
     (("decode", "pvc", "float32", 64, 0, 1, "auto", 0),
      ["float32 input: the matrix engine takes 16-bit inputs"]),
     # The decode kernel's register form (decode/xmx_kernel.hpp).
-    (("decode", "bmg", "bfloat16", 256, 0, 16, "auto", 0),
-     ["decode kernel's register form: more than 8 query rows per K/V head past head dim 128 "
-      "(O would take more than 128 registers)"]),
-    (("decode", "lnl", "bfloat16", 128, VALUE_DIM, 4, "auto", 64),
-     ["decode kernel's register form: a value head dim of its own (MLA) takes the vector form"]),
+    (("decode", "bmg", "bfloat16", 256, 0, 16, "auto", 0), []),  # (two sub-groups)
+    (("decode", "lnl", "bfloat16", 576, VALUE_DIM, 16, "auto", 512), []),  # MLA (four)
+    (("decode", "bmg", "bfloat16", 160, VALUE_DIM, 4, "auto", 160),
+     ["decode kernel's register form: value head dim 160 not in [16, 144] (V's head dim past "
+      "Q's takes the vector form)"]),
     (("decode", "lnl", "float16", 128, SOFTCAP | ALIBI | MASK_BOOL, 4, "auto", 0), []),
     (("decode", "pvc", "bfloat16", 128, SOFTCAP, 8, "auto", 0), []),
 ]

@@ -117,18 +117,26 @@ inline void decode_load_queries(sycl::group<1> group, const DecodeRows& rows, in
   sycl::group_barrier(group);
 }
 
-// The register form's (decode/xmx_kernel.hpp) rows of one K/V head (rows.head0), staged and
-// written by lanes along d. Q of ROWS rows into SLM as T, rotated with the append's rotary
-// (Shape: DecodeXmxShape); padding rows and columns zero.
+// The register form's (decode/xmx_kernel.hpp) local memory for its rows: Q of ROWS rows as T
+// through the keys, then in the same bytes O of one row tile (M rows) at a time as float.
+template <typename T, int ROWS, int HEAD_DIM, int M, int HEAD_DIM_V>
+union DecodeXmxStaging {
+  T q[ROWS][HEAD_DIM];
+  float o[M][HEAD_DIM_V];
+};
+
+// The register form's rows of one K/V head (rows.head0), staged and written by the work-group's
+// `items` items along d (`item`: this one's). Q of ROWS rows into SLM as T, rotated with the
+// append's rotary (Shape: DecodeXmxShape); padding rows and columns zero.
 template <class Shape, int ROWS, int HEAD_DIM>
 inline void decode_stage_queries(const DecodeRows& rows,
                                  typename Shape::T (&q_rows)[ROWS][HEAD_DIM], int head_dim,
-                                 int lid) {
+                                 int item, int items) {
   using T = typename Shape::T;
   for (int r = 0; r < ROWS; ++r) {
     const bool row_ok = r < rows.count;
     const T* q = rows.q<T>(0, r, row_ok);
-    for (int d = lid; d < HEAD_DIM; d += Shape::LANES)
+    for (int d = item; d < HEAD_DIM; d += items)
       q_rows[r][d] = row_ok && d < head_dim ? rows.q_element<Shape>(q, r, d) : tile_zero<T>();
   }
 }
@@ -152,24 +160,24 @@ inline float decode_row_finish(const DecodeRows& rows, int split, bool one_split
   return scale;
 }
 
-// The rows' outputs (O in SLM times each row's factor): into out with one split, else into the
-// split's partial buffer.
-template <typename T, int ROWS, int HEAD_DIM>
-inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split,
-                              const float (&o_rows)[ROWS][HEAD_DIM], const float (&scale)[ROWS],
-                              int head_dim, int lid) {
+// Rows r0 .. r0 + M - 1's outputs (O's row tile in SLM times each row's factor): into out with
+// one split, else into the split's partial buffer; the work-group's `items` items along d.
+template <typename T, int M, int HEAD_DIM_V, int ROWS>
+inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split, int r0,
+                              const float (&o_rows)[M][HEAD_DIM_V], const float (&scale)[ROWS],
+                              int head_dim_v, int item, int items) {
   const DecodeParams& p = rows.p;
-  for (int r = 0; r < ROWS && r < rows.count; ++r) {
+  for (int i = 0; i < M && r0 + i < rows.count; ++i) {
+    const int r = r0 + i;
     if (one_split) {
       T* out = static_cast<T*>(p.out) + rows.b * p.out_stride.batch +
                rows.query_head(rows.head0, r) * p.out_stride.head +
                rows.token(r) * p.out_stride.row;
-      for (int d = lid; d < head_dim; d += DECODE_LANES)
-        out[d] = from_float<T>(o_rows[r][d] * scale[r]);
+      for (int d = item; d < head_dim_v; d += items) out[d] = from_float<T>(o_rows[i][d] * scale[r]);
     } else {
       float* partial =
-          p.partial_out + (rows.index(0, r) * p.common.num_blocks + split) * head_dim;
-      for (int d = lid; d < head_dim; d += DECODE_LANES) partial[d] = o_rows[r][d] * scale[r];
+          p.partial_out + (rows.index(0, r) * p.common.num_blocks + split) * head_dim_v;
+      for (int d = item; d < head_dim_v; d += items) partial[d] = o_rows[i][d] * scale[r];
     }
   }
 }

@@ -44,44 +44,61 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // FEATURES: softcap, ALiBi, the user's mask (decode/row_scores.hpp), the append and its rotary
-// embedding (the host sends FP8 caches and MLA's value head dim to flash_decode_kernel).
+// embedding (the host sends FP8 caches to flash_decode_kernel). HEAD_DIM_V: V's and O's head
+// dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS share a work-group where
+// O would pass 128 registers in one (decode_xmx_subgroups): each computes S for its share of a
+// block's key tiles, the rows' block max meets in SLM, and each multiplies P by its share of
+// O's columns.
 template <typename T, int HEAD_DIM, int ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
-          int MATRIX_K, int MATRIX_N>
+          int MATRIX_K, int MATRIX_N, int HEAD_DIM_V = HEAD_DIM, int SUBGROUPS = 1>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<MATRIX_N>))
 IPEX_FLASH_REGISTER_FILE
 void flash_decode_xmx_kernel(DecodeParams p) {
-  constexpr int M = MATRIX_M, K = MATRIX_K, N = MATRIX_N;
-  constexpr int ROW_TILES = ROWS / M, KEY_TILES = BLOCK_N / N;
-  constexpr int D_STEPS = HEAD_DIM / K, O_TILES = HEAD_DIM / N;
+  constexpr int M = MATRIX_M, K = MATRIX_K, N = MATRIX_N, G = SUBGROUPS;
+  constexpr int ROW_TILES = ROWS / M, KEY_TILES = BLOCK_N / N, MY_KEY_TILES = KEY_TILES / G;
+  constexpr int D_STEPS = HEAD_DIM / K, O_COLS = HEAD_DIM_V / G, O_TILES = O_COLS / N;
   // Q's A tiles stay in registers up to 32 of them (8 tiles of 8 x 16); beyond, S, P and O
   // take the registers and Q is read from SLM per block.
   constexpr bool Q_IN_REGISTERS = ROW_TILES * HEAD_DIM <= 128;
-  static_assert(ROWS % M == 0 && BLOCK_N % N == 0 && HEAD_DIM % K == 0 && HEAD_DIM % N == 0 &&
-                    K == N && N == DECODE_LANES && sizeof(T) == 2 && KEY_TILES >= 2,
+  static_assert(ROWS % M == 0 && BLOCK_N % (N * G) == 0 && HEAD_DIM % K == 0 &&
+                    HEAD_DIM_V % (N * G) == 0 && K == N && N == DECODE_LANES &&
+                    sizeof(T) == 2 && KEY_TILES >= 2,
                 "tile shape");
   static_assert((FEATURES & ~(FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK |
-                              FEATURE_APPEND | FEATURE_ROTARY)) == 0,
+                              FEATURE_APPEND | FEATURE_ROTARY | FEATURE_VALUE_DIM)) == 0,
                 "features this form serves");
   using Shape = DecodeXmxShape<T, FEATURES>;
   using Acc = MatrixAcc<M, N>;
   using QTile = RowsA<T, M, K>;
-  // Q; P of a key block on its way from S's accumulators to A tiles (an accumulator's elements
-  // copied into an A tile one by one, joint_matrix_copy, went through private memory on BMG:
-  // 74 KB, 160k instructions a block); O and its rows' scales at the end.
-  static syclexp::work_group_static<T[ROWS][HEAD_DIM]> q_slm;
+  // Q, then at the end O's rows (one row tile at a time, as float) in the same bytes; P of a key
+  // block on its way from S's accumulators to A tiles (an accumulator's elements copied into an
+  // A tile one by one, joint_matrix_copy, went through private memory on BMG: 74 KB, 160k
+  // instructions a block); the sub-groups' block maxima and sums; the rows' output scales.
+  using Staging = DecodeXmxStaging<T, ROWS, HEAD_DIM, M, HEAD_DIM_V>;
+  static syclexp::work_group_static<Staging> staging_slm;
   static syclexp::work_group_static<T[ROWS][BLOCK_N]> p_slm;
-  static syclexp::work_group_static<float[ROWS][HEAD_DIM]> o_slm;
+  static syclexp::work_group_static<float[G][ROWS]> meet_slm;
   static syclexp::work_group_static<float[ROWS]> scale_slm;
-  T(&q_rows)[ROWS][HEAD_DIM] = q_slm;
+  Staging& staging = staging_slm;
+  T(&q_rows)[ROWS][HEAD_DIM] = staging.q;
   T(&p_rows)[ROWS][BLOCK_N] = p_slm;
-  float(&o_rows)[ROWS][HEAD_DIM] = o_slm;
+  float(&meet)[G][ROWS] = meet_slm;
   float(&row_scale)[ROWS] = scale_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
+  const sycl::group<1> group = item.get_group();
   const sycl::sub_group sg = item.get_sub_group();
-  const int lid = static_cast<int>(item.get_local_id(0));
+  const int lid = static_cast<int>(sg.get_local_linear_id());      // lane: a tile's column
+  const int sg_id = G == 1 ? 0 : static_cast<int>(sg.get_group_linear_id());
+  const int local_id = sg_id * N + lid;
+  const auto barrier = [&]() __attribute__((always_inline)) {
+    if constexpr (G == 1)
+      sycl::group_barrier(sg);
+    else
+      sycl::group_barrier(group);
+  };
   const int heads_kv = c.dims.heads_kv();
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
                                        heads_kv * p.row_slices, /*reverse_blocks=*/false);
@@ -92,7 +109,7 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   const int row0 = coord.head % p.row_slices * ROWS;
   const DecodeRows rows{p, seq, b, h_kv, row0, c.dims.heads_per_kv * len_q - row0};
   if (rows.count <= 0) return;  // past a shorter sequence's rows
-  const int head_dim = c.dims.head_dim;
+  const int head_dim = c.dims.head_dim, head_dim_v = c.dims.head_dim_v;
   const BlockMask mask = BlockMask::of(c.mask, seq);
   const int64_t split_begin = static_cast<int64_t>(split) * p.split_keys;
   const int64_t kv_first = std::max<int64_t>(split_begin, mask.first_key(0) / BLOCK_N * BLOCK_N);
@@ -106,14 +123,15 @@ void flash_decode_xmx_kernel(DecodeParams p) {
       DecodeRowScores<FEATURES>::of(c, rows, h_kv, ROWS, lid);
 
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
-    decode_append<Shape>(p, seq, DecodeColumns{head_dim, head_dim, true, true}, b, h_kv, 1,
-                         split_begin, lid);
-    sycl::group_barrier(item.get_group());  // the new rows written before any lane reads them
+    if (sg_id == 0)
+      decode_append<Shape>(p, seq, DecodeColumns{head_dim, head_dim_v, true, true}, b, h_kv, 1,
+                           split_begin, lid);
+    sycl::group_barrier(group);  // the new rows written before any lane reads them
   }
-  // Q of the group's rows into SLM (rotated with the append's rotary), lanes along d; padding
-  // rows and columns zero.
-  decode_stage_queries<Shape>(rows, q_rows, head_dim, lid);
-  sycl::group_barrier(sg);
+  // Q of the group's rows into SLM (rotated with the append's rotary), the work-group's items
+  // along d; padding rows and columns zero.
+  decode_stage_queries<Shape>(rows, q_rows, head_dim, local_id, G * N);
+  sycl::group_barrier(group);
   QTile q_tiles[Q_IN_REGISTERS ? ROW_TILES * D_STEPS : 2];
   if constexpr (Q_IN_REGISTERS) {
 IPEX_FLASH_TILE_LOOP
@@ -123,23 +141,23 @@ IPEX_FLASH_TILE_LOOP
         rows_a_load(sg, q_tiles[rt * D_STEPS + s], &q_rows[rt * M][s * K], HEAD_DIM);
   }
 
-  Acc o[ROW_TILES][O_TILES];
+  Acc o[ROW_TILES][O_TILES];  // this sub-group's columns of O: o_col0 + j * N + lane
+  const int o_col0 = sg_id * O_COLS;
 IPEX_FLASH_TILE_LOOP
   for (int rt = 0; rt < ROW_TILES; ++rt)
 IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[rt][t], 0.f);
-  // Per row: the running max (the same in every lane) and this lane's share of the sum.
-  float row_max[ROW_TILES][M], lane_sum[ROW_TILES][M];
+  // The running max of row r in lane r (the same in every sub-group; rows_max_into_lanes), and
+  // per row this lane's share of the sum over its sub-group's keys.
+  float max_lanes = NEG_INF;
+  float lane_sum[ROW_TILES][M];
 IPEX_FLASH_TILE_LOOP
   for (int rt = 0; rt < ROW_TILES; ++rt)
 IPEX_FLASH_TILE_LOOP
-    for (int i = 0; i < M; ++i) {
-      row_max[rt][i] = NEG_INF;
-      lane_sum[rt][i] = 0.f;
-    }
+    for (int i = 0; i < M; ++i) lane_sum[rt][i] = 0.f;
   // Tiles straight from the cache where a tile's 16 rows are evenly spaced (no pages, or pages
-  // of whole tiles) and whole (the compiled head dim).
-  const bool in_place = head_dim == HEAD_DIM &&
+  // of whole tiles) and whole (the compiled head dims).
+  const bool in_place = head_dim == HEAD_DIM && head_dim_v == HEAD_DIM_V &&
                         (c.seq.block_table == nullptr || c.seq.page_size % N == 0);
 
   // Row `key` of the tile of keys from key0 (`tile`: its first row), clamped to the split's last
@@ -154,23 +172,31 @@ IPEX_FLASH_TILE_LOOP
   };
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
-    // Each key tile's first K and V rows, found once a block (a tile past the keys: the last
-    // key's, which tile_row reads instead).
-    const T* k_tiles[KEY_TILES];
-    const T* v_tiles[KEY_TILES];
+    // The reduction over d unrolled this far where Q comes from SLM (its steps then index no
+    // register array)
+    constexpr int STEP_UNROLL = Q_IN_REGISTERS ? D_STEPS : 4;
+    // The first K rows of this sub-group's key tiles and the first V rows of every key tile,
+    // found once a block (a tile past the keys: the last key's, which tile_row reads instead);
+    // the general form finds its V tiles' where it reads them (an array of 16 of them, indexed
+    // in its loop over the tiles, which IGC left rolled, went to private memory).
+    const int64_t my_begin = kv_begin + sg_id * MY_KEY_TILES * N;
+    const T* k_tiles[MY_KEY_TILES];
+    const T* v_tiles[GENERAL ? 1 : KEY_TILES];
 IPEX_FLASH_TILE_LOOP
-    for (int t = 0; t < KEY_TILES; ++t) {
-      const int64_t key0 = std::min(kv_begin + t * N, last_key);
-      k_tiles[t] = k_rows.row(key0);
-      v_tiles[t] = v_rows.row(key0);
+    for (int t = 0; t < MY_KEY_TILES; ++t)
+      k_tiles[t] = k_rows.row(std::min(my_begin + t * N, last_key));
+    if constexpr (!GENERAL) {
+IPEX_FLASH_TILE_LOOP
+      for (int t = 0; t < KEY_TILES; ++t) v_tiles[t] = v_rows.row(kv_begin + t * N);
     }
-    // S = Q . K^T, one K^T tile per key tile and reduction step for every row tile.
-    Acc s[ROW_TILES][KEY_TILES];
+    // S = Q . K^T over this sub-group's key tiles, one K^T tile per key tile and reduction
+    // step for every row tile.
+    Acc s[ROW_TILES][MY_KEY_TILES];
 IPEX_FLASH_TILE_LOOP
     for (int rt = 0; rt < ROW_TILES; ++rt)
 IPEX_FLASH_TILE_LOOP
-      for (int t = 0; t < KEY_TILES; ++t) matrix_fill(sg, s[rt][t], 0.f);
-IPEX_FLASH_TILE_LOOP
+      for (int t = 0; t < MY_KEY_TILES; ++t) matrix_fill(sg, s[rt][t], 0.f);
+IPEX_FLASH_STEP_LOOP(STEP_UNROLL)
     for (int step = 0; step < D_STEPS; ++step) {
       QTile q_step[Q_IN_REGISTERS ? 2 : ROW_TILES * 2];  // (arrays of one tile: see registers_xmx)
       if constexpr (!Q_IN_REGISTERS) {
@@ -179,8 +205,8 @@ IPEX_FLASH_TILE_LOOP
           rows_a_load(sg, q_step[rt], &q_rows[rt * M][step * K], HEAD_DIM);
       }
 IPEX_FLASH_TILE_LOOP
-      for (int t = 0; t < KEY_TILES; ++t) {
-        const int64_t key0 = kv_begin + t * N;
+      for (int t = 0; t < MY_KEY_TILES; ++t) {
+        const int64_t key0 = my_begin + t * N;
         const auto product = [&](auto& k_t) __attribute__((always_inline)) {
 IPEX_FLASH_TILE_LOOP
           for (int rt = 0; rt < ROW_TILES; ++rt) {
@@ -206,19 +232,20 @@ IPEX_FLASH_TILE_LOOP
       }
     }
 
-    // Scores, the online softmax, P; O rescaled, then O += P . V tile by tile.
+    // Scores, the online softmax (the block max over the sub-groups' keys), P; O rescaled,
+    // then O += P . V tile by tile.
     const typename DecodeRowScores<FEATURES>::Block score_block = row_scores.at(kv_begin);
-    float factor[ROW_TILES][M];
+    float block_lanes = NEG_INF;  // lane r: row r's max over the block's keys
 IPEX_FLASH_TILE_LOOP
     for (int rt = 0; rt < ROW_TILES; ++rt) {
 IPEX_FLASH_TILE_LOOP
-      for (int t = 0; t < KEY_TILES; ++t) {
+      for (int t = 0; t < MY_KEY_TILES; ++t) {
         float column[M];  // rows of this lane's key
         matrix_acc_column(sg, s[rt][t], column);
-        const int64_t key = kv_begin + t * N + lid;
+        const int64_t key = my_begin + t * N + lid;
         // (a key past the split's last reads the last's mask element; hidden below)
-        const int key_in_block =
-            GENERAL ? static_cast<int>(std::min(key, last_key) - kv_begin) : t * N + lid;
+        const int key_in_block = static_cast<int>((GENERAL ? std::min(key, last_key) : key) -
+                                                  kv_begin);
         row_scores.template apply<M>(sg, column, score_block, rt, key_in_block);
         if constexpr (GENERAL) {
 IPEX_FLASH_TILE_LOOP
@@ -230,30 +257,39 @@ IPEX_FLASH_TILE_LOOP
         }
         matrix_acc_set_column(sg, s[rt][t], column);
       }
-      float block_max[M];
-      rows_max<M>(sg, s[rt], block_max);
+      rows_max_into_lanes<M>(sg, s[rt], rt * M, block_lanes);
+    }
+    if constexpr (G > 1) {  // every sub-group's maxima, then the block's
+      if (lid < ROWS) meet[sg_id][lid] = block_lanes;
+      sycl::group_barrier(group);
+      if (lid < ROWS) {
 IPEX_FLASH_TILE_LOOP
-      for (int i = 0; i < M; ++i) {
-        OnlineSoftmaxRow row{row_max[rt][i], lane_sum[rt][i]};
-        factor[rt][i] = row.raise_max(block_max[i]);
-        row_max[rt][i] = row.row_max;
-        lane_sum[rt][i] = row.row_sum;
+        for (int g = 0; g < G; ++g) block_lanes = sycl::fmax(block_lanes, meet[g][lid]);
       }
+    }
+    const float new_max = sycl::fmax(max_lanes, block_lanes);
+    const float base_lanes = OnlineSoftmaxRow::exp_base(new_max);
+    const float factor_lanes = sycl::exp2(max_lanes - base_lanes);
+    max_lanes = new_max;
 IPEX_FLASH_TILE_LOOP
-      for (int t = 0; t < KEY_TILES; ++t) {
+    for (int rt = 0; rt < ROW_TILES; ++rt) {
+IPEX_FLASH_TILE_LOOP
+      for (int i = 0; i < M; ++i) lane_sum[rt][i] *= from_lane(sg, factor_lanes, rt * M + i);
+IPEX_FLASH_TILE_LOOP
+      for (int t = 0; t < MY_KEY_TILES; ++t) {
         float column[M];
         matrix_acc_column(sg, s[rt][t], column);
 IPEX_FLASH_TILE_LOOP
         for (int i = 0; i < M; ++i) {
-          const float prob = sycl::exp2(column[i] - OnlineSoftmaxRow::exp_base(row_max[rt][i]));
+          const float prob = sycl::exp2(column[i] - from_lane(sg, base_lanes, rt * M + i));
           lane_sum[rt][i] += prob;
-          p_rows[rt * M + i][t * N + lid] = from_float<T>(prob);
+          p_rows[rt * M + i][(sg_id * MY_KEY_TILES + t) * N + lid] = from_float<T>(prob);
         }
       }
 IPEX_FLASH_TILE_LOOP
-      for (int j = 0; j < O_TILES; ++j) row_scale_tile<M>(sg, o[rt][j], factor[rt]);
+      for (int j = 0; j < O_TILES; ++j) row_scale_tile<M>(sg, o[rt][j], factor_lanes, rt * M);
     }
-    sycl::group_barrier(sg);  // P written
+    barrier();  // P written (and the maxima read)
 IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < KEY_TILES; ++t) {
       const int64_t key0 = kv_begin + t * N;
@@ -261,32 +297,33 @@ IPEX_FLASH_TILE_LOOP
       const T* v_tile[GENERAL ? K : 1];  // the tile's V rows, clamped
       if constexpr (GENERAL) {
 IPEX_FLASH_TILE_LOOP
-        for (int i = 0; i < K; ++i) v_tile[i] = tile_row(v_rows, v_tiles[t], key0, key0 + i);
+        for (int i = 0; i < K; ++i) v_tile[i] = v_rows.row(std::min(key0 + i, last_key));
       }
 IPEX_FLASH_TILE_LOOP
       for (int rt = 0; rt < ROW_TILES; ++rt)
         rows_a_load(sg, p_tiles[rt], &p_rows[rt * M][t * N], BLOCK_N);
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < O_TILES; ++j) {
+        const int col0 = o_col0 + j * N;
         const auto product = [&](auto& v_t) __attribute__((always_inline)) {
 IPEX_FLASH_TILE_LOOP
           for (int rt = 0; rt < ROW_TILES; ++rt) rows_mad(sg, o[rt][j], p_tiles[rt], v_t);
         };
-        if constexpr (GENERAL) {  // lane n reads column j * N + n of each key (clamped)
+        if constexpr (GENERAL) {  // lane n reads column col0 + n of each key (clamped)
           float column[K];
 IPEX_FLASH_TILE_LOOP
-          for (int i = 0; i < K; ++i) column[i] = to_float(v_tile[i][j * N + lid]);
+          for (int i = 0; i < K; ++i) column[i] = to_float(v_tile[i][col0 + lid]);
           MatrixBRegisters<T, K, N> v_t;
           matrix_b_from_floats<K, T>(sg, v_t, column);
           product(v_t);
         } else {
           ValuesB<T, K, N> v_t;
-          values_b_load(sg, v_t, v_tiles[t] + j * N, v_rows.row_stride);
+          values_b_load(sg, v_t, v_tiles[t] + col0, v_rows.row_stride);
           product(v_t);
         }
       }
     }
-    sycl::group_barrier(sg);  // P read before the next block writes it
+    barrier();  // P read before the next block writes it
   };
   // Rows span every new token: the mask's run is the one all of them see whole. Split with
   // score changes too, unlike the forward (split_blocks): here the general form is also the
@@ -297,25 +334,45 @@ IPEX_FLASH_TILE_LOOP
                                  : BlockRun::none(kv_first);
   run_blocks</*SPLIT=*/true>(kv_first, kv_end, BLOCK_N, lean, kv_block);
 
-  // Each row's sum over the lanes, and O / sum (and the sinks' share with one split) into out,
-  // or into the split's partial buffers: O through SLM, read back a row at a time (the
-  // accumulators' elements read in place made IGC keep O in private memory).
+  // Each row's sum over the lanes and sub-groups, and O / sum (and the sinks' share with one
+  // split) into out, or into the split's partial buffers: O through SLM a row tile at a time
+  // (the accumulators' elements read in place made IGC keep O in private memory).
   const bool one_split = DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1;
+  float row_sum[ROW_TILES][M];
+IPEX_FLASH_TILE_LOOP
+  for (int rt = 0; rt < ROW_TILES; ++rt)
+IPEX_FLASH_TILE_LOOP
+    for (int i = 0; i < M; ++i) {
+      row_sum[rt][i] = sycl::reduce_over_group(sg, lane_sum[rt][i], sycl::plus<float>());
+      if constexpr (G > 1) {
+        if (lid == 0) meet[sg_id][rt * M + i] = row_sum[rt][i];
+      }
+    }
+  sycl::group_barrier(group);  // the sums met; Q read for the last time
 IPEX_FLASH_TILE_LOOP
   for (int rt = 0; rt < ROW_TILES; ++rt) {
 IPEX_FLASH_TILE_LOOP
     for (int j = 0; j < O_TILES; ++j)
-      matrix_store_acc(sg, o[rt][j], &o_rows[rt * M][j * N], HEAD_DIM);
+      matrix_store_acc(sg, o[rt][j], &staging.o[0][o_col0 + j * N], HEAD_DIM_V);
+    if (sg_id == 0) {
 IPEX_FLASH_TILE_LOOP
-    for (int i = 0; i < M; ++i) {
-      const OnlineSoftmaxRow row{
-          row_max[rt][i], sycl::reduce_over_group(sg, lane_sum[rt][i], sycl::plus<float>())};
-      const float scale = decode_row_finish(rows, split, one_split, rt * M + i, row, lid);
-      if (lid == 0) row_scale[rt * M + i] = scale;
+      for (int i = 0; i < M; ++i) {
+        float sum = row_sum[rt][i];
+        if constexpr (G > 1) {
+          sum = 0.f;
+IPEX_FLASH_TILE_LOOP
+          for (int g = 0; g < G; ++g) sum += meet[g][rt * M + i];
+        }
+        const OnlineSoftmaxRow row{from_lane(sg, max_lanes, rt * M + i), sum};
+        const float scale = decode_row_finish(rows, split, one_split, rt * M + i, row, lid);
+        if (lid == 0) row_scale[rt * M + i] = scale;
+      }
     }
+    sycl::group_barrier(group);
+    decode_write_rows<T>(rows, split, one_split, rt * M, staging.o, row_scale, head_dim_v,
+                         local_id, G * N);
+    sycl::group_barrier(group);  // the row tile written before the next one's O lands
   }
-  sycl::group_barrier(sg);
-  decode_write_rows<T>(rows, split, one_split, o_rows, row_scale, head_dim, lid);
 }
 
 }  // namespace ipex_flash

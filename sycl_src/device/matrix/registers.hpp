@@ -29,10 +29,15 @@
 // build a d = 128 forward and backward unrolled than rolled. Code for one of the two says which
 // (#pragma unroll or nounroll); code for both (the register kernels, the helpers below the
 // emulation) says IPEX_FLASH_TILE_LOOP.
+// IPEX_FLASH_STEP_LOOP(n): a loop whose iterations index no register array, unrolled n times
+// on the engines (a long reduction whose every load IGC would otherwise issue at once).
 #if defined(IPEX_FLASH_MATRIX_EMULATE)
 #define IPEX_FLASH_TILE_LOOP _Pragma("nounroll")
+#define IPEX_FLASH_STEP_LOOP(n) _Pragma("nounroll")
 #else
 #define IPEX_FLASH_TILE_LOOP _Pragma("unroll")
+#define IPEX_FLASH_STEP_PRAGMA(x) _Pragma(#x)
+#define IPEX_FLASH_STEP_LOOP(n) IPEX_FLASH_STEP_PRAGMA(unroll n)
 #endif
 
 // One of two implementations of the same functions: on the matrix engines, or emulated.

@@ -112,12 +112,15 @@ inline void rows_mad(sycl::sub_group sg, MatrixAcc<M, N>& c, RowsA<T, M, K>& a,
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
 
-// The row statistic of `tiles` accumulators (lane columns): out[i] = max over their row i, in
-// every lane.
+// The row maxima of `tiles` accumulators (lane columns), into lanes: lane row0 + i of `lanes`
+// becomes the max over their row i (other lanes keep theirs). A row's statistics held so, one
+// register for all rows, rather than one register per row (each the same in every lane), left
+// the 16-row decode its registers for O (gpu-check, BMG).
 template <int M, typename Acc, int TILES>
-__attribute__((always_inline)) inline void rows_max(sycl::sub_group sg, Acc (&tiles)[TILES],
-                                                    float (&out)[M]) {
-  float column[M];
+__attribute__((always_inline)) inline void rows_max_into_lanes(sycl::sub_group sg,
+                                                               Acc (&tiles)[TILES], int row0,
+                                                               float& lanes) {
+  float out[M], column[M];
   matrix_acc_column(sg, tiles[0], out);
 IPEX_FLASH_TILE_LOOP
   for (int t = 1; t < TILES; ++t) {
@@ -125,23 +128,34 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
     for (int i = 0; i < M; ++i) out[i] = sycl::fmax(out[i], column[i]);
   }
+  const int lane = static_cast<int>(sg.get_local_linear_id());
 IPEX_FLASH_TILE_LOOP
-  for (int i = 0; i < M; ++i)
-    out[i] = sycl::reduce_over_group(sg, out[i], sycl::maximum<float>());
+  for (int i = 0; i < M; ++i) {
+    const float row_max = sycl::reduce_over_group(sg, out[i], sycl::maximum<float>());
+    if (lane == row0 + i) lanes = row_max;
+  }
 }
 
-// Multiplies row i of `tile` by factor[i]. On the engines through joint_matrix_apply, whose
-// elements come in row order (the lane-column layout); IGC (ocloc 26.27) crashed on the decode
-// kernel with them read and written back through matrix_acc_column / matrix_acc_set_column, and
-// with this loop over an array of tiles inside the function: the caller loops.
+// Lane `lane`'s value of `lanes` in every lane (a lane known at compile time once unrolled: a
+// move from a scalar region on the engines).
+__attribute__((always_inline)) inline float from_lane(sycl::sub_group sg, float lanes, int lane) {
+  return sycl::group_broadcast(sg, lanes, lane);
+}
+
+// Multiplies row i of `tile` by lane row0 + i's value of `factor_lanes`. (joint_matrix_apply
+// with an element counter, the form before, left its loop rolled in the larger decode kernels
+// and their O in private memory.)
 template <int M, typename Acc>
 __attribute__((always_inline)) inline void row_scale_tile(sycl::sub_group sg, Acc& tile,
-                                                          const float (&factor)[M]) {
+                                                          float factor_lanes, int row0) {
 #if defined(IPEX_FLASH_MATRIX_EMULATE)
-  for (int i = 0; i < M; ++i) tile.column[i] *= factor[i];
+  for (int i = 0; i < M; ++i) tile.column[i] *= from_lane(sg, factor_lanes, row0 + i);
 #else
-  int i = 0;
-  jm::joint_matrix_apply(sg, tile, [&](float& x) { x *= factor[i++]; });
+  float column[M];
+  matrix_acc_column(sg, tile, column);
+#pragma unroll
+  for (int i = 0; i < M; ++i) column[i] *= from_lane(sg, factor_lanes, row0 + i);
+  matrix_acc_set_column(sg, tile, column);
 #endif
 }
 

@@ -29,7 +29,7 @@ int decode_splits(int64_t requested, int batch, int heads_kv, int rows, int head
 
 KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
                                 int rows, int features, bool heads_interleaved,
-                                SkipReasons* why) {
+                                SkipReasons* why, int head_dim_v) {
   const DeviceLimits& limits = device_limits(queue.get_device());
   return buildable_variant(
       queue,
@@ -38,7 +38,7 @@ KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, in
             queue, limits,
             [&](const DeviceLimits& verified, SkipReasons* reasons) {
               return decode_variant(dtype, head_dim, rows, features, heads_interleaved, verified,
-                                    mode, reasons);
+                                    mode, reasons, head_dim_v);
             },
             chosen);
       },
@@ -57,7 +57,7 @@ KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, con
           (!options.rotary_cos                      ? 0
            : options.rotary_cos->dtype == "float32" ? FEATURE_ROTARY_F32
                                                     : FEATURE_ROTARY_INPUT),
-      /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1]);
+      /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1], nullptr, head_dim_v);
 }
 
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -124,7 +124,7 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
   sycl::event done = submit_kernel(
       queue, kernels[0], params,
       block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group) * params.row_slices,
-                  c.num_blocks, kMaxDecodeRows),
+                  c.num_blocks, kMaxDecodeRows * variant.value_split),
       "flash_decode");
   // One split writes the output itself where the kernel is built with the large register file
   // or for the CPU device (decode/traits.hpp, DECODE_ONE_SPLIT_WRITES).

@@ -38,7 +38,7 @@ int decode_splits(int64_t requested, int batch, int heads_kv, int rows, int head
 // as decode_variant's, that fallback's included.
 KernelVariant decode_variant_on(sycl::queue& queue, const std::string& dtype, int head_dim,
                                 int rows, int features, bool heads_interleaved,
-                                SkipReasons* why = nullptr);
+                                SkipReasons* why = nullptr, int head_dim_v = 0);
 
 // The decode variant flash_decode runs for these tensors (q, k, v as (B, H, N, D) views) and
 // options.

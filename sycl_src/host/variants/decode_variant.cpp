@@ -85,45 +85,66 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
 // The matrix-engine form with every tile in registers (decode/xmx_kernel.hpp), where it serves
 // the call: 16-bit caches on an engine of 16-wide tiles in lane columns with 256 registers (XMX
 // on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
-// of 16), up to 256 with at most 8 rows per K/V head and 128 with 16 (O's accumulators take
-// ROWS x head dim / 16 registers: 128 at either limit); every score change (softcap, ALiBi, a
-// user's mask), the append and its rotary embedding; no FP8 cache, no value head dim of its own.
-// Sets the variant's tile, rows and key block and returns true; false (with the reason) where
+// of 16) up to MLA's 576 for Q and K and 512 for V (head_dim_v; 0: head_dim), every score change
+// (softcap, ALiBi, a user's mask), the append and its rotary embedding; no FP8 cache. O's
+// accumulators take ROWS x Dv / 16 registers: past 128, sub-groups share the work-group
+// (value_split), each with its share of O's columns and of a block's keys for S. Sets the
+// variant's tile, rows, key block and sub-groups and returns true; false (with the reason) where
 // the other forms serve.
-bool take_xmx_form(KernelVariant& variant, int head_dim, int rows, int kv_bytes,
+bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int rows, int kv_bytes,
                    const MatrixTile& tile, const DeviceLimits& limits, SkipReasons* why) {
-  constexpr int kTile = 16, kTileRows = 8;
+  constexpr int kTile = 16, kTileRows = 8, kORegisters = 64, kRegisterFloats = 16;
   const int served = FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK | FEATURE_APPEND |
-                     FEATURE_ROTARY;
+                     FEATURE_ROTARY | FEATURE_VALUE_DIM;
   if (kv_bytes != 2 || tile.n != kTile ||
-      !matrix_tiles_in_registers(tile, limits, head_dim, 256, 0, why,
+      !matrix_tiles_in_registers(tile, limits, head_dim, kMaxQkHeadDim, 0, why,
                                  "the decode kernel's register form"))
     return false;
+  const bool value_dim = (variant.features & FEATURE_VALUE_DIM) != 0;
+  const int dv = value_dim ? head_dim_v : head_dim;
   std::string reason;
   if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
     reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
   else if ((variant.features & ~served) != 0)
-    reason = "a value head dim of its own (MLA) takes the vector form";
-  else if (head_dim % kTile != 0)
-    reason = "head dim " + std::to_string(head_dim) + " is not a multiple of 16";
-  else if (rows > kTileRows && head_dim > 128)
-    reason = "more than 8 query rows per K/V head past head dim 128 (O would take more than "
-             "128 registers)";
+    reason = "feature bits " + std::to_string(variant.features & ~served) + " are not its";
+  else if (head_dim % kTile != 0 || dv % kTile != 0)
+    reason = "head dim " + std::to_string(head_dim) + (value_dim ? "/" + std::to_string(dv) : "") +
+             " is not a multiple of 16";
+  else if (dv <= 0 || dv > kMaxHeadDim || (value_dim && dv >= head_dim))
+    reason = "value head dim " + std::to_string(dv) + " not in [16, " +
+             std::to_string(value_dim ? std::min(head_dim - kTile, kMaxHeadDim) : kMaxHeadDim) +
+             "] (V's head dim past Q's takes the vector form)";
   if (!reason.empty()) {
     if (why) why->push_back("decode kernel's register form: " + reason);
     return false;
   }
+  const int block_m = rows > kTileRows ? 2 * kTileRows : kTileRows;
+  int subgroups = 1;
+  while (block_m * dv / kRegisterFloats / subgroups > kORegisters) subgroups *= 2;
+  if (dv % (kTile * subgroups) != 0) {
+    if (why)
+      why->push_back("decode kernel's register form: value head dim " + std::to_string(dv) +
+                     " does not split into whole tiles over " + std::to_string(subgroups) +
+                     " sub-groups");
+    return false;
+  }
   variant.head_dim = head_dim;
-  variant.block_m = rows > kTileRows ? 2 * kTileRows : kTileRows;
-  variant.block_n = variant.block_m * head_dim <= 1024 ? 64 : 32;  // S beside O and Q
+  variant.head_dim_v = dv;
+  variant.value_split = subgroups;
+  variant.block_m = block_m;
+  // S beside O and Q; with several sub-groups two key tiles each (Q's A tiles, read from SLM
+  // per block, then serve two tiles of keys: MLA's 16-row decode issued 1.4x the instructions
+  // per KiB with one)
+  variant.block_n = subgroups > 1 ? 2 * kTile * subgroups : block_m * head_dim <= 1024 ? 64 : 32;
   variant.matrix_m = kTileRows;
   variant.matrix_k = kTile;
   variant.matrix_n = kTile;
   variant.matrix_emulated = tile.emulated;
   variant.matrix_registers = true;
-  // Q and a block's P in T, O and its rows' scales in float (decode/xmx_kernel.hpp)
-  variant.slm_bytes = static_cast<size_t>(variant.block_m) *
-                      (2 * head_dim + 2 * variant.block_n + 4 * head_dim + 4);
+  // Q as T, in the same bytes O's row tile as float; a block's P as T; the sub-groups' maxima
+  // and sums, the rows' scales (decode/xmx_kernel.hpp)
+  variant.slm_bytes = std::max<size_t>(2 * block_m * head_dim, 4 * kTileRows * dv) +
+                      2 * block_m * variant.block_n + 4 * block_m * (subgroups + 1);
   return true;
 }
 
@@ -152,7 +173,7 @@ int kv_element_bytes(const std::string& dtype, int features) {
 // local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              bool heads_interleaved, const DeviceLimits& limits,
-                             const std::string& mode, SkipReasons* why) {
+                             const std::string& mode, SkipReasons* why, int head_dim_v) {
   const int kv_bytes = kv_element_bytes(dtype, features);
   KernelVariant variant = base_variant(dtype, head_dim, limits);
   variant.head_dim = decode_head_dim(kv_bytes, variant.head_dim);
@@ -169,7 +190,8 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   const MatrixTile tile = kv_bytes == 1
                               ? MatrixTile{}
                               : matrix_tile(limits, dtype, variant.head_dim, mode, why);
-  if (take_xmx_form(variant, head_dim, rows, kv_bytes, tile, limits, why)) return variant;
+  if (take_xmx_form(variant, head_dim, head_dim_v, rows, kv_bytes, tile, limits, why))
+    return variant;
   const size_t matrix_slm =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
                        variant.cpu_device, true, false, false);
@@ -214,9 +236,10 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
 // The split kernel and the merge kernel, built together from one program.
 KernelProgram decode_program(const KernelVariant& variant) {
   return {"programs/flash_decode.hpp",
-          {variant.instantiate(variant.matrix_registers ? "ipex_flash::flash_decode_xmx_kernel"
-                                                        : "ipex_flash::flash_decode_kernel",
-                               /*matrix_args=*/true),
+          {variant.matrix_registers
+               ? with_trailing(variant.instantiate("ipex_flash::flash_decode_xmx_kernel", true),
+                               {variant.value_head_dim(), variant.value_split})
+               : variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
            "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
           program_options(variant)};
 }

@@ -30,12 +30,15 @@ int kv_element_bytes(const std::string& dtype, int features);
 
 // The decode variant serving `rows` query rows per K/V head on a device with these limits,
 // under IPEX_FLASH_MATRIX mode `mode`, for a cache whose key rows hold the heads side by side
-// or not (`heads_interleaved`: (B, N, H, D) and paged caches, not (B, H, N, D)). Throws
+// or not (`heads_interleaved`: (B, N, H, D) and paged caches, not (B, H, N, D)). head_dim is
+// the larger of Q's and V's; with FEATURE_VALUE_DIM, head_dim_v is V's (MLA: 576 and 512; the
+// register form compiles it, 0 leaves such calls to the vector form). Throws
 // std::runtime_error when the device's local memory cannot hold the kernel's. why: the reason
 // for each faster form it passes over (skip_reasons.hpp).
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              bool heads_interleaved, const DeviceLimits& limits,
-                             const std::string& mode, SkipReasons* why = nullptr);
+                             const std::string& mode, SkipReasons* why = nullptr,
+                             int head_dim_v = 0);
 
 // Whether the decode kernel fits the device's local memory for a call of this dtype, head dim
 // (the larger of q's and v's), query rows per K/V head and features (an FP8 cache's): its

@@ -37,7 +37,8 @@ struct KernelVariant {
   int head_dim_v = 0;
   // The register forward's sub-groups per query row set, each with its share of V's head dim
   // (forward/registers_kernel.hpp: 2 on the 8-wide engines past head dim 64); its work-group
-  // is block_m x value_split work-items.
+  // is block_m x value_split work-items. The decode kernel's register form: its sub-groups, each
+  // with its share of O's columns (decode/xmx_kernel.hpp).
   int value_split = 1;
   // The vector forward's K and V tiles hold this many of their columns at a time, the head dims
   // walked in slabs (forward/vector_kernel.hpp, flash_fwd_slab_kernel), where whole rows do

@@ -25,7 +25,7 @@ VariantPlan plan_variant(const std::string& family, const DeviceLimits& limits,
     plan.program = bwd_program(variant);
   } else if (family == "decode") {
     variant = decode_variant(dtype, head_dim, rows, features, /*heads_interleaved=*/true, limits,
-                             mode, &plan.reasons);
+                             mode, &plan.reasons, head_dim_v);
     plan.program = decode_program(variant);
   } else if (family == "dropout_mask") {
     plan.program = dropout_mask_program();
