@@ -10,7 +10,9 @@ blocks issues at most half of that per KiB it reads (`BANDWIDTH_SHARE`), leaving
 for latency the loop does not hide.
 
 The loop's instructions are gpu_native's static count of the decode kernel's loop over key
-blocks (the outermost loop with the most instructions), per KiB of one K/V head's block: that
+blocks (the outermost loop with the most instructions), times the work-group's sub-groups where
+the register form splits a block between several (each runs the loop), per KiB of one K/V
+head's block: that
 block's keys times the K and V columns times the cache's element size, a shared latent cache
 (MLA's: V the first columns of K) read once. Loops nested in it (over the work-group's heads,
 the block's steps, the P.V keys) are counted once, so where it has any the figure is a lower
@@ -46,6 +48,14 @@ def decode_block_keys(kernel: str) -> int:
     return integers[2] if decode and len(integers) > 2 else 0
 
 
+def decode_subgroups(kernel: str) -> int:
+    """SUBGROUPS of a flash_decode_xmx_kernel<T, HEAD_DIM, ROWS, BLOCK_N, FEATURES, M, K, N,
+    HEAD_DIM_V, SUBGROUPS> name (its work-group's sub-groups, each running the block loop over
+    its share of a block); 1 for other kernels."""
+    base, _, integers = gpu_grid.registered_key(kernel)
+    return integers[8] if base == "flash_decode_xmx_kernel" and len(integers) > 8 else 1
+
+
 def shares_latent_cache(head_dim: int, head_dim_v: int) -> bool:
     """MLA's one latent cache: the grid's decode calls with its (D, Dv), V K's first columns."""
     return any((head_dim, head_dim_v) == (d, dv) for d, dv, _ in gpu_grid.MLA_DECODE["full"])
@@ -66,7 +76,7 @@ def measure(r, limits: dict) -> None:
     if not (r.built and decode_block_keys(r.kernel) and r.block_issued):
         return
     r.kv_kib = kv_kib_per_block(r)
-    r.issued_per_kib = round(r.block_issued / r.kv_kib, 1)
+    r.issued_per_kib = round(r.block_issued * decode_subgroups(r.kernel) / r.kv_kib, 1)
     r.affordable_per_kib = round(affordable_per_kib(limits, r.simd), 1)
 
 
@@ -79,8 +89,9 @@ def over_budget(r) -> bool:
 def groups_per_core(r) -> int:
     """The kernel's work-groups one Xe core's local memory holds at once (the profile's local
     memory per work-group is the core's on these GPUs). A decode work-group is one sub-group,
-    one hardware thread of the core's 8 vector engines of 8 threads each: past 32 KiB a
-    work-group, fewer than 4 of a 128 KiB core's 64 threads have reads in flight."""
+    one hardware thread of the core's 8 vector engines of 8 threads each (the register form's
+    split ones, decode_subgroups): past 32 KiB a work-group, fewer than 4 of a 128 KiB core's 64
+    threads have reads in flight."""
     return r.slm_limit // r.slm if r.slm else 0
 
 

@@ -103,6 +103,23 @@ def test_the_register_forms_key_block_is_its_fourth_argument():
     assert gpu_bandwidth.kv_kib_per_block(decode_report(kernel=kernel)) == 32 * 256 * 2 / 1024
 
 
+def test_split_work_groups_count_every_sub_groups_loop():
+    """The register form's work-group of SUBGROUPS sub-groups (its last argument) runs the block
+    loop once in each: MLA's 16-row decode, 8 sub-groups over 256 keys of one latent cache
+    (576 columns, V its first 512, read once)."""
+    kernel = ("ipex_flash::flash_decode_xmx_kernel<ipex_flash::bfloat16_bits, 576, 16, 256, "
+              "256, 8, 16, 16, 512, 8>")
+    assert gpu_bandwidth.decode_subgroups(kernel) == 8
+    r = decode_report(kernel=kernel, head_dim=576, head_dim_v=512, block_issued=4000)
+    gpu_bandwidth.measure(r, C.profile_limits("pvc"))
+    assert r.kv_kib == 256 * 576 * 2 / 1024
+    assert r.issued_per_kib == round(8 * 4000 / r.kv_kib, 1)
+    one = "ipex_flash::flash_decode_xmx_kernel<ipex_flash::bfloat16_bits, 128, 8, 64, 0, 8, 16, 16>"
+    assert gpu_bandwidth.decode_subgroups(one) == 1
+    assert gpu_bandwidth.decode_subgroups(
+        "ipex_flash::flash_decode_kernel<float, 128, 1, 16, 0, 0, 0, 16>") == 1
+
+
 def test_the_rule_weighs_a_blocks_instructions_against_half_the_budget():
     limits = C.profile_limits("bmg")  # affords 959.3 per KiB at SIMD16: half is 479.7
     within = decode_report(block_issued=int(32 * 470))  # 32 KiB a block

@@ -3,13 +3,15 @@
 // (matrix/row_tiles.hpp). The query rows of one K/V head (GQA group x new tokens, 8 or 16:
 // ROWS) are the DPAS tiles' M rows, so each K/V element read feeds all of them on XMX:
 //   S (rows, keys) = Q (rows, d) . K^T (d, keys)    K^T's tiles loaded from K's rows in place
-//   online softmax per row                         row max over the sub-group, sums per lane
+//   online softmax per row                         row r's max in lane r, sums per lane
 //   O (rows, dv) = rescale * O + P (rows, keys) . V (keys, dv)   V's tiles from its rows
 // Q is staged once in SLM and read as A tiles (in registers where they fit); S and O stay in
 // registers through the keys; P goes to A tiles through SLM, O through SLM once at the end
-// (what IGC made of the other forms: docs/matrix_kernels.md). A work-group is one sub-group per
-// (batch, K/V head, split of the keys, slice of ROWS rows); a split writes its partial output and
-// LSE for flash_decode_merge_kernel, or with one split the output (as decode/kernel.hpp does).
+// (decode/xmx_output.hpp; what IGC made of the other forms: docs/matrix_kernels.md). A
+// work-group per (batch, K/V head, split of the keys, slice of ROWS rows), of SUBGROUPS
+// sub-groups where O would not fit one (head dims past 128, MLA's 512 latent columns): each
+// computes S for its share of a block's key tiles and O for its share of the columns. A split
+// writes its partial output and LSE for flash_decode_merge_kernel, or with one split the output.
 // Key blocks walk as the forward's (run_blocks): the fully visible ones in a loop of in-place
 // loads without the mask's code; a window's edge and a split's partial last block with each
 // lane reading its own column of a tile, a key past the split's last reading that key's row
@@ -35,6 +37,7 @@
 #include "decode/row_scores.hpp"
 #include "decode/rows.hpp"
 #include "decode/traits.hpp"
+#include "decode/xmx_output.hpp"
 #include "matrix/row_tiles.hpp"
 #include "score/block_mask.hpp"
 #include "vector/tile_io.hpp"
@@ -45,10 +48,9 @@ namespace syclexp = sycl::ext::oneapi::experimental;
 
 // FEATURES: softcap, ALiBi, the user's mask (decode/row_scores.hpp), the append and its rotary
 // embedding (the host sends FP8 caches to flash_decode_kernel). HEAD_DIM_V: V's and O's head
-// dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS share a work-group where
-// O would pass 128 registers in one (decode_xmx_subgroups): each computes S for its share of a
-// block's key tiles, the rows' block max meets in SLM, and each multiplies P by its share of
-// O's columns.
+// dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS: where O would pass 64
+// registers in one sub-group (take_xmx_form, host/variants/decode_variant.cpp); the rows' block
+// maxima and sums meet in SLM.
 template <typename T, int HEAD_DIM, int ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N, int HEAD_DIM_V = HEAD_DIM, int SUBGROUPS = 1>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -334,45 +336,11 @@ IPEX_FLASH_TILE_LOOP
                                  : BlockRun::none(kv_first);
   run_blocks</*SPLIT=*/true>(kv_first, kv_end, BLOCK_N, lean, kv_block);
 
-  // Each row's sum over the lanes and sub-groups, and O / sum (and the sinks' share with one
-  // split) into out, or into the split's partial buffers: O through SLM a row tile at a time
-  // (the accumulators' elements read in place made IGC keep O in private memory).
-  const bool one_split = DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1;
-  float row_sum[ROW_TILES][M];
-IPEX_FLASH_TILE_LOOP
-  for (int rt = 0; rt < ROW_TILES; ++rt)
-IPEX_FLASH_TILE_LOOP
-    for (int i = 0; i < M; ++i) {
-      row_sum[rt][i] = sycl::reduce_over_group(sg, lane_sum[rt][i], sycl::plus<float>());
-      if constexpr (G > 1) {
-        if (lid == 0) meet[sg_id][rt * M + i] = row_sum[rt][i];
-      }
-    }
-  sycl::group_barrier(group);  // the sums met; Q read for the last time
-IPEX_FLASH_TILE_LOOP
-  for (int rt = 0; rt < ROW_TILES; ++rt) {
-IPEX_FLASH_TILE_LOOP
-    for (int j = 0; j < O_TILES; ++j)
-      matrix_store_acc(sg, o[rt][j], &staging.o[0][o_col0 + j * N], HEAD_DIM_V);
-    if (sg_id == 0) {
-IPEX_FLASH_TILE_LOOP
-      for (int i = 0; i < M; ++i) {
-        float sum = row_sum[rt][i];
-        if constexpr (G > 1) {
-          sum = 0.f;
-IPEX_FLASH_TILE_LOOP
-          for (int g = 0; g < G; ++g) sum += meet[g][rt * M + i];
-        }
-        const OnlineSoftmaxRow row{from_lane(sg, max_lanes, rt * M + i), sum};
-        const float scale = decode_row_finish(rows, split, one_split, rt * M + i, row, lid);
-        if (lid == 0) row_scale[rt * M + i] = scale;
-      }
-    }
-    sycl::group_barrier(group);
-    decode_write_rows<T>(rows, split, one_split, rt * M, staging.o, row_scale, head_dim_v,
-                         local_id, G * N);
-    sycl::group_barrier(group);  // the row tile written before the next one's O lands
-  }
+  // Each row's sum, LSE and output (decode/xmx_output.hpp).
+  const DecodeXmxOutput<T, ROWS, M, G, HEAD_DIM_V> output{
+      rows, split, DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1, staging.o, meet, row_scale,
+      group, sg, sg_id, lid};
+  output.template write<Acc, ROW_TILES, O_TILES, N>(o, lane_sum, max_lanes, o_col0, head_dim_v);
 }
 
 }  // namespace ipex_flash
