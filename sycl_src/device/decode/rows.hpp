@@ -173,7 +173,8 @@ inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split,
       T* out = static_cast<T*>(p.out) + rows.b * p.out_stride.batch +
                rows.query_head(rows.head0, r) * p.out_stride.head +
                rows.token(r) * p.out_stride.row;
-      for (int d = item; d < head_dim_v; d += items) out[d] = from_float<T>(o_rows[i][d] * scale[r]);
+      for (int d = item; d < head_dim_v; d += items)
+        out[d] = from_float<T>(o_rows[i][d] * scale[r]);
     } else {
       float* partial =
           p.partial_out + (rows.index(0, r) * p.common.num_blocks + split) * head_dim_v;

@@ -241,24 +241,10 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
     for (int rt = 0; rt < ROW_TILES; ++rt) {
 IPEX_FLASH_TILE_LOOP
-      for (int t = 0; t < MY_KEY_TILES; ++t) {
-        float column[M];  // rows of this lane's key
-        matrix_acc_column(sg, s[rt][t], column);
-        const int64_t key = my_begin + t * N + lid;
-        // (a key past the split's last reads the last's mask element; hidden below)
-        const int key_in_block = static_cast<int>((GENERAL ? std::min(key, last_key) : key) -
-                                                  kv_begin);
-        row_scores.template apply<M>(sg, column, score_block, rt, key_in_block);
-        if constexpr (GENERAL) {
-IPEX_FLASH_TILE_LOOP
-          for (int i = 0; i < M; ++i) {
-            const int r = rt * M + i;
-            if (r >= rows.count || key >= kv_end || !mask.visible(rows.token(r), key))
-              column[i] = NEG_INF;
-          }
-        }
-        matrix_acc_set_column(sg, s[rt][t], column);
-      }
+      for (int t = 0; t < MY_KEY_TILES; ++t)
+        row_scores.template apply_tile<GENERAL, M>(sg, s[rt][t], score_block, rt,
+                                                   my_begin + t * N + lid, kv_begin, kv_end,
+                                                   rows, mask);
       rows_max_into_lanes<M>(sg, s[rt], rt * M, block_lanes);
     }
     if constexpr (G > 1) {  // every sub-group's maxima, then the block's

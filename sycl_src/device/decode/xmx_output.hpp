@@ -33,8 +33,9 @@ struct DecodeXmxOutput {
   // After the last block's barrier. o: this sub-group's O columns (o_col0 + j * N + lane);
   // lane_sum: this lane's share of each row's sum; max_lanes: row r's running max in lane r.
   template <class Acc, int ROW_TILES, int O_TILES, int N>
-  IPEX_FLASH_INLINE void write(Acc (&o)[ROW_TILES][O_TILES], const float (&lane_sum)[ROW_TILES][M],
-                               float max_lanes, int o_col0, int head_dim_v) const {
+  IPEX_FLASH_INLINE void write(Acc (&o)[ROW_TILES][O_TILES],
+                               const float (&lane_sum)[ROW_TILES][M], float max_lanes,
+                               int o_col0, int head_dim_v) const {
     constexpr int G = SUBGROUPS;
     float row_sum[ROW_TILES][M];
 IPEX_FLASH_TILE_LOOP
