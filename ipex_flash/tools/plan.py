@@ -85,10 +85,11 @@ def make_plan(args) -> dict:
             family = "forward"
         elif head_dim_v != args.head_dim:
             features |= C.FEATURE_VALUE_DIM
-    # The forward compiles v's head dim apart where it differs; the others run at the larger.
+    # The forward compiles v's head dim apart where it differs, and so does the decode kernel's
+    # register form (MLA); the others run at the larger.
     head_dim = args.head_dim if family == "forward" else widest
     dims = dict(head_dim=head_dim, features=features, rows=rows,
-                head_dim_v=head_dim_v if family == "forward" else 0)
+                head_dim_v=head_dim_v if family in ("forward", "decode") else 0)
     if on_device:
         if args.matrix:
             os.environ["IPEX_FLASH_MATRIX"] = args.matrix  # (read by C++ on each call)
@@ -108,6 +109,10 @@ def make_plan(args) -> dict:
 def describe(family: str, v) -> str:
     """The kernel form of a variant, in words."""
     if family == "decode":
+        if v.matrix_registers:  # decode/xmx_kernel.hpp
+            groups = f", {v.value_split} sub-groups" if v.value_split > 1 else ""
+            return (f"split-KV decode kernel, register form ({_tiles(v)}: Q.K^T and P.V on the "
+                    f"matrix engine{groups}), {v.block_n} keys per block")
         scores = "vector scores" if v.matrix_m == 0 else f"matrix scores ({_tiles(v)})"
         return f"split-KV decode kernel, {scores}, {v.block_n} keys per block"
     blocks = f"{v.block_m} query rows x {v.block_n} keys per block"

@@ -8,6 +8,7 @@ import torch
 
 import ipex_flash
 from ipex_flash._runtime import C
+from ipex_flash.ops import launch
 from ipex_flash.reference import sdpa_reference
 
 from helpers.caches import make_cache, to_paged
@@ -24,6 +25,12 @@ def assert_register_form(dtype, head_dim, rows, features):
     name = str(dtype).removeprefix("torch.")
     plan = C.plan("decode", "", name, head_dim, features, rows, "emulate")
     assert plan["variant"].matrix_registers, plan["reasons"]
+
+
+def assert_decode_kernel_serves(q, k, v):
+    """The call goes to the decode kernel (not the general forward): q, k, v as (B, H, N, D)."""
+    views = (launch.view(t) for t in (q, k, v))
+    assert C.flash_decode_supported(*views, launch.queue_handle(q.device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES_16)
@@ -45,6 +52,7 @@ def test_alibi_per_query_head(matrix_mode, dtype, softcap, paged, num_splits):
         cache = (k_pages, v_pages)
     q = torch.randn(len(lengths), new_tokens, heads_q, head_dim, dtype=dtype)
     slopes = torch.rand(len(lengths), heads_q) * 0.3
+    assert_decode_kernel_serves(*(t.transpose(1, 2) for t in (q, *cache)))
     out, lse = ipex_flash.flash_attn_with_kvcache(
         q, *cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), causal=True,
         softcap=softcap, alibi_slopes=slopes, return_softmax_lse=True, num_splits=num_splits,
@@ -71,6 +79,7 @@ def test_mask_per_query_head(matrix_mode, dtype, kind, len_q, softcap):
                    mask_dtype if kind != "bool" else None)
     mask[0, 5, :, 64:128] = False if kind == "bool" else float("-inf")
     mask_before = mask.clone()
+    assert_decode_kernel_serves(q, k, v)
     out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True,
                                                   softcap=softcap or None)
     assert torch.equal(mask, mask_before)

@@ -2,7 +2,7 @@
 (decode/xmx_kernel.hpp, SUBGROUPS > 1): where O of a K/V head's rows would pass 64 registers in
 one sub-group, each sub-group takes a share of O's columns and of a block's keys for S, and the
 rows' block maxima and sums meet in SLM. MLA's 576/512 decode over one latent cache (16 rows:
-eight sub-groups, 128 keys a block; 8 rows: four), head dim 256 with 16 rows and 512 with 8
+eight sub-groups, 256 keys a block; 8 rows: four), head dim 256 with 16 rows and 512 with 8
 (four); joint_matrix emulated (IPEX_FLASH_MATRIX=emulate), against the float64 reference."""
 import math
 
@@ -44,6 +44,8 @@ def test_mla_latent_cache(matrix_mode, heads, new_tokens, subgroups, paged, num_
         cache, _, extra["block_table"] = to_paged(latent, latent, 32)
     q = torch.randn(len(lengths), new_tokens, heads, d, dtype=torch.bfloat16)
     views = (launch.view(t.transpose(1, 2)) for t in (q, cache, cache[..., :d_v]))
+    views = list(views)
+    assert C.flash_decode_supported(*views, launch.queue_handle(q.device))
     variant = C.flash_decode_variant(*views, launch.queue_handle(q.device))
     assert variant.matrix_registers and variant.value_split == subgroups  # what the call runs
     scale = 1.0 / math.sqrt(192)
@@ -79,6 +81,9 @@ def test_wide_heads(matrix_mode, dtype, head_dim, heads, subgroups):
     q = torch.randn(len(lengths), 1, heads_q, head_dim, dtype=dtype)
     slopes = torch.rand(len(lengths), heads_q) * 0.3
     options = dict(causal=True, softcap=6.0, window_size=(90, 0))
+    views = [launch.view(t.transpose(1, 2)) for t in (q, k, v)]
+    assert C.flash_decode_supported(*views, launch.queue_handle(q.device))
+    assert C.flash_decode_variant(*views, launch.queue_handle(q.device)).value_split == subgroups
     out, lse = ipex_flash.flash_attn_with_kvcache(
         q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32), alibi_slopes=slopes,
         return_softmax_lse=True, **options)

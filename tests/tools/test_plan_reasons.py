@@ -74,8 +74,8 @@ KNOWN_REASONS = [
     (("decode", "pvc", "float32", 64, 0, 1, "auto", 0),
      ["float32 input: the matrix engine takes 16-bit inputs"]),
     # The decode kernel's register form (decode/xmx_kernel.hpp).
-    (("decode", "bmg", "bfloat16", 256, 0, 16, "auto", 0), []),  # (two sub-groups)
-    (("decode", "lnl", "bfloat16", 576, VALUE_DIM, 16, "auto", 512), []),  # MLA (four)
+    (("decode", "bmg", "bfloat16", 256, 0, 16, "auto", 0), []),  # (four sub-groups)
+    (("decode", "lnl", "bfloat16", 576, VALUE_DIM, 16, "auto", 512), []),  # MLA (eight)
     (("decode", "bmg", "bfloat16", 160, VALUE_DIM, 4, "auto", 160),
      ["decode kernel's register form: value head dim 160 not in [16, 144] (V's head dim past "
       "Q's takes the vector form)"]),
@@ -166,8 +166,19 @@ def test_cli_options_reach_the_policy(capsys):
     assert "kernel: general forward kernel" in out and "programs/flash_fwd_matrix_registers" in out
     assert "  - 160 query rows per K/V head (more than 16) with 20 new tokens" in out
     out = printed(capsys, direction="decode", gqa=4, matrix="auto")
-    assert "kernel: split-KV decode kernel, matrix scores (8x16x16 tiles)" in out
+    assert "kernel: split-KV decode kernel, register form (8x16x16 tiles" in out
     assert "program: programs/flash_decode.hpp" in out
+
+
+def test_cli_plans_mla_decode_on_the_register_form(capsys):
+    """v's head dim reaches the decode plan: MLA's 576/512 over one latent cache takes the
+    register form's eight sub-groups on BMG, the kernel a call on BMG would build."""
+    out = printed(capsys, direction="decode", head_dim=576, head_dim_v=512, gqa=16, kv_heads=1,
+                  matrix="auto")
+    assert "register form (8x16x16 tiles: Q.K^T and P.V on the matrix engine, 8 sub-groups)" \
+           in out
+    assert "flash_decode_xmx_kernel<ipex_flash::bfloat16_bits, 576, 16, 256, 256, 8, 16, 16, " \
+           "512, 8>" in out
 
 
 def run_cli(*args, **env):

@@ -49,8 +49,9 @@ struct DecodeRowScores {
   }
 
   // What a key block's scores take from the rows: each lane's row's distance from the block's
-  // first key, and the byte offset of its mask element there. Once a block, in 64 bits; the
-  // elements step from them in 32 (64-bit integers are emulated on some GPUs).
+  // first key (a float: the elements step from it in float, exact below 2^24), and the byte
+  // offset of its mask element there (the elements add their key's offset, a 64-bit multiply
+  // a tile).
   struct Block {
     float distance0;
     int64_t mask0;
@@ -95,6 +96,9 @@ struct DecodeRowScores {
 #pragma unroll
     for (int i = 0; i < M; ++i) column[i] *= scale;
     if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
+      // The short tanh (tanh_complement) beside ALiBi and a mask too: its spills were the
+      // forward's and the 8-wide backward's (softcap_beside_score_changes); this kernel does
+      // not spill with it (gpu-check), and a decode has no backward to agree with.
       float unused_grad[M];
       mod.template apply_from<FEATURE_SOFTCAP>(column, unused_grad, 0.f, 0.f);
     }

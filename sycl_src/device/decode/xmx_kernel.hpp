@@ -63,7 +63,7 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   // Q's A tiles stay in registers up to 32 of them (8 tiles of 8 x 16); beyond, S, P and O
   // take the registers and Q is read from SLM per block.
   constexpr bool Q_IN_REGISTERS = ROW_TILES * HEAD_DIM <= 128;
-  static_assert(ROWS % M == 0 && BLOCK_N % (N * G) == 0 && HEAD_DIM % K == 0 &&
+  static_assert(ROWS % M == 0 && ROWS <= N && BLOCK_N % (N * G) == 0 && HEAD_DIM % K == 0 &&
                     HEAD_DIM_V % (N * G) == 0 && K == N && N == DECODE_LANES &&
                     sizeof(T) == 2 && KEY_TILES >= 2,
                 "tile shape");

@@ -74,7 +74,7 @@ VariantPlan device_plan(const std::string& family, const std::string& dtype, int
     plan.program = bwd_program(plan.variant);
   } else if (family == "decode") {
     plan.variant = decode_variant_on(queue, dtype, head_dim, rows, features,
-                                     /*heads_interleaved=*/true, &plan.reasons);
+                                     /*heads_interleaved=*/true, &plan.reasons, head_dim_v);
     plan.program = decode_program(plan.variant);
   } else {
     throw std::invalid_argument("ipex_flash: device_plan takes forward, backward or decode, got '" +

@@ -167,8 +167,8 @@ int kv_element_bytes(const std::string& dtype, int features) {
   return (features & FEATURE_KV_FP8) != 0 ? 1 : dtype == "float32" ? 4 : 2;
 }
 
-// One work-group of kMaxDecodeRows work-items (one sub-group) per (batch, group of K/V heads,
-// split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
+// One work-group of kMaxDecodeRows work-items (one sub-group; the register form's, value_split
+// of them) per (batch, group of K/V heads, split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
 // P.V accumulators. Scores go to the matrix engine where the forward would use it and the
 // local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
