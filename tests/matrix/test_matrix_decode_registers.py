@@ -103,14 +103,15 @@ def takes_register_form(dtype, head_dim, rows, features):
 
 @pytest.mark.parametrize("dtype", DTYPES_16)
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("heads_kv,new_tokens", [(2, 3), (4, 1)])
-def test_register_decode_appends(matrix_mode, dtype, paged, heads_kv, new_tokens):
+@pytest.mark.parametrize("heads_kv,new_tokens,head_dim", [(2, 3, 64), (4, 1, 64), (2, 3, 128)])
+def test_register_decode_appends(matrix_mode, dtype, paged, heads_kv, new_tokens, head_dim):
     """The new keys and values written by the work-group of their split (4 splits of about 130
     keys: new tokens across their boundaries), then attended with the cache: 12 and 2 rows per
-    K/V head."""
+    K/V head; 12 rows at head dim 128 take two sub-groups, the first writing the rows both
+    read."""
     matrix_mode("emulate")
     torch.manual_seed(0)
-    batch, capacity, head_dim = 4, 200, 64
+    batch, capacity = 4, 200
     assert takes_register_form(dtype, head_dim, 8 // heads_kv * new_tokens, APPEND)
     k_cache, v_cache = make_cache(batch, capacity, heads_kv, head_dim, dtype)
     lengths = torch.tensor([46, 62, 94, 127], dtype=torch.int32)
@@ -154,15 +155,17 @@ def test_register_decode_rotates(matrix_mode, dtype, interleaved):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["one_split", "three_splits"])
-def test_register_decode_sinks(matrix_mode, num_splits):
+@pytest.mark.parametrize("heads_kv,head_dim", [(4, 64), (1, 256)], ids=["d64", "d256_subgroups"])
+def test_register_decode_sinks(matrix_mode, num_splits, heads_kv, head_dim):
     """A head's sink as one more term of each row's denominator: with one split the kernel
-    folds it in itself (decode/rows.hpp, decode_row_finish), with three the merge kernel does."""
+    folds it in itself (decode/rows.hpp, decode_row_finish), with three the merge kernel does;
+    16 rows at head dim 256 take four sub-groups, whose row sums meet first."""
     matrix_mode("emulate")
     torch.manual_seed(0)
     dtype = torch.bfloat16
-    assert takes_register_form(dtype, 64, 4, 0)
-    q = torch.randn(3, 1, 16, 64, dtype=dtype)
-    k_cache, v_cache = make_cache(3, 300, 4, 64, dtype)
+    assert takes_register_form(dtype, head_dim, 16 // heads_kv, 0)
+    q = torch.randn(3, 1, 16, head_dim, dtype=dtype)
+    k_cache, v_cache = make_cache(3, 300, heads_kv, head_dim, dtype)
     lengths = [300, 133, 2]
     sinks = torch.randn(16) * 2
     out = ipex_flash.flash_attn_with_kvcache(
