@@ -69,7 +69,8 @@ def warmup(args) -> None:
     # tokens), so each --decode-rows value is a variant of its own.
     builds = {"forward": lambda dtype, d: [C.warmup_fwd(dtype, d, 0)],
               "backward": lambda dtype, d: [C.warmup_bwd(dtype, d, 0)],
-              "decode": lambda dtype, d: [C.warmup_decode(dtype, d, rows, 0)
+              "decode": lambda dtype, d: [C.warmup_decode(dtype, d, rows, 0,
+                                                          head_dim_v=args.decode_head_dim_v)
                                           for rows in args.decode_rows]}
     C.set_warmup_mode(True)  # leave the cache in the state later processes load fastest from
     for dtype in args.dtypes:
@@ -115,6 +116,10 @@ def main() -> None:
                    help="query rows per K/V head to build decode kernels for (GQA group "
                         "size x new tokens, 16 for more: those run in slices of 16; default "
                         "1 4 8)")
+    p.add_argument("--decode-head-dim-v", type=int, default=0, metavar="DV",
+                   help="v's head dim for the decode kernels where it differs from the head "
+                        "dim (MLA: --head-dims 576 --decode-head-dim-v 512 --directions decode "
+                        "--decode-rows 16); default: the head dim")
     p.set_defaults(func=warmup)
     p = commands.add_parser("info", help="show the SYCL device and cache location")
     p.set_defaults(func=info)

@@ -81,6 +81,22 @@ def test_warmup_decode_builds_the_kernels_decode_runs():
     check_against_reference(out, lse, q, k_cache, v_cache, lengths, torch.bfloat16)
 
 
+def test_warmup_decode_builds_mla_decode():
+    """v's head dim apart (MLA: q and k 576, v 512 over one latent cache): the warm-up builds
+    the kernel such a call runs, which then builds nothing."""
+    variant = C.warmup_decode("bfloat16", 576, 16, 0, head_dim_v=512)
+    assert variant.features & C.FEATURE_VALUE_DIM
+    before = C.kernel_cache_stats()
+    latent = torch.randn(1, 40, 1, 576, dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 16, 576, dtype=torch.bfloat16)
+    out = ipex_flash.flash_attn_with_kvcache(
+        q, latent, latent[..., :512], cache_seqlens=torch.tensor([40], dtype=torch.int32))
+    assert out.shape == (1, 1, 16, 512)
+    assert C.kernel_cache_stats()["builds"] == before["builds"]
+    with pytest.raises(ValueError, match="head_dim_v must be"):
+        C.warmup_decode("bfloat16", 576, 16, 0, head_dim_v=513)
+
+
 @pytest.mark.parametrize("rows", [0, C.MAX_DECODE_ROWS + 1])
 def test_warmup_decode_rejects_rows_out_of_range(rows):
     with pytest.raises(ValueError, match="rows must be in"):

@@ -174,7 +174,7 @@ PYBIND11_MODULE(_C, m) {
       "batch"_a, "heads_kv"_a, "rows"_a, "head_dim"_a, "max_len_k"_a, "queue"_a,
       "num_splits"_a = 0);
   m.def("warmup_decode", &warmup_decode, "dtype"_a, "head_dim"_a, "rows"_a, "queue"_a,
-        py::call_guard<py::gil_scoped_release>());
+        "head_dim_v"_a = 0, py::call_guard<py::gil_scoped_release>());
   m.attr("MAX_DECODE_ROWS") = kMaxDecodeRows;
   m.attr("FEATURE_KEY_STREAMS") = FEATURE_KEY_STREAMS;
   m.attr("FEATURE_VALUE_DIM") = FEATURE_VALUE_DIM;

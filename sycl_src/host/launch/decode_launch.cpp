@@ -139,14 +139,22 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
-                            std::uintptr_t queue_handle) {
+                            std::uintptr_t queue_handle, int head_dim_v) {
   if (rows < 1 || rows > kMaxDecodeRows)
     throw std::invalid_argument("ipex_flash: warmup_decode: rows must be in [1, " +
                                 std::to_string(kMaxDecodeRows) + "], got " + std::to_string(rows));
+  if (head_dim_v < 0 || head_dim_v > kMaxHeadDim)
+    throw std::invalid_argument("ipex_flash: warmup_decode: head_dim_v must be 0 (v's head dim is "
+                                "head_dim) or in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+                                std::to_string(head_dim_v));
   sycl::queue& queue = queue_from_handle(queue_handle);
-  // flash-attn's (B, N, H, D) cache, as serving calls pass it.
-  const KernelVariant variant =
-      decode_variant_on(queue, dtype, head_dim, rows, 0, /*heads_interleaved=*/true);
+  const bool value_dim = head_dim_v > 0 && head_dim_v != head_dim;
+  // As flash_decode_variant plans a call: flash-attn's (B, N, H, D) cache, as serving calls
+  // pass it; with a value head dim of its own MLA's one latent K/V head, whose rows hold no
+  // other heads.
+  const KernelVariant variant = decode_variant_on(
+      queue, dtype, std::max(head_dim, head_dim_v), rows, value_dim ? FEATURE_VALUE_DIM : 0,
+      /*heads_interleaved=*/!value_dim, nullptr, value_dim ? head_dim_v : 0);
   get_kernels(queue, decode_program(variant));
   return variant;
 }

@@ -46,8 +46,9 @@ KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, con
                                    const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // Builds the decode kernels serving `rows` query rows per K/V head (GQA group size x new
-// tokens, 1..kMaxDecodeRows) without running them (python -m ipex_flash warmup).
+// tokens, 1..kMaxDecodeRows) without running them (python -m ipex_flash warmup); head_dim_v,
+// where V's head dim differs from q's and k's head_dim (MLA: 576 and 512; 0: the same).
 KernelVariant warmup_decode(const std::string& dtype, int head_dim, int rows,
-                            std::uintptr_t queue_handle);
+                            std::uintptr_t queue_handle, int head_dim_v = 0);
 
 }  // namespace ipex_flash
