@@ -87,7 +87,7 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
 // on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
 // of 16) up to MLA's 576 for Q and K and 512 for V (head_dim_v; 0: head_dim), every score change
 // (softcap, ALiBi, a user's mask), the append and its rotary embedding; no FP8 cache. O's
-// accumulators take ROWS x Dv / 16 registers: past 128, sub-groups share the work-group
+// accumulators take ROWS x Dv / 16 registers: past 64, sub-groups share the work-group
 // (value_split), each with its share of O's columns and of a block's keys for S. Sets the
 // variant's tile, rows, key block and sub-groups and returns true; false (with the reason) where
 // the other forms serve.
@@ -102,6 +102,9 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
     return false;
   const bool value_dim = (variant.features & FEATURE_VALUE_DIM) != 0;
   const int dv = value_dim ? head_dim_v : head_dim;
+  const int block_m = rows > kTileRows ? 2 * kTileRows : kTileRows;
+  int subgroups = 1;
+  while (block_m * dv / kRegisterFloats / subgroups > kORegisters) subgroups *= 2;
   std::string reason;
   if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
     reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
@@ -114,18 +117,11 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
     reason = "value head dim " + std::to_string(dv) + " not in [16, " +
              std::to_string(value_dim ? std::min(head_dim - kTile, kMaxHeadDim) : kMaxHeadDim) +
              "] (V's head dim past Q's takes the vector form)";
+  else if (dv % (kTile * subgroups) != 0)
+    reason = "value head dim " + std::to_string(dv) + " does not split into whole tiles over " +
+             std::to_string(subgroups) + " sub-groups";
   if (!reason.empty()) {
     if (why) why->push_back("decode kernel's register form: " + reason);
-    return false;
-  }
-  const int block_m = rows > kTileRows ? 2 * kTileRows : kTileRows;
-  int subgroups = 1;
-  while (block_m * dv / kRegisterFloats / subgroups > kORegisters) subgroups *= 2;
-  if (dv % (kTile * subgroups) != 0) {
-    if (why)
-      why->push_back("decode kernel's register form: value head dim " + std::to_string(dv) +
-                     " does not split into whole tiles over " + std::to_string(subgroups) +
-                     " sub-groups");
     return false;
   }
   variant.head_dim = head_dim;
