@@ -242,7 +242,8 @@ def print_table(reports: list) -> None:
                     else f"{'-':>5} ")
         edge = f"{r.loop_per_dpas_edge:5.1f}" if r.loop_per_dpas_edge else f"{'-':>5}"
         if not r.built:
-            print(f"{r.target:6} {short_kernel(r.kernel):44} {r.mode:4} not built: {r.error}")
+            outcome = "not built" if r.violations else "refused"
+            print(f"{r.target:6} {short_kernel(r.kernel):44} {r.mode:4} {outcome}: {r.error}")
             continue
         print(f"{r.target:6} {short_kernel(r.kernel):44} {r.mode:4} {r.simd:4d} {r.grf:4d} "
               f"{r.slm:7d} {r.slm_limit:7d} {r.spill:6d} {r.private:5d} {r.dpas:5d} "

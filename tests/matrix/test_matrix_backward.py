@@ -46,13 +46,12 @@ def matrix_backward(monkeypatch):
         plan = C.plan("backward", "", name, head_dim, features, 1, mode)
         # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
         # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
-        # emulate8: both up to 64, as DG2 and Arrow Lake-H run them (dQ with two sub-groups per
-        # rows from 32, dK/dV in two passes from 48), not softcap with ALiBi or a mask,
-        # SLM-staged otherwise.
+        # emulate8: both up to 128 too, as DG2 and Arrow Lake-H run them (dQ with two or more
+        # sub-groups per rows from 32, dK/dV in two passes from 48), not softcap with ALiBi or a
+        # mask, SLM-staged otherwise.
         padded = plan["variant"].head_dim
         softcap_scored = features & 1 and features & (2 | 4 | 8)
-        dq_registers = (padded <= 128 if mode == "emulate"
-                        else padded <= 64 and not softcap_scored)
+        dq_registers = padded <= 128 and (mode == "emulate" or not softcap_scored)
         dkdv_registers = dq_registers
         assert plan["header"] == ("programs/flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "programs/flash_bwd_dq_registers.hpp" if dq_registers
@@ -248,4 +247,23 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
         check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16), causal,
                         torch.bfloat16)
     check_gradients_match_reference(torch.bfloat16, True, (20, -1), 0.0, True, head_dim)
+    check_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5, False, head_dim)
+
+
+# Past d = 64 on the 8-wide engines each sub-group holds at most four 8-row tiles of dQ^T, dK^T
+# or dV^T (32 registers), so the rows split over the fewest sub-groups that give whole tiles: 3 at
+# d = 96, 4 at 128, 5 at 80 (72 pads to it), 7 at 112. Each computes the block's scores again.
+@pytest.mark.parametrize("head_dim", [pytest.param(72, marks=pytest.mark.full), 96,
+                                      pytest.param(112, marks=pytest.mark.full), 128])
+def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
+    shares = {72: 5, 96: 3, 112: 7, 128: 4}[head_dim]
+    for features in (0, 1, 2, 4):
+        matrix_backward("emulate8", torch.bfloat16, head_dim, features)
+        dkdv, dq = C.plan("backward", "", "bfloat16", head_dim, features, 1,
+                          "emulate8")["kernels"][-2:]
+        assert dq.endswith(f", true, {shares}>") and dkdv.endswith(f", 8, 16, 8, {shares}>"), (
+            dq, dkdv)
+    for causal in (False, True):
+        check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16), causal,
+                        torch.bfloat16)
     check_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5, False, head_dim)

@@ -198,18 +198,28 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(target="dg2", **forward)) == ["spills 160 bytes"]
     assert kernel_violations(report(target="mtl", **{**forward, "features": 5})) == [
         "spills 160 bytes"]
-    # The third: the 8-wide register dK/dV at d = 64 with a float mask, up to 64 bytes.
+    # The third: the 8-wide register dK/dV with a score change, up to d = 128 and 160 bytes.
     dkdv_mask = dict(family="backward", head_dim=64, features=8, spill=64,
                      kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>")
     assert kernel_violations(report(target="dg2", **dkdv_mask)) == []
     assert kernel_violations(report(target="arl-h", **{**dkdv_mask, "features": 32})) == []
-    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 128})) == [
-        "spills 128 bytes"]
-    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "features": 4})) == [
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "head_dim": 128,
+                                                     "features": 1, "spill": 160})) == []
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 192})) == [
+        "spills 192 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "features": 0})) == [
         "spills 64 bytes"]
     assert kernel_violations(report(target="bmg", **dkdv_mask)) == ["spills 64 bytes"]
-    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "head_dim": 128})) == [
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "kernel": "ipex_flash::"
+                                                     "flash_bwd_dq_matrix_registers_kernel<...>"})) == [
         "spills 64 bytes"]
+    # A head dim the host refuses for the GPU's local memory, with an error naming both, is
+    # reported as refused; any other failure to build is not.
+    refusal = ("ipex_flash: no backward kernel for head dim 512 on dg2 (Arc A-series): its 64 KiB"
+               " of local memory per work-group (65536 bytes) fits head dims up to 480")
+    assert kernel_violations(report(built=False, error=refusal, head_dim=512)) == []
+    assert kernel_violations(report(built=False, error="ocloc: no kernel for head dim 512")) == [
+        "not built: ocloc: no kernel for head dim 512"]
     # Any other spill fails: the register dQ kernel's at d=128, and the register dK/dV
     # kernel's at d=128 with softcap, among them.
     dq = dict(family="backward", kernel="ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>",

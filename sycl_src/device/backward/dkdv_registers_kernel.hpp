@@ -19,7 +19,7 @@
 // Q, dO, Q^T and dO^T are read by coordinates within their block of the packed copy, K^T and V^T
 // as B tiles from theirs (backward/pack_operands.hpp, REGISTERS); the A operands in 2-D blocks of
 // four DPAS (matrix/block_io.hpp: a load per tile cost its descriptor every DPAS), or on the
-// 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no 2-D block loads, a tile per
+// 8-wide engines (DG2, Arrow Lake-H, up to d = 128), which have no 2-D block loads, a tile per
 // load from packs in tile order. The rows' LSE and delta are loaded one per lane and broadcast from
 // the lane that holds them. Deterministic, no atomics.
 #pragma once
@@ -77,8 +77,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors stay
   // put across slabs), but at d = 128 with score changes, where descriptors held through the slab
   // loop spilled (on BMG: docs/gpus.md): there the slab's columns are a surface of their own.
-  constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0;
-  static_assert(!(SHIFTED && Packed::TILED), "the 8-wide engines' kernel stops at d = 64");
+  // The 8-wide engines' tiled packs have no descriptors: a tile's address is its coordinates'.
+  constexpr bool SHIFTED = HEAD_DIM > 64 && FEATURES != 0 && !Packed::TILED;
   const AttentionCommon& c = p.common;
   const SeqInfo& seq = kb.seq;
   const int lane = static_cast<int>(sg.get_local_id()[0]);
@@ -208,8 +208,8 @@ IPEX_FLASH_TILE_LOOP
   }
 }
 
-// SHARES sub-groups per MATRIX_N keys (the host's bwd_shares: two on the 8-wide engines past
-// d = 32, else one), each holding its HEAD_DIM / SHARES rows (head dims) of dK^T and dV^T and
+// SHARES sub-groups per MATRIX_N keys (the host's bwd_shares: on the 8-wide engines two past
+// d = 32, and past d = 64 enough for at most 32 rows each; else one), each holding its HEAD_DIM / SHARES rows (head dims) of dK^T and dV^T and
 // computing the keys' S, P, dP and dS alike (the same arithmetic: the same results). The
 // work-group is BLOCK_N x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,

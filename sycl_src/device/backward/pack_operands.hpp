@@ -228,28 +228,32 @@ void flash_bwd_pack_rows_kernel(BwdParams p) {
     const KvRows<T> q_rows{q, p.q_stride.row, nullptr, 0, 0};
     const KvRows<T> do_rows{dout, p.dout_stride.row, nullptr, 0, 0};
     // Tile by tile, Q, dO, Q^T and dO^T go through SLM in row-major order first, as the keys
-    // above; four tiles at once, so that one barrier serves them.
+    // above: two tiles at a time (the rows, then the columns), one barrier each way per pair.
+    // All four at once took the whole 64 KiB of the 8-wide engines' SLM at d = 128.
     constexpr int TILE = BLOCK_M * HEAD_DIM;
-    static syclexp::work_group_static<T[Order::TILED ? 4 * TILE : 1]> staged_slm;
-    T* const staged[4] = {Order::TILED ? static_cast<T*>(staged_slm) : out.q,
-                          Order::TILED ? static_cast<T*>(staged_slm) + TILE : out.dout,
-                          Order::TILED ? static_cast<T*>(staged_slm) + 2 * TILE : out.q_cols,
-                          Order::TILED ? static_cast<T*>(staged_slm) + 3 * TILE : out.do_cols};
-    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged[0]), q, p.q_stride.row,
-                                 rows, d, lid, BLOCK_M);
-    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(staged[1]), dout,
-                                 p.dout_stride.row, rows, d_v, lid, BLOCK_M);
-    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(staged[2]), q_rows,
-                                            0, rows, d, lid, BLOCK_M);
-    load_tile_transposed<BLOCK_M, HEAD_DIM>(*reinterpret_cast<ColumnsTile*>(staged[3]),
-                                            do_rows, 0, rows, d_v, lid, BLOCK_M);
-    if constexpr (Order::TILED) {
-      sycl::group_barrier(item.get_group());
-      Order::copy_from_rows(out.q, staged[0], BLOCK_M, HEAD_DIM, lid, BLOCK_M);
-      Order::copy_from_rows(out.dout, staged[1], BLOCK_M, HEAD_DIM, lid, BLOCK_M);
-      Order::copy_from_rows(out.q_cols, staged[2], HEAD_DIM, BLOCK_M, lid, BLOCK_M);
-      Order::copy_from_rows(out.do_cols, staged[3], HEAD_DIM, BLOCK_M, lid, BLOCK_M);
-    }
+    constexpr bool TILED = Order::TILED;
+    static syclexp::work_group_static<T[TILED ? 2 * TILE : 1]> staged_slm;
+    T* const slm = static_cast<T*>(staged_slm);
+    const auto write_out = [&](T* first, T* second, int tile_rows, int tile_columns) {
+      if constexpr (TILED) {
+        sycl::group_barrier(item.get_group());
+        Order::copy_from_rows(first, slm, tile_rows, tile_columns, lid, BLOCK_M);
+        Order::copy_from_rows(second, slm + TILE, tile_rows, tile_columns, lid, BLOCK_M);
+        sycl::group_barrier(item.get_group());  // before the next pair overwrites the SLM
+      }
+    };
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(TILED ? slm : out.q), q,
+                                 p.q_stride.row, rows, d, lid, BLOCK_M);
+    load_tile<BLOCK_M, HEAD_DIM>(*reinterpret_cast<RowsTile*>(TILED ? slm + TILE : out.dout),
+                                 dout, p.dout_stride.row, rows, d_v, lid, BLOCK_M);
+    write_out(out.q, out.dout, BLOCK_M, HEAD_DIM);
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(
+        *reinterpret_cast<ColumnsTile*>(TILED ? slm : out.q_cols), q_rows, 0, rows, d, lid,
+        BLOCK_M);
+    load_tile_transposed<BLOCK_M, HEAD_DIM>(
+        *reinterpret_cast<ColumnsTile*>(TILED ? slm + TILE : out.do_cols), do_rows, 0, rows,
+        d_v, lid, BLOCK_M);
+    write_out(out.q_cols, out.do_cols, HEAD_DIM, BLOCK_M);
   } else {
     constexpr int PAIRS = Packed::PAIR_GROUP;
     load_tile_row_pairs<BLOCK_M, HEAD_DIM, PAIRS>(out.q_pairs, q, p.q_stride.row, rows, d, lid,

@@ -32,10 +32,26 @@ size_t bwd_matrix_slm_bytes(int head_dim, int block_m, int block_n) {
 
 }  // namespace
 
+namespace {
+
+// Sub-groups sharing a block's head dims on the 8-wide engines past d = 64: the fewest that give
+// each whole 8-row tiles, at most four of them (32 rows: a resident accumulator of 32 registers,
+// as at d = 64 with two). Each computes the block's scores again (backward/dq_registers_kernel.hpp).
+int eight_wide_shares_past_64(int head_dim) {
+  const int tiles = head_dim / 8;
+  int shares = 2;
+  while (tiles % shares != 0 || tiles / shares > 4) ++shares;
+  return shares;
+}
+
+}  // namespace
+
 BwdShares bwd_shares(const KernelVariant& variant) {
-  const bool eight_wide = variant.matrix_n == 8;
-  return {variant.matrix_registers && eight_wide && variant.head_dim >= 32 ? 2 : 1,
-          variant.dkdv_registers && eight_wide && variant.head_dim > 32 ? 2 : 1};
+  if (variant.matrix_n != 8) return {1, 1};
+  const int d = variant.head_dim;
+  const int wide = d > 64 ? eight_wide_shares_past_64(d) : 2;
+  return {variant.matrix_registers && d >= 32 ? wide : 1,
+          variant.dkdv_registers && d > 32 ? wide : 1};
 }
 
 KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
@@ -59,15 +75,15 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   variant.matrix_emulated = tile.emulated;
   variant.matrix_n = tile.n;
   // dQ's resident accumulator (dQ^T) takes HEAD_DIM / 8 x 8 registers: 128 at d = 128 beside
-  // dQ's score slabs. On the 8-wide engines, whose file is 128 registers, up to d = 64, two
-  // sub-groups per rows (bwd_shares). dK/dV's two (dK^T, dV^T) would take all 256 there: past
-  // d = 64 that kernel holds one at a time, walking the query rows twice
+  // dQ's score slabs. On the 8-wide engines, whose file is 128 registers, up to d = 128, two or
+  // more sub-groups per rows (bwd_shares). dK/dV's two (dK^T, dV^T) would take all 256 there:
+  // past d = 64 that kernel holds one at a time, walking the query rows twice
   // (backward/dkdv_registers_kernel.hpp), as it does past d = 32 on the 8-wide engines, up to
-  // 64. There softcap alone too, not with ALiBi or a mask as well (sycl::tanh there,
+  // 128 with its own sub-groups. There softcap alone too, not with ALiBi or a mask as well (sycl::tanh there,
   // score/softcap_alibi.hpp: beside the score tiles it would spill the 128 registers;
   // gpu-check's record, docs/gpus.md). Only with the register dQ: the SLM-staged one reads the
   // other layout of the packs.
-  const int max_8_wide = softcap_beside_score_changes(features) ? 0 : 64;
+  const int max_8_wide = softcap_beside_score_changes(features) ? 0 : 128;
   variant.matrix_registers = matrix_tiles_in_registers(
       tile, limits, variant.head_dim, 128, max_8_wide, why, "the register backward (dQ, dK/dV)",
       why && max_8_wide == 0
