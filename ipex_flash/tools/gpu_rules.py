@@ -16,10 +16,10 @@
   query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8) at most
   MAX_FORWARD_8_WIDE_PER_DPAS (it reached 24.5 and 27.3 at d = 64, 21.4 and 23.0 at 128 per
   DPAS it runs, where their SLM-staged forward issued 88-95 in a build with every block
-  fully visible), their register dQ (d = 64) at most MAX_DQ_8_WIDE_PER_DPAS (21.7 and 23.7 per
-  DPAS it runs, where the SLM-staged dQ issued 90-124 so), and their register dK/dV (d = 64)
-  at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 per DPAS it runs, where the SLM-staged
-  dK/dV issued 75-111 so);
+  fully visible), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (21.7 and 23.7 per DPAS it
+  runs at d = 64, 19.6 and 20.1 at 128, where the SLM-staged dQ issued 90-137 so), and their
+  register dK/dV at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 at d = 64, 22.1 and 22.0 at
+  128, where the SLM-staged dK/dV issued 75-180 so);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Three spills are known and reported as such rather than failed (docs/gpus.md). The first: the

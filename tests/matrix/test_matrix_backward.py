@@ -18,7 +18,8 @@ from helpers.backward import HEAD_DIMS, LENGTHS, check_gradients, check_transpos
 from helpers.cases import random_qkv, tiered
 from helpers.dropout import check_reported_mask
 from helpers.flash_attn import OPTIONS, check_gradients_match_reference, pack
-from helpers.sdpa import check_masked_gradients
+from helpers.sdpa import B, HKV, HQ, assert_grads_close, check_masked_gradients, grads_of, mask_of
+from ipex_flash.reference import sdpa_reference
 
 HAS_MATRIX_ENGINE = C.device_info()["matrix_engine"]
 needs_engine = pytest.mark.skipif(
@@ -47,12 +48,12 @@ def matrix_backward(monkeypatch):
         # emulate: the dQ and dK/dV kernels with their tiles in registers up to head dim 128
         # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
         # emulate8: both up to 128 too, as DG2 and Arrow Lake-H run them (dQ with two or more
-        # sub-groups per rows from 32, dK/dV in two passes from 48), not softcap with ALiBi or a
-        # mask, SLM-staged otherwise.
+        # sub-groups per rows from 32, dK/dV in two passes from 48), but dK/dV staged through
+        # SLM with softcap beside ALiBi or a mask.
         padded = plan["variant"].head_dim
         softcap_scored = features & 1 and features & (2 | 4 | 8)
-        dq_registers = padded <= 128 and (mode == "emulate" or not softcap_scored)
-        dkdv_registers = dq_registers
+        dq_registers = padded <= 128
+        dkdv_registers = dq_registers and (mode == "emulate" or not softcap_scored)
         assert plan["header"] == ("programs/flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "programs/flash_bwd_dq_registers.hpp" if dq_registers
                                   else "programs/flash_bwd_matrix.hpp"), plan
@@ -224,7 +225,7 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
 # from 32, each with its share of dQ^T. dK/dV: both accumulators resident in one walk over the
 # rows at d = 16, one at a time in two walks at 32, and two sub-groups per keys, each with its
 # share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap alone too;
-# softcap with ALiBi or a mask keeps the SLM-staged kernels.
+# softcap with ALiBi or a mask keeps the SLM-staged dK/dV beside the register dQ.
 @pytest.mark.parametrize("head_dim", [16, 32, 40])
 def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
@@ -232,16 +233,15 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     for features, registers in ((0, True), (4, True), (8, True), (1, True), (1 | 2, False),
                                 (1 | 4, False)):
         plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
-        assert plan["variant"].matrix_registers == registers, (features, plan)
+        assert plan["variant"].matrix_registers, (features, plan)
         assert plan["variant"].dkdv_registers == registers, (features, plan)
         dkdv, dq = plan["kernels"][-2:]
+        assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
+        assert dq.endswith(f", {str(registers).lower()}, {shares[0]}>"), plan  # the packs' layout
         if registers:
-            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
             assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"), plan
-            assert (dq.endswith(f", true, {shares[0]}>")
-                    and dkdv.endswith(f", 8, 16, 8, {shares[1]}>")), plan
+            assert dkdv.endswith(f", 8, 16, 8, {shares[1]}>"), plan
         else:
-            assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_kernel"), plan
             assert dkdv.startswith("ipex_flash::flash_bwd_dkdv_matrix_kernel"), plan
     for causal in (False, True):
         check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16), causal,
@@ -267,3 +267,25 @@ def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
         check_gradients(*random_qkv(2, 4, 2, 75, 101, head_dim, torch.bfloat16), causal,
                         torch.bfloat16)
     check_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5, False, head_dim)
+
+
+# Softcap beside a mask (SDPA's softcap with attn_mask): dQ in registers on either engine, dK/dV in
+# registers on the 16-wide ones and staged through SLM on the 8-wide ones (where beside a mask it
+# spilled); both register kernels take the short tanh, and the blocks the causal mask leaves
+# whole run in a loop of their own with the score changes but without the causal mask's code.
+@pytest.mark.parametrize("mode,head_dim", [("emulate", 64), ("emulate8", 64),
+                                           pytest.param("emulate", 128, marks=pytest.mark.full),
+                                           ("emulate8", 128)])
+@pytest.mark.parametrize("kind", ["bool", "float32"])
+def test_softcap_beside_a_mask(matrix_backward, mode, head_dim, kind):
+    dtype = torch.bfloat16
+    matrix_backward(mode, dtype, head_dim, 1 | (4 if kind == "bool" else 8))
+    q, k, v = random_qkv(B, HQ, HKV, 75, 101, head_dim, dtype)
+    mask = mask_of(kind, (B, 1, 75, 101), torch.float32 if kind == "float32" else dtype)
+    got = grads_of(lambda a, b, c: ipex_flash.scaled_dot_product_attention(
+        a, b, c, attn_mask=mask, is_causal=True, enable_gqa=True, softcap=5.0), q, k, v)
+    truth = grads_of(lambda a, b, c: sdpa_reference(a, b, c, mask, True, softcap=5.0),
+                     q.double(), k.double(), v.double())
+    plain = grads_of(lambda a, b, c: sdpa_reference(a, b, c, mask, True, softcap=5.0,
+                                                    compute_dtype=dtype), q, k, v)
+    assert_grads_close(got, truth, plain, dtype)

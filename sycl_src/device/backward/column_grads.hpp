@@ -28,7 +28,8 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
                                      float (&softcap_grad)[N], float (&dropped)[N]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) prob[j] *= c.q_prescale;
-  if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(prob, softcap_grad, row0, key, 1, 0);
+  if constexpr (FEATURES != 0)
+    score_mod.apply<FEATURES, /*SHORT_TANH=*/true>(prob, softcap_grad, row0, key, 1, 0);
   if constexpr (GENERAL) {
     if (!fully_visible) mask.apply_to_rows(prob, row0, key);
   }

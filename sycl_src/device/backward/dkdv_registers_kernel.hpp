@@ -85,7 +85,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   // The query blocks that see the whole key block, run without the mask's code (run_blocks;
   // none under dropout). Computed per pass: held from the kernel's start, with the general
   // form's values, they spilled on the 8-wide engines.
-  constexpr bool SPLIT = split_blocks<FEATURES>;
+  // With score changes too (split_blocks), but on the 8-wide engines: split there, with a mask
+  // it spilled 192-992 bytes at d = 64 and 128 (DG2, Arrow Lake-H; docs/gpus.md).
+  constexpr bool SPLIT = split_blocks<FEATURES> || !Packed::TILED;
   const BlockRun lean =
       SPLIT && !c.dropout.enabled
           ? kb.mask.fully_visible_row_blocks(kb.kv_begin, kb.kv_begin + BLOCK_N, kb.q_first,
@@ -98,8 +100,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
     const int64_t row_block0 = Packed::first_row_block(p, kb.batch, h);
     // One query block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the
     // blocks the mask cuts through and every block under dropout, the lean form for the
-    // others, without the mask's or dropout's code (backward/column_grads.hpp). With score
-    // changes every block takes the general form (split_blocks).
+    // others, without the mask's or dropout's code (backward/column_grads.hpp; score changes,
+    // the user's mask included, in both). On the 8-wide engines, with score changes every
+    // block takes the general form (SPLIT).
     const auto q_block = [&](auto general, int64_t q_begin) __attribute__((always_inline)) {
       constexpr bool GENERAL = decltype(general)::value;
       // The general form takes the lane's key and the mask's bounds through a sub-group

@@ -12,7 +12,7 @@
 // (matrix/block_io.hpp: a load per tile cost its descriptor every DPAS), Q^T and dO^T as
 // B tiles from theirs (backward/pack_operands.hpp), in either layout of the packs
 // (REGISTER_LAYOUT: the register dK/dV kernel's, or the SLM-staged one's where that kernel
-// serves the head dim). On the 8-wide engines (DG2, Arrow Lake-H, up to d = 64), which have no
+// serves the head dim). On the 8-wide engines (DG2, Arrow Lake-H, up to d = 128), which have no
 // 2-D block loads, the packs are tile by tile and each product reads one tile per load
 // (matrix/surface.hpp). No SLM; deterministic, no atomics.
 #pragma once
@@ -34,9 +34,10 @@
 
 namespace ipex_flash {
 
-// SHARES sub-groups per MATRIX_N query rows (the host's bwd_shares: two on the 8-wide engines
-// from d = 32, whose 128 registers of 32 bytes a whole dQ^T at d = 64 beside the score tiles
-// overflowed, spilling on DG2 (gpu-check's record); else one), each holding its share of dQ^T's
+// SHARES sub-groups per MATRIX_N query rows (the host's bwd_shares: on the 8-wide engines two
+// from d = 32, and past d = 64 enough for at most 32 rows each (three at d = 96, four at 128),
+// whose 128 registers of 32 bytes a whole dQ^T at d = 64 beside the score tiles overflowed,
+// spilling on DG2 (gpu-check's record); else one), each holding its share of dQ^T's
 // rows (head dims) and computing the rows' S^T, dP^T and dS^T alike (the same arithmetic: the
 // same results). The work-group is BLOCK_M x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
@@ -52,7 +53,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   // registers (they spilled on BMG and PVC: gpu-check's record). Past d = 64 dQ^T alone takes 128
   // registers (16 tiles of 8 x 16 floats): the slab shrinks to one reduction step of dQ's product,
   // the fewest keys that still make two score tiles (16 on the GPUs).
-  // The 8-wide engines (128 registers of 32 bytes, d <= 64: dQ^T takes half of them) take the
+  // The 8-wide engines (128 registers of 32 bytes; a share of dQ^T takes at most 32) take the
   // same short slabs at every head dim.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
@@ -104,8 +105,9 @@ IPEX_FLASH_TILE_LOOP
 
   // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
   // the mask cuts through and every block under dropout, the lean form for the others, without
-  // the mask's or dropout's code (bwd_score_grads). With score changes every block takes the
-  // general form (split_blocks), the user's mask's vote on skipping it included.
+  // the mask's or dropout's code (bwd_score_grads; score changes, the user's mask included, in
+  // both, and the user's mask's vote on skipping the block). With score changes too, unlike the
+  // forward (split_blocks): the general form's dropout code was most of the loop there.
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
     if (score_mod.attn_mask.hides_lines<FEATURES>(
@@ -154,8 +156,9 @@ IPEX_FLASH_TILE_LOOP
         float qk[CHUNK], grad[CHUNK];
         chunk_of_columns<M>(sg, s, c0, qk);
         chunk_of_columns<M>(sg, dp, c0, grad);
-        bwd_score_grads<FEATURES, GENERAL>(c, score_mod, mask, fully_visible, block.batch_head,
-                                           row, kv_begin + slab + c0, stats, qk, grad);
+        bwd_score_grads<FEATURES, GENERAL, /*SHORT_TANH=*/true>(
+            c, score_mod, mask, fully_visible, block.batch_head, row, kv_begin + slab + c0, stats,
+            qk, grad);
 IPEX_FLASH_TILE_LOOP
         for (int j = 0; j < CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
@@ -172,8 +175,8 @@ IPEX_FLASH_TILE_LOOP
     }
   };
   // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
-  run_key_blocks<FEATURES>(mask, c.dropout.enabled, q_begin, q_end, kv_first, kv_end, BLOCK_N,
-                           kv_block);
+  run_key_blocks<FEATURES, /*SPLIT=*/true>(mask, c.dropout.enabled, q_begin, q_end, kv_first,
+                                           kv_end, BLOCK_N, kv_block);
 
   float values[DQ_ROWS];
   lane_row_of_tiles<M>(sg, dq, values);

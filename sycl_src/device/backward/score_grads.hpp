@@ -47,7 +47,8 @@ struct BwdRowStats {
 // hides nothing in this block, so it is not applied element by element. GENERAL false: the
 // lean form of a fully visible block without dropout (run_blocks, score/block_mask.hpp), with
 // neither the mask's nor dropout's code.
-template <int FEATURES, bool GENERAL = true, int N>
+template <int FEATURES, bool GENERAL = true,
+          bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
 inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
                             const BlockMask& mask, bool fully_visible, int64_t batch_head,
                             int64_t row, int64_t key0, const BwdRowStats& stats,
@@ -55,7 +56,8 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
   float softcap_grad[N];  // d score / d raw score
 #pragma unroll
   for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale;
-  if constexpr (FEATURES != 0) score_mod.apply<FEATURES>(qk, softcap_grad, row, key0, 0, 1);
+  if constexpr (FEATURES != 0)
+    score_mod.apply<FEATURES, SHORT_TANH>(qk, softcap_grad, row, key0, 0, 1);
   if constexpr (GENERAL) {
     if (!fully_visible) mask.apply_to_keys(qk, row, key0);
   }

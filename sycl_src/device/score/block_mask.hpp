@@ -186,11 +186,12 @@ __attribute__((always_inline)) inline void run_blocks(int64_t first, int64_t end
   for (; start < end; start += step) block(std::true_type{}, start);
 }
 
-// Whether the kernels of FEATURES split their blocks so (run_blocks). Not with score changes
-// (softcap, ALiBi, a user's mask), whose per-element work, in every form, dominates the loop:
-// split, the forward with all three spilled at d = 128 on BMG and PVC, its code more than
-// twice as long; and a user's mask is a tensor, not index arithmetic, so the blocks the index
-// mask leaves whole still need its values.
+// Whether the forward kernels of FEATURES split their blocks so (run_blocks). Not with score
+// changes (softcap, ALiBi, a user's mask): split, the forward with all three spilled at d = 128
+// on BMG and PVC, its code more than twice as long. (A user's mask is a tensor, not index
+// arithmetic: the lean form still applies it.) The register backward splits with every score
+// change: there the general form's dropout code (Philox) was most of the loop with softcap,
+// ALiBi and a mask, and split it spills nowhere (gpu-check's record, docs/gpus.md).
 template <int FEATURES>
 constexpr bool split_blocks =
     (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
@@ -198,12 +199,11 @@ constexpr bool split_blocks =
 // The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
 // forward's and dQ's walk: the fully visible ones in the lean loop, unless the kernel's
 // score changes or dropout keep every block general.
-template <int FEATURES, typename Block>
+template <int FEATURES, bool SPLIT = split_blocks<FEATURES>, typename Block>
 __attribute__((always_inline)) inline void run_key_blocks(const BlockMask& mask, bool dropout,
                                                           int64_t row_begin, int64_t row_end,
                                                           int64_t first, int64_t end, int size,
                                                           Block&& block) {
-  constexpr bool SPLIT = split_blocks<FEATURES>;
   const BlockRun lean = SPLIT && !dropout
                             ? mask.fully_visible_key_blocks(row_begin, row_end, first, end, size)
                             : BlockRun::none(first);

@@ -57,10 +57,12 @@ struct ScoreMod {
   // needs when FEATURES has FEATURE_SOFTCAP. Element j is (row0 + j * row_step,
   // key0 + j * key_step): a work-item's row against consecutive keys (0, 1), or its key against
   // consecutive rows (1, 0).
-  template <int FEATURES, int N>
+  // SHORT_TANH: softcap's tanh by tanh_complement; by default where softcap is the only score
+  // change (the register backward takes it with every change: backward/score_grads.hpp).
+  template <int FEATURES, bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
   inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
                     int row_step, int key_step) const {
-    apply_from<FEATURES>(scores, softcap_grad, distance(row0, key0),
+    apply_from<FEATURES, SHORT_TANH>(scores, softcap_grad, distance(row0, key0),
                          static_cast<float>(row_step - key_step));
     attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
   }
@@ -73,13 +75,13 @@ struct ScoreMod {
   }
 
   // The same from element 0's ALiBi distance and the distance step between elements.
-  template <int FEATURES, int N>
+  template <int FEATURES, bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
   inline void apply_from(float (&scores)[N], float (&softcap_grad)[N], float distance0,
                          float step) const {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
-        if constexpr (!softcap_beside_score_changes(FEATURES)) {
+        if constexpr (SHORT_TANH) {
           const float r = tanh_complement(scores[j]);
           softcap_grad[j] = 4.f * r * (1.f - r);
           scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap*log2(e)*tanh

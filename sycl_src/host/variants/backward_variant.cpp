@@ -79,18 +79,19 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   // more sub-groups per rows (bwd_shares). dK/dV's two (dK^T, dV^T) would take all 256 there:
   // past d = 64 that kernel holds one at a time, walking the query rows twice
   // (backward/dkdv_registers_kernel.hpp), as it does past d = 32 on the 8-wide engines, up to
-  // 128 with its own sub-groups. There softcap alone too, not with ALiBi or a mask as well (sycl::tanh there,
-  // score/softcap_alibi.hpp: beside the score tiles it would spill the 128 registers;
-  // gpu-check's record, docs/gpus.md). Only with the register dQ: the SLM-staged one reads the
-  // other layout of the packs.
-  const int max_8_wide = softcap_beside_score_changes(features) ? 0 : 128;
-  variant.matrix_registers = matrix_tiles_in_registers(
-      tile, limits, variant.head_dim, 128, max_8_wide, why, "the register backward (dQ, dK/dV)",
-      why && max_8_wide == 0
-          ? "softcap with ALiBi or a mask: on 8-wide matrix engines the register backward "
-            "would spill the 128 registers (sycl::tanh beside the score tiles; docs/gpus.md)"
-          : std::string());
-  variant.dkdv_registers = variant.matrix_registers;  // the same range as dQ's
+  // 128 with its own sub-groups. The register kernels take softcap's short tanh with every score
+  // change (backward/score_grads.hpp). On the 8-wide engines softcap with ALiBi or a mask keeps
+  // the SLM-staged dK/dV: in registers it spilled 0.7-2.3 KB there, in two passes or one, split
+  // into lean and general loops or not (gpu-check; docs/gpus.md). The register dQ reads either
+  // layout of the packs; the SLM-staged dQ only its own, so never beside the register dK/dV.
+  variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, 128,
+                                                       why, "the register backward (dQ, dK/dV)");
+  const bool dkdv_staged_8_wide = tile.n == 8 && softcap_beside_score_changes(features);
+  variant.dkdv_registers = variant.matrix_registers && !dkdv_staged_8_wide;
+  if (why && variant.matrix_registers && dkdv_staged_8_wide)
+    why->push_back("softcap with ALiBi or a mask: on 8-wide matrix engines the register dK/dV "
+                   "would spill the 128 registers (docs/gpus.md); dK/dV staged through SLM, "
+                   "dQ in registers");
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);
