@@ -18,7 +18,8 @@ namespace ipex_flash {
 // softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
 // after dropout (what multiplied V in the forward: dV's factor). LANES: the sub-group's.
 // GENERAL false, here and below: the lean form of a fully visible block without dropout
-// (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code.
+// (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code. Softcap's
+// tanh is the short one with every score change (bwd_score_grads' SHORT_TANH).
 template <int FEATURES, int LANES, bool GENERAL = true, int N>
 inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& c,
                                      const ScoreMod& score_mod, const BlockMask& mask,

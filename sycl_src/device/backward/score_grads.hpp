@@ -46,7 +46,10 @@ struct BwdRowStats {
 // caller applies the softmax scale once at the end). fully_visible: the causal/window mask
 // hides nothing in this block, so it is not applied element by element. GENERAL false: the
 // lean form of a fully visible block without dropout (run_blocks, score/block_mask.hpp), with
-// neither the mask's nor dropout's code.
+// neither the mask's nor dropout's code. SHORT_TANH: softcap's tanh by tanh_complement, as the
+// register dQ takes it with every score change (score/softcap_alibi.hpp). Where the forward
+// took sycl::tanh (softcap beside ALiBi or a mask) the two differ by a few ulp of the score: a
+// relative error near 1e-6 in the recomputed P, far inside the 16-bit dtypes these kernels serve.
 template <int FEATURES, bool GENERAL = true,
           bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
 inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,

@@ -197,8 +197,8 @@ constexpr bool split_blocks =
     (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
 
 // The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
-// forward's and dQ's walk: the fully visible ones in the lean loop, unless the kernel's
-// score changes or dropout keep every block general.
+// forward's and dQ's walk: the fully visible ones in the lean loop, unless SPLIT is false (the
+// forward's score changes: split_blocks) or dropout keeps every block general.
 template <int FEATURES, bool SPLIT = split_blocks<FEATURES>, typename Block>
 __attribute__((always_inline)) inline void run_key_blocks(const BlockMask& mask, bool dropout,
                                                           int64_t row_begin, int64_t row_end,

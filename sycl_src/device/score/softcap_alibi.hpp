@@ -23,9 +23,10 @@ namespace ipex_flash {
 // element, which made the register forward's loop issue many times the instructions per DPAS it
 // issues without softcap (BMG at d = 64; docs/gpus.md). The error is a few ulp of 1 absolute:
 // what the scores, softcap * tanh, and their softmax see (as 1 - t * t, the derivative's error
-// was absolute too). Softcap alone only: with ALiBi or a mask as well, IGC's schedule of it
-// spilled where sycl::tanh's did not (in BMG's register forward at d = 128, and in DG2's and
-// Arrow Lake-H's SLM-staged backward; gpu-check's record).
+// was absolute too). The forward and the SLM-staged backward take it with softcap alone: with
+// ALiBi or a mask as well, IGC's schedule of it spilled where sycl::tanh's did not (in BMG's
+// register forward at d = 128, and in DG2's and Arrow Lake-H's SLM-staged backward; gpu-check's
+// record). The register backward takes it with every score change (backward/score_grads.hpp).
 inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
 
 struct ScoreMod {
@@ -63,7 +64,7 @@ struct ScoreMod {
   inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
                     int row_step, int key_step) const {
     apply_from<FEATURES, SHORT_TANH>(scores, softcap_grad, distance(row0, key0),
-                         static_cast<float>(row_step - key_step));
+                                     static_cast<float>(row_step - key_step));
     attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
   }
 
