@@ -213,8 +213,8 @@ IPEX_FLASH_TILE_LOOP
 
 // SHARES sub-groups per MATRIX_N keys (the host's bwd_shares: on the 8-wide engines two past
 // d = 32, and past d = 64 enough for at most 32 rows each; else one), each holding its
-// HEAD_DIM / SHARES rows (head dims) of dK^T and dV^T and computing the keys' S, P, dP and dS alike (the same arithmetic: the same results). The
-// work-group is BLOCK_N x SHARES work-items.
+// HEAD_DIM / SHARES rows (head dims) of dK^T and dV^T and computing the keys' S, P, dP and dS
+// alike (the same arithmetic: the same results). The work-group is BLOCK_N x SHARES work-items.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N, int SHARES>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))

@@ -36,7 +36,8 @@ namespace {
 
 // Sub-groups sharing a block's head dims on the 8-wide engines past d = 64: the fewest that give
 // each whole 8-row tiles, at most four of them (32 rows: a resident accumulator of 32 registers,
-// as at d = 64 with two). Each computes the block's scores again (backward/dq_registers_kernel.hpp).
+// as at d = 64 with two). Each computes the block's scores again
+// (backward/dq_registers_kernel.hpp).
 int eight_wide_shares_past_64(int head_dim) {
   const int tiles = head_dim / 8;
   int shares = 2;

@@ -164,9 +164,9 @@ int kv_element_bytes(const std::string& dtype, int features) {
 }
 
 // One work-group of kMaxDecodeRows work-items (one sub-group; the register form's, value_split
-// of them) per (batch, group of K/V heads, split); the kernel is specialised on the rows rounded up to a power of two, which sizes its
-// P.V accumulators. Scores go to the matrix engine where the forward would use it and the
-// local memory holds its buffers.
+// of them) per (batch, group of K/V heads, split); the kernel is specialised on the rows rounded
+// up to a power of two, which sizes its P.V accumulators. Scores go to the matrix engine where
+// the forward would use it and the local memory holds its buffers.
 KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, int features,
                              bool heads_interleaved, const DeviceLimits& limits,
                              const std::string& mode, SkipReasons* why, int head_dim_v) {
