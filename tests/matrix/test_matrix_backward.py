@@ -235,7 +235,10 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
         plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
         assert plan["variant"].matrix_registers, (features, plan)
         assert plan["variant"].dkdv_registers == registers, (features, plan)
-        dkdv, dq = plan["kernels"][-2:]
+        dkdv, dq = plan["kernels"][3:5]
+        # A bool mask packed into bits for the register dQ (backward/mask_bits_kernel.hpp).
+        assert (plan["kernels"][5:] == ["ipex_flash::flash_bwd_mask_bits_kernel"]) == (
+            features & 4 != 0), plan
         assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
         assert dq.endswith(f", {str(registers).lower()}, {shares[0]}>"), plan  # the packs' layout
         if registers:
@@ -260,7 +263,7 @@ def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
     for features in (0, 1, 2, 4):
         matrix_backward("emulate8", torch.bfloat16, head_dim, features)
         dkdv, dq = C.plan("backward", "", "bfloat16", head_dim, features, 1,
-                          "emulate8")["kernels"][-2:]
+                          "emulate8")["kernels"][3:5]
         assert dq.endswith(f", true, {shares}>") and dkdv.endswith(f", 8, 16, 8, {shares}>"), (
             dq, dkdv)
     for causal in (False, True):

@@ -14,12 +14,17 @@
 
 namespace ipex_flash {
 
+// softcap_grad's unit in these steps (softcap_grad_unit): the caller multiplies the rows' delta
+// by it as it loads them, once a row, and step 2 dO.v, in the multiply-add it makes anyway.
+template <int FEATURES>
+constexpr float bwd_column_unit = softcap_grad_unit(FEATURES, TanhForm::FUSED);
+
 // Step 1. On entry prob[j] = q.k (unscaled); on exit prob[j] = P before dropout,
-// softcap_grad[j] = d score / d (scale * q.k) where FEATURES has softcap, and dropped[j] = P
-// after dropout (what multiplied V in the forward: dV's factor). LANES: the sub-group's.
-// GENERAL false, here and below: the lean form of a fully visible block without dropout
-// (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code. Softcap's
-// tanh is the short one with every score change (bwd_score_grads' SHORT_TANH).
+// softcap_grad[j] = d score / d (scale * q.k) over BWD_COLUMN_UNIT where FEATURES has softcap,
+// and dropped[j] = P after dropout (what multiplied V in the forward: dV's factor). LANES: the
+// sub-group's. GENERAL false, here and below: the lean form of a fully visible block without
+// dropout (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code.
+// Softcap's tanh is the FUSED one with every score change (TanhForm).
 template <int FEATURES, int LANES, bool GENERAL = true, int N>
 inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& c,
                                      const ScoreMod& score_mod, const BlockMask& mask,
@@ -28,9 +33,14 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
                                      const float (&lse_log2)[N], float (&prob)[N],
                                      float (&softcap_grad)[N], float (&dropped)[N]) {
 #pragma unroll
-  for (int j = 0; j < N; ++j) prob[j] *= c.q_prescale;
-  if constexpr (FEATURES != 0)
-    score_mod.apply<FEATURES, /*SHORT_TANH=*/true>(prob, softcap_grad, row0, key, 1, 0);
+  for (int j = 0; j < N; ++j) prob[j] *= c.q_prescale * tanh_input_scale(FEATURES, TanhForm::FUSED);
+  if constexpr ((FEATURES & FEATURE_MASK_BOOL) != 0) {  // the mask as bits
+    score_mod.apply_from<FEATURES, TanhForm::FUSED>(prob, softcap_grad,
+                                                    score_mod.distance(row0, key), 1.f);
+    score_mod.attn_mask.hide_rows_by_bits(sg, prob, row0, key);
+  } else if constexpr (FEATURES != 0) {
+    score_mod.apply<FEATURES, TanhForm::FUSED>(prob, softcap_grad, row0, key, 1, 0);
+  }
   if constexpr (GENERAL) {
     if (!fully_visible) mask.apply_to_rows(prob, row0, key);
   }
@@ -50,9 +60,10 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
   }
 }
 
-// Step 2. On entry dp[j] = dO.v; on exit dS in the natural domain of scale * q.k (dK's factor;
-// the caller applies the softmax scale once at the end). The dropout factors are drawn again
-// rather than kept across the products.
+// Step 2. On entry dp[j] = dO.v and delta[j] = rowsum(dO * O) * bwd_column_unit<FEATURES>; on
+// exit dS in the natural domain of scale * q.k (dK's factor; the caller applies the softmax
+// scale once at the end). The dropout factors are drawn again rather than kept across the
+// products.
 template <int FEATURES, int LANES, bool GENERAL = true, int N>
 inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int64_t batch_head,
                                int64_t row0, int64_t key, const float (&prob)[N],
@@ -68,7 +79,7 @@ inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    dp[j] = prob[j] * (dp[j] - delta[j]);
+    dp[j] = prob[j] * (dp[j] * bwd_column_unit<FEATURES> - delta[j]);
     if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
   }
 }
@@ -89,7 +100,7 @@ inline void bwd_column_dscores_kept(const AttentionCommon& c, const float (&prob
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    dp[j] = prob[j] * (dp[j] - delta[j]);
+    dp[j] = prob[j] * (dp[j] * bwd_column_unit<FEATURES> - delta[j]);
     if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
   }
 }

@@ -147,7 +147,7 @@ IPEX_FLASH_TILE_LOOP
         for (int r = 0; r < PARTS; ++r) {
           const BwdRowStats stats = BwdRowStats::of(p, seq, kb.batch, h, row0 + r * PART + lane);
           lse_lane[r] = stats.lse_log2;
-          delta_lane[r] = stats.delta;
+          delta_lane[r] = stats.delta * bwd_column_unit<FEATURES>;
         }
         // dK alone: dP first, so that only its column, not S's tiles, waits through the
         // score changes. The rows' statistics and the score changes go a part of PART rows

@@ -156,7 +156,7 @@ IPEX_FLASH_TILE_LOOP
         float qk[CHUNK], grad[CHUNK];
         chunk_of_columns<M>(sg, s, c0, qk);
         chunk_of_columns<M>(sg, dp, c0, grad);
-        bwd_score_grads<FEATURES, GENERAL, /*SHORT_TANH=*/true>(
+        bwd_score_grads<FEATURES, GENERAL, TanhForm::FUSED, /*MASK_BITS=*/true>(
             c, score_mod, mask, fully_visible, block.batch_head, row, kv_begin + slab + c0, stats,
             qk, grad);
 IPEX_FLASH_TILE_LOOP

@@ -46,21 +46,27 @@ struct BwdRowStats {
 // caller applies the softmax scale once at the end). fully_visible: the causal/window mask
 // hides nothing in this block, so it is not applied element by element. GENERAL false: the
 // lean form of a fully visible block without dropout (run_blocks, score/block_mask.hpp), with
-// neither the mask's nor dropout's code. SHORT_TANH: softcap's tanh by tanh_complement, as the
-// register dQ takes it with every score change (score/softcap_alibi.hpp). Where the forward
-// took sycl::tanh (softcap beside ALiBi or a mask) the two differ by a few ulp of the score: a
-// relative error near 1e-6 in the recomputed P, far inside the 16-bit dtypes these kernels serve.
-template <int FEATURES, bool GENERAL = true,
-          bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
+// neither the mask's nor dropout's code. TANH: softcap's tanh (TanhForm); the register dQ takes
+// FUSED with every score change. Where the forward took sycl::tanh (softcap beside ALiBi or a
+// mask) the two differ by a few ulp of the score: a relative error near 1e-6 in the recomputed
+// P, far inside the 16-bit dtypes these kernels serve. MASK_BITS: a bool mask is read as bits
+// (AttnMaskPlane::key_bits), as the register dQ reads it.
+template <int FEATURES, bool GENERAL = true, TanhForm TANH = default_tanh(FEATURES),
+          bool MASK_BITS = false, int N>
 inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
                             const BlockMask& mask, bool fully_visible, int64_t batch_head,
                             int64_t row, int64_t key0, const BwdRowStats& stats,
                             float (&qk)[N], float (&dp)[N]) {
-  float softcap_grad[N];  // d score / d raw score
+  constexpr float UNIT = softcap_grad_unit(FEATURES, TANH);
+  float softcap_grad[N];  // d score / d raw score, over UNIT
 #pragma unroll
-  for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale;
-  if constexpr (FEATURES != 0)
-    score_mod.apply<FEATURES, SHORT_TANH>(qk, softcap_grad, row, key0, 0, 1);
+  for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale * tanh_input_scale(FEATURES, TANH);
+  if constexpr (MASK_BITS && (FEATURES & FEATURE_MASK_BOOL) != 0) {
+    score_mod.apply_from<FEATURES, TANH>(qk, softcap_grad, score_mod.distance(row, key0), -1.f);
+    AttnMaskPlane::hide_by_bits(qk, score_mod.attn_mask.key_bits(row, key0));
+  } else if constexpr (FEATURES != 0) {
+    score_mod.apply<FEATURES, TANH>(qk, softcap_grad, row, key0, 0, 1);
+  }
   if constexpr (GENERAL) {
     if (!fully_visible) mask.apply_to_keys(qk, row, key0);
   }
@@ -74,7 +80,8 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
   for (int j = 0; j < N; ++j) {
     const float prob = sycl::exp2(qk[j] - stats.lse_log2);
     qk[j] = prob * factor[j];
-    dp[j] = prob * (dp[j] * factor[j] - stats.delta);
+    // UNIT on dO.v - delta rather than on softcap_grad: one multiply-add either way.
+    dp[j] = prob * (dp[j] * (factor[j] * UNIT) - stats.delta * UNIT);
     if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) dp[j] *= softcap_grad[j];
   }
 }

@@ -31,6 +31,12 @@ struct AttnMaskParams {
   int64_t head;
   int64_t row;
   int64_t col;
+  // A bool mask as bits, a 32-bit word per 32 keys (backward/mask_bits_kernel.hpp), which the
+  // register backward reads: packed by the backward's first kernels, null elsewhere.
+  uint32_t* bits;
+  int64_t bits_batch;  // word strides, 0 for a broadcast dimension
+  int64_t bits_head;
+  int64_t bits_row;
 };
 
 // Changes to the scaled scores before the softmax (flash-attn's and SDPA's options), in this

@@ -29,6 +29,32 @@ namespace ipex_flash {
 // record). The register backward takes it with every score change (backward/score_grads.hpp).
 inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
 
+// How ScoreMod::apply computes softcap's tanh, and what it hands back as softcap_grad:
+//   LIBRARY: sycl::tanh t; softcap_grad = 1 - t^2.
+//   SHORT: tanh_complement's r; softcap_grad = 4r(1 - r), the same.
+//   FUSED: r, from scores that arrive multiplied by 2 log2(e) as well (tanh_input_scale: the
+//     caller folds it into the multiply it makes anyway), and softcap_grad = r(1 - r), a
+//     quarter of 1 - t^2 (softcap_grad_unit: the caller folds the 4 into dS's other factor).
+//     Two instructions fewer an element than SHORT, in the register backward's main loops.
+// By default LIBRARY beside ALiBi or a mask, where IGC's schedule of SHORT spilled in the
+// forward and the SLM-staged backward (above); the register backward takes FUSED with every
+// score change (backward/score_grads.hpp).
+enum class TanhForm { LIBRARY, SHORT, FUSED };
+
+constexpr TanhForm default_tanh(int features) {
+  return softcap_beside_score_changes(features) ? TanhForm::LIBRARY : TanhForm::SHORT;
+}
+
+// What a caller multiplies the dot products by, besides q_prescale, before ScoreMod::apply.
+constexpr float tanh_input_scale(int features, TanhForm tanh) {
+  return (features & FEATURE_SOFTCAP) != 0 && tanh == TanhForm::FUSED ? 2.f * LOG2E : 1.f;
+}
+
+// d score / d (scale * q.k) = softcap_grad * softcap_grad_unit.
+constexpr float softcap_grad_unit(int features, TanhForm tanh) {
+  return (features & FEATURE_SOFTCAP) != 0 && tanh == TanhForm::FUSED ? 4.f : 1.f;
+}
+
 struct ScoreMod {
   float softcap_log2;  // softcap * log2(e); 0 = off
   float alibi_log2;    // this (batch, head)'s ALiBi slope * log2(e); 0 = off
@@ -58,12 +84,11 @@ struct ScoreMod {
   // needs when FEATURES has FEATURE_SOFTCAP. Element j is (row0 + j * row_step,
   // key0 + j * key_step): a work-item's row against consecutive keys (0, 1), or its key against
   // consecutive rows (1, 0).
-  // SHORT_TANH: softcap's tanh by tanh_complement; by default where softcap is the only score
-  // change (the register backward takes it with every change: backward/score_grads.hpp).
-  template <int FEATURES, bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
+  // TANH: how softcap's tanh is computed (TanhForm).
+  template <int FEATURES, TanhForm TANH = default_tanh(FEATURES), int N>
   inline void apply(float (&scores)[N], float (&softcap_grad)[N], int64_t row0, int64_t key0,
                     int row_step, int key_step) const {
-    apply_from<FEATURES, SHORT_TANH>(scores, softcap_grad, distance(row0, key0),
+    apply_from<FEATURES, TANH>(scores, softcap_grad, distance(row0, key0),
                                      static_cast<float>(row_step - key_step));
     attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
   }
@@ -76,13 +101,17 @@ struct ScoreMod {
   }
 
   // The same from element 0's ALiBi distance and the distance step between elements.
-  template <int FEATURES, bool SHORT_TANH = !softcap_beside_score_changes(FEATURES), int N>
+  template <int FEATURES, TanhForm TANH = default_tanh(FEATURES), int N>
   inline void apply_from(float (&scores)[N], float (&softcap_grad)[N], float distance0,
                          float step) const {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
-        if constexpr (SHORT_TANH) {
+        if constexpr (TANH == TanhForm::FUSED) {
+          const float r = 1.f / (1.f + sycl::exp2(scores[j]));  // tanh_complement
+          softcap_grad[j] = sycl::fma(-r, r, r);
+          scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);
+        } else if constexpr (TANH == TanhForm::SHORT) {
           const float r = tanh_complement(scores[j]);
           softcap_grad[j] = 4.f * r * (1.f - r);
           scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);  // softcap*log2(e)*tanh

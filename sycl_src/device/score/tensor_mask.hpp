@@ -23,12 +23,48 @@ struct AttnMaskPlane {
   int64_t col_stride;
   int64_t len_q;
   int64_t len_k;
+  const uint32_t* bits;  // the plane as bits (AttnMaskParams::bits), where packed
+  int64_t bits_row;      // words
 
   static inline AttnMaskPlane of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
     const AttnMaskParams& m = c.score_mod.attn_mask;
     const uint8_t* base = static_cast<const uint8_t*>(m.data);
     if (base != nullptr) base += b * m.batch + h * m.head;
-    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k};
+    const uint32_t* bits = m.bits;
+    if (bits != nullptr) bits += b * m.bits_batch + h * m.bits_head;
+    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k, bits, m.bits_row};
+  }
+
+  // The packed bool mask's bits of row `row` from key key0 on (bit j: key key0 + j; up to the
+  // end of key0's word of 32), for the register backward. A row past the sequence reads its
+  // last row (its scores are never used); keys past it read 0 or the mask's own values, which
+  // the index mask hides. Words run to the end of the last key block (mask_bits_words).
+  inline uint32_t key_bits(int64_t row, int64_t key0) const {
+    const int64_t r = row < len_q ? row : len_q - 1;
+    return bits[r * bits_row + (key0 >> 5)] >> (key0 & 31);
+  }
+
+  // scores[j] = -inf where bit j of `visible` is clear: a lane's row against keys key0 + j
+  // (key_bits(row, key0)).
+  template <int N>
+  static inline void hide_by_bits(float (&scores)[N], uint32_t visible) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if ((visible & (1u << j)) == 0) scores[j] = NEG_INF;
+  }
+
+  // The same for a lane's key against rows row0 + j, j < N: lane j reads row row0 + j's bits of
+  // the sub-group's N keys (from the lane's key less its lane index, a multiple of N) and each
+  // lane tests its own bit of each row's, read through a broadcast: a word load a row.
+  template <int N>
+  inline void hide_rows_by_bits(sycl::sub_group sg, float (&scores)[N], int64_t row0,
+                                int64_t key) const {
+    const int lane = static_cast<int>(sg.get_local_id()[0]);
+    const uint32_t row_bits = key_bits(row0 + lane, key - lane);
+    const uint32_t lane_bit = 1u << lane;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if ((sycl::group_broadcast(sg, row_bits, j) & lane_bit) == 0) scores[j] = NEG_INF;
   }
 
   // The element `offset` bytes from base as an exp2-domain addend: 0 or -inf for a bool mask.

@@ -69,6 +69,16 @@ CacheBounds cache_bounds(const TensorView& k, const AttentionOptions& o) {
           static_cast<int32_t>(o.block_table ? k.size(0) : 0)};
 }
 
+AttnMaskParams attn_mask_params(const AttentionOptions& o) {
+  if (!o.attn_mask) return AttnMaskParams{};
+  const TensorView& m = *o.attn_mask;
+  if (m.sizes.size() != 4)
+    throw std::invalid_argument("ipex_flash: attn_mask must be viewed as (B, Hq, Nq, Nk)");
+  const int64_t bytes = element_bytes(m.dtype);
+  return AttnMaskParams{data_of<void>(o.attn_mask), m.strides[0] * bytes, m.strides[1] * bytes,
+                        m.strides[2] * bytes, m.strides[3] * bytes};
+}
+
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& o) {
   AttentionCommon c{};
@@ -91,15 +101,7 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
   c.mask = o.mask;
   c.score_mod = ScoreModParams{o.softcap, data_of<float>(o.alibi_slopes), 0, AttnMaskParams{},
                                data_of<float>(o.sinks)};
-  if (o.attn_mask) {
-    const TensorView& m = *o.attn_mask;
-    if (m.sizes.size() != 4)
-      throw std::invalid_argument("ipex_flash: attn_mask must be viewed as (B, Hq, Nq, Nk)");
-    const int64_t bytes = element_bytes(m.dtype);
-    c.score_mod.attn_mask = AttnMaskParams{data_of<void>(o.attn_mask), m.strides[0] * bytes,
-                                           m.strides[1] * bytes, m.strides[2] * bytes,
-                                           m.strides[3] * bytes};
-  }
+  c.score_mod.attn_mask = attn_mask_params(o);
   if (o.alibi_slopes && o.alibi_slopes->sizes.size() == 2)
     c.score_mod.alibi_batch_stride = o.alibi_slopes->strides[0];
   c.dropout = o.dropout;

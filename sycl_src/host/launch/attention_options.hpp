@@ -57,6 +57,9 @@ AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorVi
 // (B, Hkv, capacity, D), or its pages (num_pages, Hkv, page_size, D); v like k with its own
 // head dim Dv. lse (B, Hq, Nq), or (Hq, total_q) when packed. num_blocks is left for the
 // launcher.
+// The user's mask as the kernels read it in place (none: data null); bits unset.
+AttnMaskParams attn_mask_params(const AttentionOptions& options);
+
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& options);
 

@@ -46,15 +46,39 @@ int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
   return element * (keys + rows);
 }
 
+// Where the bool mask's bits go (backward/mask_bits_kernel.hpp): after the packs, a word per 32
+// keys of each row of each plane the mask does not broadcast. Sets the word strides; returns
+// the bytes, 0 where the variant reads the mask in place.
+int64_t mask_bits_layout(const AttentionDims& dims, const KernelVariant& variant,
+                         AttnMaskParams& mask) {
+  if (!bwd_mask_bits(variant) || mask.data == nullptr) return 0;
+  mask.bits_row = mask_bits_words(dims.len_k, variant.block_n);
+  mask.bits_head = mask.head != 0 ? dims.len_q * mask.bits_row : 0;
+  const int64_t heads = mask.head != 0 ? dims.heads_q : 1;
+  mask.bits_batch = mask.batch != 0 ? heads * dims.len_q * mask.bits_row : 0;
+  const int64_t batches = mask.batch != 0 ? dims.batch : 1;
+  return batches * heads * dims.len_q * mask.bits_row * 4;
+}
+
+// The packs' bytes, then the mask's bits (64-byte aligned).
+int64_t bwd_scratch(const AttentionDims& dims, const BwdPacks& packs, const KernelVariant& variant,
+                    AttnMaskParams mask, int64_t* bits_offset = nullptr) {
+  const int64_t packed = (packed_bwd_bytes(dims, packs, variant) + 63) / 64 * 64;
+  if (bits_offset != nullptr) *bits_offset = packed;
+  return packed + mask_bits_layout(dims, variant, mask);
+}
+
 struct BwdKernels {
   sycl::kernel preprocess, dkdv, dq;
-  std::vector<sycl::kernel> pack;  // matrix kernels: the key and the row packing
+  std::vector<sycl::kernel> pack;  // matrix kernels: the key and the row packing, the mask's bits
 };
 
 BwdKernels bwd_kernels(sycl::queue& queue, const KernelVariant& variant) {
   const std::vector<sycl::kernel> kernels = get_kernels(queue, bwd_program(variant));
-  if (variant.matrix_m > 0) return BwdKernels{kernels[0], kernels[3], kernels[4], {kernels[1], kernels[2]}};
-  return BwdKernels{kernels[0], kernels[1], kernels[2], {}};
+  if (variant.matrix_m == 0) return BwdKernels{kernels[0], kernels[1], kernels[2], {}};
+  BwdKernels found{kernels[0], kernels[3], kernels[4], {kernels[1], kernels[2]}};
+  if (bwd_mask_bits(variant)) found.pack.push_back(kernels[5]);
+  return found;
 }
 
 }  // namespace
@@ -132,7 +156,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   }
   if (matrix) {  // the packed copies, before the kernels that read them (the queue is in order)
     const BwdPacks packs = bwd_packs(dims, t.q, t.k, options, variant);
-    const int64_t needed = packed_bwd_bytes(dims, packs, variant);
+    int64_t bits_offset = 0;
+    const int64_t needed = bwd_scratch(dims, packs, variant, c.score_mod.attn_mask, &bits_offset);
     const int64_t given = t.scratch.sizes.empty() ? 0 : t.scratch.size(0);
     if (t.scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
@@ -149,6 +174,14 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       submit_kernel(queue, kernels.pack[1], params,
                     block_range(dims.heads_q, packs.rows.blocks, variant.block_m),
                     "flash_bwd_pack_rows");
+    AttnMaskParams& mask = c.score_mod.attn_mask;
+    const int64_t bits_bytes = mask_bits_layout(dims, variant, mask);
+    if (bits_bytes > 0) {
+      mask.bits = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
+      submit_kernel(queue, kernels.pack[2], params,
+                    block_range(1, ceil_div(bits_bytes / 4, kPreprocessGroup), kPreprocessGroup),
+                    "flash_bwd_mask_bits");
+    }
   }
   // dK and dV run over every key even with no query rows (they are then zero).
   c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_k, variant.block_n));
@@ -172,7 +205,8 @@ int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
   const KernelVariant variant = bwd_variant_on(queue_from_handle(queue_handle), q.dtype,
                                                dims.head_dim_max(), features_of(options, k));
   if (variant.matrix_m == 0) return 0;
-  return packed_bwd_bytes(dims, bwd_packs(dims, q, k, options, variant), variant);
+  return bwd_scratch(dims, bwd_packs(dims, q, k, options, variant), variant,
+                     attn_mask_params(options));
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "host/variants/matrix_engine.hpp"
 #include "device/backward/params.hpp"
@@ -99,6 +100,11 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   return variant;
 }
 
+bool bwd_mask_bits(const KernelVariant& variant) {
+  return variant.matrix_m > 0 && (variant.matrix_registers || variant.dkdv_registers) &&
+         (variant.features & FEATURE_MASK_BOOL) != 0;
+}
+
 KernelProgram bwd_program(const KernelVariant& variant) {
   const std::string type = device_type_name(variant.dtype);
   const std::string preprocess = "ipex_flash::flash_bwd_preprocess_kernel<" + type + ">";
@@ -123,13 +129,13 @@ KernelProgram bwd_program(const KernelVariant& variant) {
                                                ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel");
     if (dkdv_registers) dkdv = with_trailing(dkdv, {shares.dkdv});
+    std::vector<std::string> kernels{preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
+                                     "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape, dkdv, dq};
+    if (bwd_mask_bits(variant)) kernels.push_back("ipex_flash::flash_bwd_mask_bits_kernel");
     return {dkdv_registers ? "programs/flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "programs/flash_bwd_dq_registers.hpp"
                            : "programs/flash_bwd_matrix.hpp",
-            {preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
-             "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape,
-             dkdv, dq},
-            program_options(variant)};
+            kernels, program_options(variant)};
   }
   return {"programs/flash_bwd.hpp",
           {preprocess, variant.instantiate("ipex_flash::flash_bwd_dkdv_kernel"),

@@ -23,6 +23,10 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
 // preprocess, pack keys, pack rows, dK/dV, dQ.
 KernelProgram bwd_program(const KernelVariant& variant);
 
+// Whether the backward packs a bool attn_mask into bits (backward/mask_bits_kernel.hpp) for its
+// register kernels, which read it so: the program's sixth kernel.
+bool bwd_mask_bits(const KernelVariant& variant);
+
 // Sub-groups per MATRIX_N query rows of the register dQ kernel, and per MATRIX_N keys of the
 // register dK/dV kernel, each holding a share of the resident accumulators' head dims (their
 // SHARES template argument; the launch sizes follow): two on the 8-wide engines, whose 128
