@@ -3,7 +3,7 @@ loop takes exactly the blocks block_fully_visible accepts, the general loops all
 every block is visited once, in order (the online softmax's results depend on it). The mask
 arithmetic is plain C++: compiled for the host and checked over every shape of a grid of
 lengths, diagonals, windows and block sizes, forward (key blocks of a query block) and dK/dV
-(query blocks of a key block). The kernels' results under the split: test_matrix_path.py and
+(query blocks of a key block, whole ones only). The kernels' results under the split: test_matrix_path.py and
 test_matrix_backward.py."""
 import shutil
 import subprocess
@@ -67,9 +67,9 @@ int main() {
       const int64_t first = mask.first_row(k) / rows * rows, end = mask.end_row(k_end, len_q);
       leans += walk(first, end, rows,
                     mask.fully_visible_row_blocks(k, k + size, first, end, rows, len_q),
-                    [&](int64_t q) {
-                      return mask.block_fully_visible(q, std::min<int64_t>(q + rows, len_q),
-                                                      k, k + size);
+                    [&](int64_t q) {  // whole blocks only: the lean form's rows are constant
+                      return q + rows <= len_q &&
+                             mask.block_fully_visible(q, q + rows, k, k + size);
                     });
       ++walks;
     }

@@ -115,9 +115,11 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
           GENERAL ? BlockMask{uniform(kb.mask.diag), uniform(kb.mask.window_left),
                               uniform(kb.mask.window_right), uniform(kb.mask.len_k)}
                   : kb.mask;
-      const int64_t q_end = std::min<int64_t>(q_begin + BLOCK_M, seq.len_q);
-      if (score_mod.attn_mask.hides_lines<FEATURES>(sg, key < kb.kv_end, q_begin, key, 1, 0,
-                                                    q_end - q_begin))
+      // (A fully visible block is whole: fully_visible_row_blocks.)
+      const int64_t q_end = GENERAL ? std::min<int64_t>(q_begin + BLOCK_M, seq.len_q)
+                                    : q_begin + BLOCK_M;
+      if (score_mod.attn_mask.hides_lines<FEATURES, BLOCK_M, N>(
+              sg, key < kb.kv_end, q_begin, key, 1, 0, static_cast<int>(q_end - q_begin)))
         return;
       const typename Packed::Rows rows = Packed::rows(p, row_block0 + q_begin / BLOCK_M);
       const bool fully_visible =

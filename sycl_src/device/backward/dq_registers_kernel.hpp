@@ -110,9 +110,11 @@ IPEX_FLASH_TILE_LOOP
   // forward (split_blocks): the general form's dropout code was most of the loop there.
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
-    if (score_mod.attn_mask.hides_lines<FEATURES>(
+    // (A fully visible block's keys are all below kv_end: its length is a constant.)
+    if (score_mod.attn_mask.hides_lines<FEATURES, BLOCK_N, R>(
             sg, row < q_end, row, kv_begin, 0, 1,
-            std::min<int64_t>(kv_begin + BLOCK_N, kv_end) - kv_begin))
+            GENERAL ? static_cast<int>(std::min<int64_t>(kv_begin + BLOCK_N, kv_end) - kv_begin)
+                    : BLOCK_N))
       return;
     const typename Packed::Keys keys =
         Packed::keys(p, key_block0 + kv_begin / BLOCK_N);

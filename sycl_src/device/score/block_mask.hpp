@@ -81,15 +81,16 @@ struct BlockMask {
     return run_on_grid(least, last, first, end, size);
   }
 
-  // The blocks of query rows [start, min(start + size, len_q)), starting at first,
-  // first + size, ... below end, that see every key of [key_begin, key_end) (the dK/dV
+  // The whole blocks of query rows [start, start + size), start + size <= len_q, starting at
+  // first, first + size, ... below end, that see every key of [key_begin, key_end) (the dK/dV
   // kernel's walk over the query blocks for one key block; block_fully_visible as it asks).
+  // Whole: the lean form of that walk then takes a block's rows as a constant.
   inline BlockRun fully_visible_row_blocks(int64_t key_begin, int64_t key_end, int64_t first,
                                            int64_t end, int size, int64_t len_q) const {
     if (key_end > len_k) return BlockRun::none(first);
     // key_end - 1 <= start + diag + window_right
     const int64_t least = window_right >= 0 ? key_end - 1 - diag - window_right : first;
-    int64_t last = end;
+    int64_t last = std::min<int64_t>(end, len_q - size);
     if (window_left >= 0) {
       // key_begin >= min(start + size, len_q) - 1 + diag - window_left: rows below rows_end
       // see key_begin; every block does when the sequence's rows all do.

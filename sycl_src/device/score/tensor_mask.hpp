@@ -24,7 +24,7 @@ struct AttnMaskPlane {
   int64_t len_q;
   int64_t len_k;
   const uint32_t* bits;  // the plane as bits (AttnMaskParams::bits), where packed
-  int64_t bits_row;      // words
+  int bits_row;          // words; a plane's words fit 32 bits (the host checks)
 
   static inline AttnMaskPlane of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
     const AttnMaskParams& m = c.score_mod.attn_mask;
@@ -32,7 +32,8 @@ struct AttnMaskPlane {
     if (base != nullptr) base += b * m.batch + h * m.head;
     const uint32_t* bits = m.bits;
     if (bits != nullptr) bits += b * m.bits_batch + h * m.bits_head;
-    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k, bits, m.bits_row};
+    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k, bits,
+                         static_cast<int>(m.bits_row)};
   }
 
   // The packed bool mask's bits of row `row` from key key0 on (bit j: key key0 + j; up to the
@@ -40,8 +41,8 @@ struct AttnMaskPlane {
   // last row (its scores are never used); keys past it read 0 or the mask's own values, which
   // the index mask hides. Words run to the end of the last key block (mask_bits_words).
   inline uint32_t key_bits(int64_t row, int64_t key0) const {
-    const int64_t r = row < len_q ? row : len_q - 1;
-    return bits[r * bits_row + (key0 >> 5)] >> (key0 & 31);
+    const int r = static_cast<int>(row < len_q ? row : len_q - 1);
+    return bits[r * bits_row + static_cast<int>(key0 >> 5)] >> (key0 & 31);
   }
 
   // scores[j] = -inf where bit j of `visible` is clear: a lane's row against keys key0 + j
@@ -134,12 +135,36 @@ struct AttnMaskPlane {
   // hides_block for the register kernels, whose sub-groups share nothing else and skip alone:
   // each lane scans its own line of the block, `length` elements from (row, key) on, stepping
   // (row_step, key_step) (its query row across the keys, or its key down the rows), if `valid`,
-  // and the sub-group votes. No local memory.
-  template <int FEATURES>
+  // and the sub-group votes. No local memory. SPAN: the block's keys or rows (length at most);
+  // LANES: the sub-group's. A bool mask is read as bits there (key_bits, the keys 32-aligned):
+  // a word a lane's row of 32 keys, and down a lane's key a word a row, each lane reading every
+  // LANES-th row and the sub-group ORing them.
+  template <int FEATURES, int SPAN, int LANES>
   inline bool hides_lines(sycl::sub_group sg, bool valid, int64_t row, int64_t key,
-                          int row_step, int key_step, int64_t length) const {
+                          int row_step, int key_step, int length) const {
     if constexpr ((FEATURES & FEATURE_ATTN_MASK) == 0) {
       return false;
+    } else if constexpr ((FEATURES & FEATURE_MASK_BOOL) != 0) {
+      static_assert(SPAN % 32 == 0 && SPAN % LANES == 0, "whole words, whole rows a lane");
+      uint32_t seen = 0;
+      if (row_step == 0) {  // the lane's row, keys key .. key + length (key_step 1)
+#pragma unroll
+        for (int k = 0; k < SPAN; k += 32) {
+          const int left = length - k;
+          seen |= key_bits(row, key + k) & (left >= 32 ? ~0u : left > 0 ? (1u << left) - 1 : 0u);
+        }
+        return !sycl::any_of_group(sg, valid && seen != 0);
+      }
+      // the lane's key, rows row .. row + length (row_step 1): the sub-group's keys' bits
+      // Rows past length read the last (ORing a row twice changes nothing), unpredicated.
+      const int lane = static_cast<int>(sg.get_local_id()[0]);
+      const uint32_t* words =
+          bits + static_cast<int>(row) * bits_row + static_cast<int>((key - lane) >> 5);
+#pragma unroll
+      for (int r = 0; r < SPAN; r += LANES)
+        seen |= words[(length == SPAN ? r + lane : sycl::min(r + lane, length - 1)) * bits_row];
+      seen = sycl::reduce_over_group(sg, seen >> ((key - lane) & 31), sycl::bit_or<uint32_t>());
+      return !sycl::any_of_group(sg, valid && (seen >> lane & 1u) != 0);
     } else {
       const bool any = valid && line_visible<FEATURES>(row, key, row_step, key_step, length);
       return !sycl::any_of_group(sg, any);

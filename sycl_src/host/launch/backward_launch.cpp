@@ -1,6 +1,8 @@
 #include "host/launch/backward_launch.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -53,6 +55,10 @@ int64_t mask_bits_layout(const AttentionDims& dims, const KernelVariant& variant
                          AttnMaskParams& mask) {
   if (!bwd_mask_bits(variant) || mask.data == nullptr) return 0;
   mask.bits_row = mask_bits_words(dims.len_k, variant.block_n);
+  if (dims.len_q * mask.bits_row > INT32_MAX)  // the kernels index a plane in 32 bits
+    throw std::invalid_argument(
+        "ipex_flash: a bool attn_mask's plane of " + std::to_string(dims.len_q) + " x " +
+        std::to_string(dims.len_k) + " exceeds the register backward's 2^36 elements");
   mask.bits_head = mask.head != 0 ? dims.len_q * mask.bits_row : 0;
   const int64_t heads = mask.head != 0 ? dims.heads_q : 1;
   mask.bits_batch = mask.batch != 0 ? heads * dims.len_q * mask.bits_row : 0;
