@@ -156,13 +156,13 @@ struct AttnMaskPlane {
         return !sycl::any_of_group(sg, valid && seen != 0);
       }
       // the lane's key, rows row .. row + length (row_step 1): the sub-group's keys' bits
-      // Rows past length read the last (ORing a row twice changes nothing), unpredicated.
+      // A rolled loop: unrolled, its addresses held from the kernel's start spilled (DG2,
+      // PVC; gpu-check's record).
       const int lane = static_cast<int>(sg.get_local_id()[0]);
-      const uint32_t* words =
-          bits + static_cast<int>(row) * bits_row + static_cast<int>((key - lane) >> 5);
-#pragma unroll
-      for (int r = 0; r < SPAN; r += LANES)
-        seen |= words[(length == SPAN ? r + lane : sycl::min(r + lane, length - 1)) * bits_row];
+      const uint32_t* words = bits + static_cast<int>(row + lane) * bits_row +
+                              static_cast<int>((key - lane) >> 5);
+#pragma unroll 1
+      for (int r = lane; r < length; r += LANES, words += LANES * bits_row) seen |= *words;
       seen = sycl::reduce_over_group(sg, seen >> ((key - lane) & 31), sycl::bit_or<uint32_t>());
       return !sycl::any_of_group(sg, valid && (seen >> lane & 1u) != 0);
     } else {
