@@ -20,7 +20,7 @@ template <int FEATURES>
 constexpr float bwd_column_unit = softcap_grad_unit(FEATURES, TanhForm::FUSED);
 
 // Step 1. On entry prob[j] = q.k (unscaled); on exit prob[j] = P before dropout,
-// softcap_grad[j] = d score / d (scale * q.k) over BWD_COLUMN_UNIT where FEATURES has softcap,
+// softcap_grad[j] = d score / d (scale * q.k) over bwd_column_unit where FEATURES has softcap,
 // and dropped[j] = P after dropout (what multiplied V in the forward: dV's factor). LANES: the
 // sub-group's. GENERAL false, here and below: the lean form of a fully visible block without
 // dropout (run_blocks, score/block_mask.hpp), with neither the mask's nor dropout's code.

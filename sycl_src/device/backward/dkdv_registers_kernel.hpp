@@ -96,7 +96,7 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   for (int h = kb.head_kv * c.dims.heads_per_kv; h < (kb.head_kv + 1) * c.dims.heads_per_kv;
        ++h) {
     const int64_t batch_head = static_cast<int64_t>(kb.batch) * c.dims.heads_q + h;
-    const ScoreMod score_mod = ScoreMod::of(c, seq, kb.batch, h);
+    const ScoreMod score_mod = ScoreMod::of(c, seq, kb.batch, h, p.mask_bits);
     const int64_t row_block0 = Packed::first_row_block(p, kb.batch, h);
     // One query block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the
     // blocks the mask cuts through and every block under dropout, the lean form for the

@@ -97,7 +97,7 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
 IPEX_FLASH_TILE_LOOP
   for (int t = 0; t < DQ_TILES; ++t) matrix_fill(sg, dq[t], 0.f);
   const BlockMask mask = BlockMask::of(c.mask, seq);
-  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head, p.mask_bits);
   const BwdRowStats stats = BwdRowStats::of(p, seq, block.batch, block.head, row);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);

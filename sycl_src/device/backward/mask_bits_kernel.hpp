@@ -1,4 +1,4 @@
-// A bool attn_mask packed a bit an element, for the register backward (AttnMaskParams::bits):
+// A bool attn_mask packed a bit an element, for the register backward (BwdParams::mask_bits):
 // there a lane tests a bit of a word it loads once per 16 keys (AttnMaskPlane::key_bits), where
 // the mask read in place cost a 64-bit address, a byte gather and a bounds test an element, the
 // most of features 7's main loops (softcap, ALiBi and a mask; gpu-check's record). One pass over
@@ -18,20 +18,21 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // One work-item per word: (plane, row, word) flattened, planes (batch, head) as the mask
-// broadcasts them (bits_batch, bits_head 0). rows: the mask's (dims.len_q); words:
-// AttnMaskParams::bits_row.
+// broadcasts them (MaskBitsParams' batch, head 0). rows: the mask's (dims.len_q); words:
+// MaskBitsParams::row.
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void flash_bwd_mask_bits_kernel(BwdParams p) {
   const AttentionCommon& c = p.common;
   const AttnMaskParams& m = c.score_mod.attn_mask;
+  const MaskBitsParams& out = p.mask_bits;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
   const int64_t heads = m.head != 0 ? c.dims.heads_q : 1;
   const int64_t planes = (m.batch != 0 ? c.dims.batch : 1) * heads;
   const int64_t index = static_cast<int64_t>(item.get_global_id(0));
-  if (index >= planes * c.dims.len_q * m.bits_row) return;
-  const int64_t word = index % m.bits_row;
-  const int64_t row = index / m.bits_row % c.dims.len_q;
-  const int64_t plane = index / m.bits_row / c.dims.len_q;
+  if (index >= planes * c.dims.len_q * out.row) return;
+  const int64_t word = index % out.row;
+  const int64_t row = index / out.row % c.dims.len_q;
+  const int64_t plane = index / out.row / c.dims.len_q;
   const int64_t b = plane / heads, h = plane % heads;
   const uint8_t* line = static_cast<const uint8_t*>(m.data) + b * m.batch + h * m.head +
                         row * m.row;
@@ -40,7 +41,7 @@ void flash_bwd_mask_bits_kernel(BwdParams p) {
     const int64_t key = word * 32 + i;
     if (key < c.dims.len_k && line[key * m.col] != 0) bits |= 1u << i;
   }
-  m.bits[b * m.bits_batch + h * m.bits_head + row * m.bits_row + word] = bits;
+  out.words[b * out.batch + h * out.head + row * out.row + word] = bits;
 }
 
 }  // namespace ipex_flash

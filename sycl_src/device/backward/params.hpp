@@ -46,6 +46,7 @@ struct BwdParams {
   void* packed;
   PackRows key_pack;
   PackRows row_pack;
+  MaskBitsParams mask_bits;  // the register kernels' bool mask (bwd_mask_bits), in the scratch
 };
 
 }  // namespace ipex_flash

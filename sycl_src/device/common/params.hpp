@@ -31,12 +31,17 @@ struct AttnMaskParams {
   int64_t head;
   int64_t row;
   int64_t col;
-  // A bool mask as bits, a 32-bit word per 32 keys (backward/mask_bits_kernel.hpp), which the
-  // register backward reads: packed by the backward's first kernels, null elsewhere.
-  uint32_t* bits;
-  int64_t bits_batch;  // word strides, 0 for a broadcast dimension
-  int64_t bits_head;
-  int64_t bits_row;
+};
+
+// A bool attn_mask as bits, a 32-bit word per 32 keys (backward/mask_bits_kernel.hpp), which
+// the register backward reads: packed by the backward's first kernels (BwdParams::mask_bits;
+// kept out of AttnMaskParams, whose size every kernel's parameters carry: 32 bytes more made
+// the 8-wide decode kernel spill).
+struct MaskBitsParams {
+  uint32_t* words;  // null: not packed
+  int64_t batch;    // word strides, 0 for a broadcast dimension
+  int64_t head;
+  int64_t row;
 };
 
 // Changes to the scaled scores before the softmax (flash-attn's and SDPA's options), in this

@@ -1,6 +1,7 @@
 // Program entry: one module for the kernel compiler (one compiler run).
 // The matrix backward whose dQ kernel keeps its tiles in registers: the preprocess, the packs, the
-// SLM-staged dK/dV kernel and flash_bwd_dq_matrix_registers_kernel.
+// SLM-staged dK/dV kernel, flash_bwd_dq_matrix_registers_kernel and the bool mask's packing into
+// bits.
 #pragma once
 
 #include "backward/preprocess_kernel.hpp"

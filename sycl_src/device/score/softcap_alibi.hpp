@@ -68,6 +68,14 @@ struct ScoreMod {
     return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag, AttnMaskPlane::of(c, seq, b, h)};
   }
 
+  // The same for the register backward, which reads a bool mask as its packed bits.
+  static inline ScoreMod of(const AttentionCommon& c, const SeqInfo& seq, int b, int h,
+                            const MaskBitsParams& bits) {
+    ScoreMod mod = of(c, seq, b, h);
+    mod.attn_mask = mod.attn_mask.with_bits(bits, b, h);
+    return mod;
+  }
+
   // The online softmax a row of head h starts from: empty, or holding head h's sink (a logit
   // in the denominator with no value: exp2(sink - max) counts in the sum from the start).
   static inline OnlineSoftmaxRow start_row(const AttentionCommon& c, int h) {

@@ -23,17 +23,22 @@ struct AttnMaskPlane {
   int64_t col_stride;
   int64_t len_q;
   int64_t len_k;
-  const uint32_t* bits;  // the plane as bits (AttnMaskParams::bits), where packed
+  const uint32_t* bits;  // the plane as bits (with_bits), where packed
   int bits_row;          // words; a plane's words fit 32 bits (the host checks)
 
   static inline AttnMaskPlane of(const AttentionCommon& c, const SeqInfo& seq, int b, int h) {
     const AttnMaskParams& m = c.score_mod.attn_mask;
     const uint8_t* base = static_cast<const uint8_t*>(m.data);
     if (base != nullptr) base += b * m.batch + h * m.head;
-    const uint32_t* bits = m.bits;
-    if (bits != nullptr) bits += b * m.bits_batch + h * m.bits_head;
-    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k, bits,
-                         static_cast<int>(m.bits_row)};
+    return AttnMaskPlane{base, m.row, m.col, seq.len_q, seq.len_k, nullptr, 0};
+  }
+
+  // The same plane reading a bool mask's bits (the register backward's, packed).
+  inline AttnMaskPlane with_bits(const MaskBitsParams& m, int b, int h) const {
+    AttnMaskPlane plane = *this;
+    plane.bits = m.words + b * m.batch + h * m.head;
+    plane.bits_row = static_cast<int>(m.row);
+    return plane;
   }
 
   // The packed bool mask's bits of row `row` from key key0 on (bit j: key key0 + j; up to the

@@ -52,26 +52,27 @@ int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
 // keys of each row of each plane the mask does not broadcast. Sets the word strides; returns
 // the bytes, 0 where the variant reads the mask in place.
 int64_t mask_bits_layout(const AttentionDims& dims, const KernelVariant& variant,
-                         AttnMaskParams& mask) {
+                         const AttnMaskParams& mask, MaskBitsParams& bits) {
   if (!bwd_mask_bits(variant) || mask.data == nullptr) return 0;
-  mask.bits_row = mask_bits_words(dims.len_k, variant.block_n);
-  if (dims.len_q * mask.bits_row > INT32_MAX)  // the kernels index a plane in 32 bits
+  bits.row = mask_bits_words(dims.len_k, variant.block_n);
+  if (dims.len_q * bits.row > INT32_MAX)  // the kernels index a plane in 32 bits
     throw std::invalid_argument(
         "ipex_flash: a bool attn_mask's plane of " + std::to_string(dims.len_q) + " x " +
         std::to_string(dims.len_k) + " exceeds the register backward's 2^36 elements");
-  mask.bits_head = mask.head != 0 ? dims.len_q * mask.bits_row : 0;
+  bits.head = mask.head != 0 ? dims.len_q * bits.row : 0;
   const int64_t heads = mask.head != 0 ? dims.heads_q : 1;
-  mask.bits_batch = mask.batch != 0 ? heads * dims.len_q * mask.bits_row : 0;
+  bits.batch = mask.batch != 0 ? heads * dims.len_q * bits.row : 0;
   const int64_t batches = mask.batch != 0 ? dims.batch : 1;
-  return batches * heads * dims.len_q * mask.bits_row * 4;
+  return batches * heads * dims.len_q * bits.row * 4;
 }
 
 // The packs' bytes, then the mask's bits (64-byte aligned).
 int64_t bwd_scratch(const AttentionDims& dims, const BwdPacks& packs, const KernelVariant& variant,
-                    AttnMaskParams mask, int64_t* bits_offset = nullptr) {
+                    const AttnMaskParams& mask, int64_t* bits_offset = nullptr) {
   const int64_t packed = (packed_bwd_bytes(dims, packs, variant) + 63) / 64 * 64;
   if (bits_offset != nullptr) *bits_offset = packed;
-  return packed + mask_bits_layout(dims, variant, mask);
+  MaskBitsParams bits{};
+  return packed + mask_bits_layout(dims, variant, mask, bits);
 }
 
 struct BwdKernels {
@@ -180,10 +181,10 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       submit_kernel(queue, kernels.pack[1], params,
                     block_range(dims.heads_q, packs.rows.blocks, variant.block_m),
                     "flash_bwd_pack_rows");
-    AttnMaskParams& mask = c.score_mod.attn_mask;
-    const int64_t bits_bytes = mask_bits_layout(dims, variant, mask);
+    const int64_t bits_bytes =
+        mask_bits_layout(dims, variant, c.score_mod.attn_mask, params.mask_bits);
     if (bits_bytes > 0) {
-      mask.bits = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
+      params.mask_bits.words = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
       submit_kernel(queue, kernels.pack[2], params,
                     block_range(1, ceil_div(bits_bytes / 4, kPreprocessGroup), kPreprocessGroup),
                     "flash_bwd_mask_bits");

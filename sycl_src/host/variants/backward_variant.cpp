@@ -84,7 +84,8 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   // 128 with its own sub-groups. The register kernels take softcap's short tanh with every score
   // change (backward/score_grads.hpp). On the 8-wide engines softcap with ALiBi or a mask keeps
   // the SLM-staged dK/dV: in registers it spilled 0.7-2.3 KB there, in two passes or one, split
-  // into lean and general loops or not (gpu-check; docs/gpus.md). The register dQ reads either
+  // into lean and general loops or not, and 640-800 bytes with a bool mask read as bits
+  // (gpu-check; docs/gpus.md). The register dQ reads either
   // layout of the packs; the SLM-staged dQ only its own, so never beside the register dK/dV.
   variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, 128,
                                                        why, "the register backward (dQ, dK/dV)");
@@ -129,8 +130,10 @@ KernelProgram bwd_program(const KernelVariant& variant) {
                                                ? "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel"
                                                : "ipex_flash::flash_bwd_dkdv_matrix_kernel");
     if (dkdv_registers) dkdv = with_trailing(dkdv, {shares.dkdv});
-    std::vector<std::string> kernels{preprocess, "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
-                                     "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape, dkdv, dq};
+    std::vector<std::string> kernels{preprocess,
+                                     "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
+                                     "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape, dkdv,
+                                     dq};
     if (bwd_mask_bits(variant)) kernels.push_back("ipex_flash::flash_bwd_mask_bits_kernel");
     return {dkdv_registers ? "programs/flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "programs/flash_bwd_dq_registers.hpp"
