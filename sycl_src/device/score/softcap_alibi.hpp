@@ -35,7 +35,7 @@ inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG
 //   FUSED: r, from scores that arrive multiplied by 2 log2(e) as well (tanh_input_scale: the
 //     caller folds it into the multiply it makes anyway), and softcap_grad = r(1 - r), a
 //     quarter of 1 - t^2 (softcap_grad_unit: the caller folds the 4 into dS's other factor).
-//     Two instructions fewer an element than SHORT, in the register backward's main loops.
+//     Three instructions fewer an element than SHORT, in the register backward's main loops.
 // By default LIBRARY beside ALiBi or a mask, where IGC's schedule of SHORT spilled in the
 // forward and the SLM-staged backward (above); the register backward takes FUSED with every
 // score change (backward/score_grads.hpp).

@@ -66,13 +66,12 @@ int64_t mask_bits_layout(const AttentionDims& dims, const KernelVariant& variant
   return batches * heads * dims.len_q * bits.row * 4;
 }
 
-// The packs' bytes, then the mask's bits (64-byte aligned).
+// The scratch's bytes: the packs', then the mask's bits from bits_offset (64-byte aligned),
+// their layout set in `bits` (mask_bits_layout).
 int64_t bwd_scratch(const AttentionDims& dims, const BwdPacks& packs, const KernelVariant& variant,
-                    const AttnMaskParams& mask, int64_t* bits_offset = nullptr) {
-  const int64_t packed = (packed_bwd_bytes(dims, packs, variant) + 63) / 64 * 64;
-  if (bits_offset != nullptr) *bits_offset = packed;
-  MaskBitsParams bits{};
-  return packed + mask_bits_layout(dims, variant, mask, bits);
+                    const AttnMaskParams& mask, MaskBitsParams& bits, int64_t& bits_offset) {
+  bits_offset = (packed_bwd_bytes(dims, packs, variant) + 63) / 64 * 64;
+  return bits_offset + mask_bits_layout(dims, variant, mask, bits);
 }
 
 struct BwdKernels {
@@ -164,7 +163,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   if (matrix) {  // the packed copies, before the kernels that read them (the queue is in order)
     const BwdPacks packs = bwd_packs(dims, t.q, t.k, options, variant);
     int64_t bits_offset = 0;
-    const int64_t needed = bwd_scratch(dims, packs, variant, c.score_mod.attn_mask, &bits_offset);
+    const int64_t needed = bwd_scratch(dims, packs, variant, c.score_mod.attn_mask,
+                                       params.mask_bits, bits_offset);
     const int64_t given = t.scratch.sizes.empty() ? 0 : t.scratch.size(0);
     if (t.scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
@@ -181,8 +181,7 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       submit_kernel(queue, kernels.pack[1], params,
                     block_range(dims.heads_q, packs.rows.blocks, variant.block_m),
                     "flash_bwd_pack_rows");
-    const int64_t bits_bytes =
-        mask_bits_layout(dims, variant, c.score_mod.attn_mask, params.mask_bits);
+    const int64_t bits_bytes = needed - bits_offset;
     if (bits_bytes > 0) {
       params.mask_bits.words = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
       submit_kernel(queue, kernels.pack[2], params,
@@ -212,8 +211,10 @@ int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
   const KernelVariant variant = bwd_variant_on(queue_from_handle(queue_handle), q.dtype,
                                                dims.head_dim_max(), features_of(options, k));
   if (variant.matrix_m == 0) return 0;
+  MaskBitsParams bits{};
+  int64_t bits_offset = 0;
   return bwd_scratch(dims, bwd_packs(dims, q, k, options, variant), variant,
-                     attn_mask_params(options));
+                     attn_mask_params(options), bits, bits_offset);
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {
