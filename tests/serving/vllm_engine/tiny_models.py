@@ -1,0 +1,52 @@
+"""Tiny random decoder models saved locally for vLLM's engine to load (no hub): each family's
+config at a few layers and a small width, weights drawn from a fixed seed. Run inside the vLLM
+venv (it imports transformers): python tiny_models.py OUT_DIR NAME [NAME ...]
+
+Weights are drawn wider than the families' default (initializer_range 0.2 instead of 0.02), so
+that a greedy step's best and second-best logits are apart by more than the rounding of
+either backend: with the defaults the logits are near-uniform and greedy decoding compares
+rounding, not attention."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 512, 128, 4, 2, 32, 2
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
+              num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+              head_dim=HEAD_DIM, max_position_embeddings=1024, initializer_range=0.2,
+              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# What each model brings to attention, and the window its sliding layers use.
+WINDOW = 24
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # A window shorter than the prompts, on every layer.
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
+    # Softcap on the scores and the logits; sliding and global layers alternate.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               {"sliding_window": WINDOW, "attn_logit_softcapping": 20.0,
+                "final_logit_softcapping": 30.0, "query_pre_attn_scalar": HEAD_DIM,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
+def make(out_dir: Path, name: str) -> Path:
+    import transformers
+
+    config_cls, model_cls, extra = FAMILIES[name]
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).to(torch.float32)
+    path = out_dir / name
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    for family in sys.argv[2:]:
+        print(make(out, family))
