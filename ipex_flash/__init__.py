@@ -12,6 +12,8 @@ flash_attn_kvcache.py, integrations/); below them ops/ (torch.library ops, valid
 launch), kvcache/ (KV-cache ops and helpers) and tools/ (the CLI, selftest, gpu-check), over
 the compiled host module ipex_flash._C (loaded by _runtime.py).
 """
+import os as _os
+
 from ipex_flash._runtime import C as _C  # noqa: F401  (sets up SYCL before anything runs)
 from ipex_flash.attention import attention
 from ipex_flash.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
@@ -26,3 +28,9 @@ __all__ = ["attention", "enable_sdpa_override", "flash_attn_func", "flash_attn_k
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "sdpa_override"]
 __version__ = "0.1.0"
+
+if _os.environ.get("IPEX_FLASH_SGLANG", "").strip() not in ("", "0"):
+    # SGLang's processes never import ipex_flash themselves: a sitecustomize.py that does
+    # lets this switch make sgl_kernel.flash_attn ipex_flash's (integrations/sglang.py).
+    from ipex_flash.integrations import sglang as _sglang
+    _sglang.install_from_env()

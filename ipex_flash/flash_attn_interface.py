@@ -125,8 +125,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
         s_aux: a second name for sinks.
         return_softmax_lse: return (out, softmax_lse (nheads, total_q) float32, natural log).
         q_descale, k_descale, v_descale: one value or (batch, nheads_k) each (vLLM's
-            expanded views). q_descale goes with a float8_e4m3fn q (widened to bfloat16, the
-            output's dtype, and an FP8 cache); with a 16-bit q it must be 1. With an FP8 cache
+            expanded views). q_descale goes with a float8_e4m3fn q (and an FP8 cache; q is
+            widened to the output's dtype: out's if float16 or bfloat16, else bfloat16); with
+            a 16-bit q it must be 1. With an FP8 cache
             the kernels apply k_descale and v_descale; with a 16-bit cache they are applied
             too, by scaling q before and the output after the kernels
             (kvcache/engine_args.py).

@@ -9,7 +9,7 @@ from typing import Union
 import torch
 
 from ipex_flash.flash_attn_interface import flash_attn_varlen_func
-from ipex_flash.kvcache import engine_args, fast_calls, fp8_quant, kvcache_engine
+from ipex_flash.kvcache import engine_args, fast_calls, fp8_quant, kvcache_engine, qv_scores
 from ipex_flash.kvcache.checks import (
     cache_capacity, check_batch_idx, check_block_table_entries, check_cache, check_fits,
     check_page_size, check_seqlens)
@@ -83,9 +83,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache; with a 16-bit q, q_descale must be 1); with a 16-bit cache, applied by
             scaling. Appended 16-bit k, v are stored divided by their descales, FP8 or 16-bit
             cache alike; k, v in the FP8 cache's dtype as given.
-        out: the output, written in place and returned (shape of the result, q's dtype).
-        max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin: hints, unused. qv,
-        rotary_seqlens and attention_chunk: refused unless None / None / 0.
+        out: the output, written in place and returned (shape of the result; q's dtype, or
+            with an FP8 q float16 or bfloat16, the dtype of the output the caller wants).
+        qv: (..., nheads, headdim_v), q's shape with v's head dim: a second query scored
+            against the values (MLA's extend: q the rope part, qv the latent part): scores
+            q . k^T + qv . v^T, times softmax_scale (default 1 / sqrt(headdim + headdim_v)).
+            Run as one product of [q, qv] with [k_cache, v_cache] (headdim + headdim_v <=
+            576): a view without a copy where the two caches are side by side columns of one
+            tensor (SGLang's latent cache), else a concatenated copy of both caches on every
+            call. Not with k, v; k_descale and v_descale equal or None (kvcache/qv_scores.py).
+        max_seqlen_k, scheduler_metadata, pack_gqa, sm_margin: hints, unused. rotary_seqlens
+            and attention_chunk: refused unless None / 0.
 
     Few new tokens per sequence (nheads / nheads_k * seqlen_q <= 16) run the split-KV decode
     kernel; more run the general kernel over the cache.
@@ -204,12 +212,15 @@ def _engine_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
                  out, qv, rotary_seqlens, attention_chunk, scheduler_metadata, pack_gqa,
                  sm_margin):
     """flash-attn 3's form of the call (kvcache/kvcache_engine.py)."""
-    kvcache_engine.check_fa3_extras(qv, rotary_seqlens, attention_chunk)
+    kvcache_engine.check_fa3_extras(rotary_seqlens, attention_chunk)
     engine_args.check_hints(_FN, scheduler_metadata, 2, num_splits, pack_gqa, sm_margin,
                             metadata_is_hint=True)
     if not isinstance(q, Tensor) or q.dim() not in (3, 4):
         raise ValueError(f"{_FN}: q must be (batch, seqlen, nheads, headdim), or packed "
                          "(total_q, nheads, headdim) with cu_seqlens_q")
+    if qv is not None:  # (scores q . k^T + qv . v^T: one product of joined tensors)
+        q, k_cache = qv_scores.join_query_and_keys(_FN, q, qv, k_cache, v_cache, k, v,
+                                                   k_descale, v_descale)
     if q.dim() == 3:
         return kvcache_engine.packed_call(
             q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -224,7 +235,8 @@ def _engine_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     if not isinstance(k_cache, Tensor) or k_cache.dim() != 4:
         check_cache(q, k_cache, v_cache, block_table)  # (raises naming it)
     descaled = engine_args.apply_descales(_FN, q, k_cache.dtype, q_descale, k_descale, v_descale,
-                                          q.shape[0], k_cache.shape[2])
+                                          q.shape[0], k_cache.shape[2],
+                                          out_dtype=getattr(out, "dtype", None))
     if out is not None:
         engine_args.check_out(_FN, out, (*q.shape[:3], v_cache.shape[3]), descaled.q.dtype,
                               q.device)

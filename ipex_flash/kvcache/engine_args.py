@@ -105,17 +105,19 @@ class Descaled(NamedTuple):
 
 def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_descale,
                    v_descale, batch: int, heads_kv: int,
-                   cu_seqlens_q: Optional[Tensor] = None) -> Descaled:
+                   cu_seqlens_q: Optional[Tensor] = None,
+                   out_dtype: Optional[torch.dtype] = None) -> Descaled:
     """q as the kernels take it and the descales left for them or for the output (module
     docstring). q is (batch, seqlen, heads, D), or packed (total_q, heads, D) with
-    cu_seqlens_q. An FP8 q (float8_e4m3fn, as flash-attn 3 takes it) is widened to
-    bfloat16, exactly, and needs an FP8 cache."""
+    cu_seqlens_q. An FP8 q (float8_e4m3fn, as flash-attn 3 takes it) needs an FP8 cache and
+    is widened, exactly, to the output's dtype: out_dtype (that of out=, the model's) when it
+    is float16 or bfloat16, else bfloat16 (flash-attn 3's output for an FP8 q)."""
     fp8_cache = cache_dtype in fp8_quant.FP8_DTYPES
     if fp8_quant.is_fp8(q):
         if not fp8_cache:
             raise TypeError(f"{fn}: q is {q.dtype}, which needs an FP8 cache (float8_e4m3fn "
                             f"or float8_e5m2); the cache is {cache_dtype}")
-        q = q.to(torch.bfloat16)
+        q = q.to(out_dtype if out_dtype in fp8_quant.QUERY_DTYPES else torch.bfloat16)
     elif q_descale is not None:
         _check_unquantised_q(fn, q_descale, batch, heads_kv, q.device)
         q_descale = None

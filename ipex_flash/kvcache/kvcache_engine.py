@@ -20,11 +20,8 @@ Tensor = torch.Tensor
 _FN = "ipex_flash.flash_attn_with_kvcache"
 
 
-def check_fa3_extras(qv, rotary_seqlens, attention_chunk) -> None:
+def check_fa3_extras(rotary_seqlens, attention_chunk) -> None:
     """flash-attn 3's arguments these kernels do not implement, refused unless unused."""
-    if qv is not None:
-        raise ValueError(f"{_FN}: qv (a second query against v, flash-attn 3's MLA form) is not "
-                         "supported; pass q with the latent and rope parts concatenated")
     if rotary_seqlens is not None:
         raise ValueError(f"{_FN}: rotary_seqlens is not supported; rotary positions start at "
                          "cache_seqlens")
@@ -68,12 +65,21 @@ def packed_call(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache
         _check_attention(q, v_cache, batch, out, attention)  # (before the append writes)
         seqused_k = _append(k_cache, v_cache, k, v, cache_seqlens, cu_seqlens_k_new, block_table,
                             capacity, attention.get("k_descale"), attention.get("v_descale"),
-                            torch.bfloat16 if fp8_quant.is_fp8(q) else q.dtype)
+                            _query_dtype(q, out))
     elif cu_seqlens_k_new is not None:
         raise ValueError(f"{_FN}: cu_seqlens_k_new is given without k and v")
     return varlen_call(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                        seqused_k=seqused_k, max_seqlen_k=capacity, block_table=block_table,
                        out=out, **attention)
+
+
+def _query_dtype(q: Tensor, out: Optional[Tensor]) -> torch.dtype:
+    """The dtype the kernels take q in: an FP8 q's is out's (the model's) if 16-bit, else
+    bfloat16 (engine_args.apply_descales)."""
+    if not fp8_quant.is_fp8(q):
+        return q.dtype
+    out_dtype = getattr(out, "dtype", None)
+    return out_dtype if out_dtype in fp8_quant.QUERY_DTYPES else torch.bfloat16
 
 
 def _check_attention(q: Tensor, v_cache: Tensor, batch: int, out: Optional[Tensor],
@@ -87,7 +93,8 @@ def _check_attention(q: Tensor, v_cache: Tensor, batch: int, out: Optional[Tenso
     check_sinks(_FN, attention["sinks"], q.unsqueeze(0).transpose(1, 2))
     descaled = engine_args.apply_descales(
         _FN, q[:0], v_cache.dtype, attention["q_descale"], attention["k_descale"],
-        attention["v_descale"], batch, v_cache.shape[2])
+        attention["v_descale"], batch, v_cache.shape[2],
+        out_dtype=getattr(out, "dtype", None))
     if out is not None:
         engine_args.check_out(_FN, out, (q.shape[0], q.shape[1], v_cache.shape[3]),
                               descaled.q.dtype, q.device)

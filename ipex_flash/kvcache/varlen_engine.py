@@ -36,7 +36,8 @@ def engine_call(fn: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         raise ValueError(f"{fn}: cu_seqlens_k is required without a block_table (with one, "
                          "seqused_k gives each sequence's keys)")
     descaled = engine_args.apply_descales(fn, q, k.dtype, q_descale, k_descale, v_descale,
-                                          cu_seqlens_q.shape[0] - 1, k.shape[-2], cu_seqlens_q)
+                                          cu_seqlens_q.shape[0] - 1, k.shape[-2], cu_seqlens_q,
+                                          out_dtype=getattr(out, "dtype", None))
     if out is not None:
         engine_args.check_out(fn, out, (q.shape[0], q.shape[1], v.shape[-1]), descaled.q.dtype,
                               q.device)

@@ -150,7 +150,7 @@ def _args(**change):
 
 
 @pytest.mark.parametrize("change,error,match", [
-    (dict(qv=torch.zeros(3, 8, 64)), ValueError, "qv .* is not supported"),
+    (dict(qv=torch.zeros(3, 8, 32)), ValueError, r"qv must have q's shape .*\(3, 8, 64\)"),
     (dict(attention_chunk=128), ValueError, "attention_chunk must be 0"),
     (dict(rotary_seqlens=torch.zeros(2, dtype=torch.int32)), ValueError, "rotary_seqlens"),
     (dict(block_table=torch.zeros(2, 3, dtype=torch.int32)), ValueError,
