@@ -85,7 +85,7 @@ def serving_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Te
     descales = _descales(q, k_cache, k_descale, v_descale, block_table.shape[0])
     if launch_plans.run(plan, q, k_cache, v_cache, out, lse, alibi_slopes, sinks, seqused_k,
                         block_table, descales=descales, cu_seqlens=(cu_seqlens_q, None),
-                        max_len_k=max_len_k):
+                        max_len_k=max_len_k, max_keys=max_seqlen_k):
         return out, lse
     return None
 
@@ -136,7 +136,9 @@ def remember_serving(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, 
 def _serving_key(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqlen_q,
                  max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, sinks,
                  k_descale, v_descale, num_splits, out) -> tuple:
-    return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
+    # (max_seqlen_k is left out: engines change it every step; each run passes it to the
+    # plan, which bounds the step's keys by it)
+    return ("serving", softmax_scale, causal, window, softcap, max_seqlen_q,
             num_splits, signature(out),
             signature(q), signature(k_cache), signature(v_cache),
             signature(cu_seqlens_q), signature(seqused_k), signature(block_table),

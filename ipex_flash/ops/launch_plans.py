@@ -81,7 +81,8 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         k_start: Optional[Tensor] = None, k_new: Optional[Tensor] = None,
         v_new: Optional[Tensor] = None, descales: tuple = (None, None),
         rotary: tuple = (None, None), attn_mask: Optional[Tensor] = None,
-        cu_seqlens: tuple = (None, None), max_len_k: int = -1) -> bool:
+        cu_seqlens: tuple = (None, None), max_len_k: int = -1,
+        max_keys: Optional[int] = None) -> bool:
     """Runs `plan` on these tensors (the layouts it was built for); False when a cache's values
     are out of range or no key is attended to (nothing launched: the general path takes the
     call). lse None: the caller has no use for it (it stays in the plan's scratch). descales:
@@ -89,14 +90,17 @@ def run(plan: "C.LaunchPlan", q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     (rotary_cos, rotary_sin) tables. attn_mask: SDPA's mask, read through the strides the plan
     was built with. cu_seqlens: packed sequences' (cu_seqlens_q, cu_seqlens_k), whose values
     packed_values checks on a device that does not share host memory (C++ reads them on the CPU
-    device). max_len_k: see cache_values_mode."""
+    device). max_len_k: see cache_values_mode. max_keys: the call's bound of each sequence's
+    keys (a serving call's max_seqlen_k) from this run on, where the plan's signature leaves it
+    out; None keeps the plan's."""
     return plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), address(lse),
                     address(alibi_slopes), address(sinks), address(descales[0]),
                     address(descales[1]), address(seqlens_k),
                     address(block_table), address(k_start), address(k_new), address(v_new),
                     address(rotary[0]), address(rotary[1]), address(attn_mask),
                     address(cu_seqlens[0]), address(cu_seqlens[1]), max_len_k,
-                    launch.queue_handle(q.device))
+                    launch.queue_handle(q.device),
+                    C.LaunchPlan.PLAN_BOUND if max_keys is None else max_keys)
 
 
 # IPEX_FLASH_SYNC_CACHE_CHECKS=1: every decode step reads its cache's values before launching

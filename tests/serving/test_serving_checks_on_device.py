@@ -112,3 +112,40 @@ def test_table_entries_past_the_pages_read_are_not_checked(device_seam):
         q, out, lse = serve(pages, table, seqused, torch.float32)
         check_step(q, out, lse, pages, table, seqused, torch.float32)
     assert plan_runs == [True] * 2
+
+
+@pytest.mark.parametrize("xpu_path", [False, True])
+def test_steps_with_a_new_max_seqlen_k_repeat_the_plan(xpu_path, device_seam):
+    """Decode steps as vLLM makes them: every sequence one key longer each step and
+    max_seqlen_k its longest sequence's keys, a new value every step. Every step after the
+    first runs the plan (max_seqlen_k is not part of its signature), on the XPU path without a
+    read on the host, and answers as the reference. The step's own bound still holds: a
+    sequence past it is refused (on the XPU path: NaN, then the next call raises)."""
+    enter, plan_runs = device_seam
+    pages, table = page_pool(torch.float32)
+    cu_q = torch.arange(BATCH + 1, dtype=torch.int32)
+    seqused = torch.tensor([1, 40, 90, MAX_KEYS - 8], dtype=torch.int32)
+
+    def step(bound):
+        q = torch.randn(BATCH, HEADS_Q, HEAD_DIM)
+        out, lse, _ = ipex_flash.flash_attn_varlen_func(
+            q, *pages, cu_q, None, 1, bound, causal=True, block_table=table,
+            seqused_k=seqused, return_attn_probs=True)
+        return q, out, lse
+
+    for call in range(5):
+        if xpu_path and call == 1:
+            enter()
+        q, out, lse = step(int(seqused.max()))
+        check_step(q, out, lse, pages, table, seqused, torch.float32)
+        seqused += 1
+    assert plan_runs == [True] * 4
+    bound = int(seqused.max()) - 1  # the longest sequence one key past this step's bound
+    if not xpu_path:
+        with pytest.raises(ValueError, match="flash_attn_varlen_func.*max_seqlen_k"):
+            step(bound)
+        return
+    _, out, lse = step(bound)
+    assert out.isnan().all() and lse.isnan().all()
+    with pytest.raises(ValueError, match="flash_attn_varlen_func.*seqused_k"):
+        step(int(seqused.max()))

@@ -30,6 +30,7 @@ void bind_launch_plan(py::module_& m) {
       .def_property_readonly("checks_on_device", &LaunchPlan::checks_on_device)
       .def_readonly_static("CHECK_ON_DEVICE", &LaunchPlan::kCheckOnDevice)
       .def_readonly_static("READ_ON_DEVICE", &LaunchPlan::kReadOnDevice)
+      .def_readonly_static("PLAN_BOUND", &LaunchPlan::kPlanBound)
       .def("packed_sequences", &LaunchPlan::packed_sequences, "max_seqlen_k"_a)
       .def("uniform_queries", &LaunchPlan::uniform_queries)
       .def("append", &LaunchPlan::append, "k_new"_a, "v_new"_a)
@@ -37,8 +38,8 @@ void bind_launch_plan(py::module_& m) {
            "q_positions_advance"_a)
       // Positional addresses (q, k, v, out, lse, alibi_slopes, sinks, k_descale, v_descale,
       // seqlens_k, block_table, k_start, k_new, v_new, rotary_cos, rotary_sin, attn_mask,
-      // cu_seqlens_q, cu_seqlens_k, max_len_k, queue): keyword parsing would cost more than
-      // the rest of the crossing.
+      // cu_seqlens_q, cu_seqlens_k, max_len_k, queue, max_keys): keyword parsing would cost
+      // more than the rest of the crossing.
       .def(
           "run",
           [](LaunchPlan& plan, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v,
@@ -47,12 +48,13 @@ void bind_launch_plan(py::module_& m) {
              std::uintptr_t seqlens_k, std::uintptr_t block_table, std::uintptr_t k_start,
              std::uintptr_t k_new, std::uintptr_t v_new, std::uintptr_t rotary_cos,
              std::uintptr_t rotary_sin, std::uintptr_t attn_mask, std::uintptr_t cu_seqlens_q,
-             std::uintptr_t cu_seqlens_k, int64_t max_len_k, std::uintptr_t queue) {
+             std::uintptr_t cu_seqlens_k, int64_t max_len_k, std::uintptr_t queue,
+             int64_t max_keys) {
             return plan.run(PlanAddresses{q, k, v, out, lse, alibi_slopes, sinks, k_descale,
                                           v_descale, seqlens_k, block_table, k_start, k_new,
                                           v_new, rotary_cos, rotary_sin, attn_mask,
                                           cu_seqlens_q, cu_seqlens_k},
-                            max_len_k, queue);
+                            max_len_k, queue, max_keys);
           },
           py::call_guard<py::gil_scoped_release>());
   m.def("uniform_sequences", [](std::uintptr_t cu_seqlens, int64_t batch, int64_t length) {

@@ -149,8 +149,10 @@ void LaunchPlan::packed_sequences(int64_t max_seqlen_k) {
   uniform_queries_ = true;
 }
 
-bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle) {
+bool LaunchPlan::run(const PlanAddresses& given, int64_t max_len_k, std::uintptr_t queue_handle,
+                     int64_t max_keys) {
   const std::lock_guard<std::mutex> lock(mutex_);
+  if (max_keys != kPlanBound) limits_.max_keys = max_keys;
   PlanAddresses at = given;
   const bool host_reads = host_readable_ && max_len_k == -1;  // (else the caller or the device)
   if (uniform_queries_ && host_reads &&

@@ -82,7 +82,12 @@ class LaunchPlan {
   // decreasing, no sequence longer than max_seqlen_q / max_seqlen_k, ending within q and k;
   // read on the CPU device, checked by the caller on others): the caller's general path then
   // names the argument.
-  bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle);
+  // max_keys: the call's own bound of each sequence's keys (a serving call's max_seqlen_k,
+  // which changes every step) for this run and the next, or kPlanBound to keep the plan's, so
+  // that a per-step value need not be part of the plan's signature.
+  static constexpr int64_t kPlanBound = -2;
+  bool run(const PlanAddresses& at, int64_t max_len_k, std::uintptr_t queue_handle,
+           int64_t max_keys = kPlanBound);
   // max_len_k for a run that reads no value on the host (checks_on_device): the grid covers
   // the cache's capacity, the kernels bound each sequence by its own length, and a kernel run
   // after them checks the values (cache_check.hpp). The run first raises what the previous

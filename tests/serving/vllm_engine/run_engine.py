@@ -28,7 +28,8 @@ def run(scenario: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(model=scenario["model"], **scenario["llm"])
+    # Stats on: the prefix-cache and preemption counters are read after the run.
+    llm = LLM(model=scenario["model"], **{"disable_log_stats": False, **scenario["llm"]})
     ready = time.perf_counter()
     params = SamplingParams(max_tokens=scenario["max_tokens"], temperature=0.0, logprobs=0,
                             prompt_logprobs=scenario.get("prompt_logprobs"),

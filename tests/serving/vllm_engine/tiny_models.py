@@ -28,9 +28,14 @@ FAMILIES = {
     # Softcap on the scores and the logits; sliding and global layers alternate.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                {"sliding_window": WINDOW, "attn_logit_softcapping": 20.0,
+                "tie_word_embeddings": True,
                 "final_logit_softcapping": 30.0, "query_pre_attn_scalar": HEAD_DIM,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "layer_types": ["sliding_attention", "full_attention"]}),
+    # Learned sinks on every layer; sliding and global layers alternate; experts (MoE).
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "head_dim": 64, "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 
