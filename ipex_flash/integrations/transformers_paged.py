@@ -13,8 +13,13 @@ integrations/flash_paged.py), which this module mirrors with ipex_flash's kernel
   the kernels run ipex_flash.flash_attn_varlen_func over them, causal from the bottom right,
   so the new tokens of each sequence attend to its cached keys and to each other;
 - a block table (decode-only steps where transformers enables it, with a flash-attn 2 name on
-  an XPU or CUDA device): ipex_flash.flash_attn_with_kvcache appends the new key and value to
-  the paged cache (num_pages, page_size, Hkv, D) itself and attends through the table.
+  an XPU or CUDA device): each sequence's new key and value are written into the paged cache
+  (num_pages, page_size, Hkv, D) through the table, and ipex_flash.flash_attn_with_kvcache
+  attends through it.
+
+Steps padded to fixed sizes (transformers pads them when it compiles a step or replays it from
+a graph) have lanes without tokens or keys and query rows past the last sequence: those get
+zero output rows, and nothing of theirs is written into the cache.
 
 Softcap (Gemma 2), sinks (GPT-OSS, `s_aux`) and sliding windows reach both kernels.
 """
@@ -27,8 +32,9 @@ from typing import Optional
 import torch
 
 import ipex_flash
-from ipex_flash.integrations.transformers import (
-    BACKEND, PAGED_BACKEND, attention_forward, register as register_backend)
+from ipex_flash.integrations.transformers_attention import (
+    BACKEND, PAGED_BACKEND, attention_forward, register_attention)
+from ipex_flash.kvcache.slot_write import reshape_and_cache_flash as write_to_cache
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers import modeling_flash_attention_utils as flash_utils
 from transformers.generation.continuous_batching import PagedAttentionCache
@@ -110,12 +116,21 @@ def _varlen(query, key, value, kwargs, dropout, scaling, causal, window, softcap
     output = ipex_flash.flash_attn_varlen_func(
         q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, dropout_p=dropout,
         softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap, sinks=sinks)
+    # A step padded to a fixed size (see _paged_decode) has query rows past its last sequence,
+    # which the kernel leaves unwritten: zeros, rather than whatever the memory held.
+    output[int(cu_q[-1]):] = 0
     return output.unsqueeze(0)
 
 
 def _paged_decode(query, key, value, kwargs, scaling, window, softcap, sinks):
-    """One new token per sequence, appended to the paged cache by the kernel through the block
-    table: (1, batch, Hq, D)."""
+    """One new token per sequence, written into the paged cache through the block table and
+    attended to with the sequence's cached keys: (1, batch, Hq, D).
+
+    transformers pads a step to a fixed number of lanes when it compiles the step or replays
+    it from a graph (ModelRunner.pad_inputs): a padded lane has no token and no key (its
+    cu_seq_lens_k repeats the previous offset) and a block-table row of -1. Such a lane is
+    written nowhere and attends to no key, which gives it a zero output row. The lanes are told
+    apart on the device, so the step neither waits for it nor changes shape."""
     k_cache, v_cache, block_table = kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"]
     page_size = k_cache.shape[1]
     if page_size % 16 or page_size > 512:
@@ -125,16 +140,30 @@ def _paged_decode(query, key, value, kwargs, scaling, window, softcap, sinks):
             "ContinuousBatchingConfig(page_size=...)")
     batch = query.shape[2]
     cu_k = kwargs["cu_seq_lens_k"]
-    # Keys already cached per sequence: this step's key is appended after them.
-    cache_seqlens = (cu_k[1:batch + 1] - cu_k[:batch] - 1).to(torch.int32)
+    # Keys per sequence, this step's included (0 in a padded lane).
+    keys = (cu_k[1:batch + 1] - cu_k[:batch]).to(torch.int32)
     # (transformers marks a sequence's unallocated table slots -1: past its keys, never read)
     block_table = block_table[:batch].to(torch.int32)
     # (1, H, batch, D) -> (batch, 1, H, D): one query token per sequence.
     q, k, v = (x[0].transpose(0, 1).unsqueeze(1).contiguous() for x in (query, key, value))
+    write_to_cache(k[:, 0], v[:, 0], k_cache, v_cache,
+                   _new_token_slots(keys, block_table, page_size), "auto", _NO_SCALE, _NO_SCALE)
     output = ipex_flash.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table,
+        q, k_cache, v_cache, cache_seqlens=keys, block_table=block_table,
         softmax_scale=scaling, causal=True, window_size=window, softcap=softcap, sinks=sinks)
     return output.transpose(0, 1)
+
+
+# The cache write's k_scale and v_scale, which a cache in the model's dtype does not read.
+_NO_SCALE = torch.ones(())
+
+
+def _new_token_slots(keys, block_table, page_size):
+    """Each sequence's slot for its new token, page * page_size + offset of its last key, and
+    -1 (write nothing) for a lane without keys."""
+    position = (keys.long() - 1).clamp(min=0)
+    pages = block_table.gather(1, (position // page_size)[:, None])[:, 0].long()
+    return torch.where(keys > 0, pages * page_size + position % page_size, -1)
 
 
 def _max_length(kwargs, side, cu_seqlens):
@@ -215,7 +244,8 @@ def enable_continuous_batching(model: torch.nn.Module) -> str:
     (_compatible_flash_implementations: GPT-OSS, whose kernels must take its sinks, as these
     do) replace any other name containing "flash" with the first kernel of their list.
     """
-    register_backend()
+    register_attention()
+    register_paged()
     name = continuous_batching_name()
     if name.startswith(PAGED_PREFIX):
         model.set_attn_implementation(BACKEND)

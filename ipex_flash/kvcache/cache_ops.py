@@ -1,7 +1,7 @@
 """The ops behind flash_attn_with_kvcache (flash_attn_kvcache.py): the append of new keys and
 values into a KV cache, in place, and attention of a few new query tokens against the cache,
 contiguous or paged. Layout (batch, seq_len, heads, head_dim); registered with torch.library,
-with fake implementations:
+with fake implementations and no backward (inference_only.py):
     ipex_flash::kvcache_append(k_cache!, v_cache!, k, v, cache_seqlens, block_table) -> ()
     ipex_flash::kvcache_attention(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale,
         causal, window_left, window_right, softcap, alibi_slopes, sinks, num_splits, k_descale,
@@ -16,6 +16,7 @@ import torch
 from ipex_flash._runtime import C
 from ipex_flash.kvcache import fp8_quant
 from ipex_flash.kvcache.checks import check_block_table_entries, check_cache, check_seqlens
+from ipex_flash.kvcache.inference_only import register_inference_only
 from ipex_flash.kvcache.leftpad import check_leftpad, keys_attended
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import check_sinks, softmax_scale as resolve_scale, window_bound
@@ -162,6 +163,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Te
     launch.run_forward(*(t.transpose(1, 2) for t in (q, k_cache, v_cache, out)), lse, options,
                        max_len_k, num_splits, keys_used=(keys, total_keys))
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
+
+
+register_inference_only(kvcache_attention, _FN)
 
 
 @kvcache_attention.register_fake

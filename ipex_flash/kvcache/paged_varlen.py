@@ -18,6 +18,7 @@ from ipex_flash._runtime import C
 from ipex_flash.kvcache import fast_calls, fp8_quant
 from ipex_flash.kvcache.cache_ops import cache_options
 from ipex_flash.kvcache.checks import check_block_table_entries, check_page_size
+from ipex_flash.kvcache.inference_only import register_inference_only
 from ipex_flash.ops import launch
 from ipex_flash.ops.fast_path import needs_dispatcher
 from ipex_flash.ops.validation import (
@@ -191,6 +192,10 @@ def _attend(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, max_seqle
     return out, launch.natural_lse(lse, in_place=True)  # no backward reads it
 
 
+register_inference_only(paged_varlen_attention,
+                        "ipex_flash.flash_attn_varlen_func with block_table (paged KV cache)")
+
+
 @paged_varlen_attention.register_fake
 def _paged_varlen_attention_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
@@ -259,6 +264,12 @@ def paged_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqle
             sinks, k_descale, v_descale, num_splits)
     if out is None:
         out, lse = torch.ops.ipex_flash.paged_varlen_attention(*args)
+    elif torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                         for t in (q, k_cache, v_cache, alibi_slopes, sinks)):
+        # The op that writes into out can have no autograd (an op's out= has none), so out
+        # takes the functional op's result, and with it that op's backward, which raises.
+        result, lse = torch.ops.ipex_flash.paged_varlen_attention(*args)
+        out.copy_(result)
     else:
         lse = torch.ops.ipex_flash.paged_varlen_attention_out(*args, out)
     if fast:

@@ -17,4 +17,5 @@ that no test file imports another; the fixtures every test can use stay in tests
                  run in, and the matrix_mode fixture
   engine_cases, vllm_cases, distributed_cases, property_cases, property_rule: the serving,
                  vLLM, distributed and property tests' own shared code
+  transformers_cases  the continuous-batching tests' tiny models, prompts and generate calls
 """

@@ -240,6 +240,14 @@ def test_importing_ipex_flash_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_continuous_batching_module_does_not_import_the_public_one():
+    """transformers_paged builds on transformers_attention, not on the public module, which
+    imports it on use: the two do not import each other."""
+    code = ("import sys, ipex_flash.integrations.transformers_paged; "
+            "assert 'ipex_flash.integrations.transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_missing_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
     monkeypatch.delitem(sys.modules, "ipex_flash.integrations.transformers")
