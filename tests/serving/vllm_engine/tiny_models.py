@@ -5,7 +5,11 @@ venv (it imports transformers): python tiny_models.py OUT_DIR NAME [NAME ...]
 Weights are drawn wider than the families' default (initializer_range 0.2 instead of 0.02), so
 that a greedy step's best and second-best logits are apart by more than the rounding of
 either backend: with the defaults the logits are near-uniform and greedy decoding compares
-rounding, not attention."""
+rounding, not attention.
+
+save_word_tokenizer gives a model directory a tokenizer, for the servers' text prompts: one
+word per token id ("<pad>", "<s>", "</s>", "<unk>", then "w4" ... "w511"), so a prompt's
+text names its token ids and any generated id decodes to a word."""
 from __future__ import annotations
 
 import sys
@@ -49,6 +53,22 @@ def make(out_dir: Path, name: str) -> Path:
     path = out_dir / name
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def save_word_tokenizer(model_dir: Path) -> None:
+    """A word-level tokenizer over the whole vocabulary (whitespace splits words), saved as
+    transformers' PreTrainedTokenizerFast beside the model, where vLLM's server loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0-3: COMMON's pad, bos, eos, then unk
+    words = special + [f"w{i}" for i in range(len(special), VOCAB)]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
+                                           unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>",
+                            eos_token="</s>", unk_token="<unk>").save_pretrained(model_dir)
 
 
 if __name__ == "__main__":
