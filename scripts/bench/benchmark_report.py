@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from report_sections import distributed_section, generate_batch_section, host_cost_section, \
-    sdpa_section
+    sdpa_section, vllm_generate_section
 from report_tables import RUNS, ratio, section, span, table
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -116,6 +116,7 @@ def report(d: dict) -> list[str]:
     out += host_cost_section(d["host_cost.json"])
     out += generate_batch_section(d["generate_batch.json"])
     out += distributed_section(d["distributed.json"])
+    out += vllm_generate_section(d["vllm_generate.json"])
     out += section("Runtime costs, each in a fresh process", "runtime.json", runtime)
     out += table(["what", "measured"], [
         ["peak memory above inputs and outputs, forward float32 B=1 H=8 N=32768 D=64",

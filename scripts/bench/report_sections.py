@@ -1,6 +1,7 @@
 """The report's sections of the benchmarks that are not benchmark.py's passes: SDPA's contract
 (benchmark_sdpa.py), host cost (benchmark_host_cost.py), transformers' continuous batching
-(benchmark_generate_batch.py) and context parallelism (benchmark_distributed.py)."""
+(benchmark_generate_batch.py), context parallelism (benchmark_distributed.py) and vLLM's
+engine (benchmark_vllm_generate.py)."""
 from __future__ import annotations
 
 from report_tables import section, table
@@ -123,4 +124,35 @@ def distributed_section(data: dict) -> list[str]:
             f"takes {min(s['step'] for s in steps) / min(s['kernel'] for s in steps):.2f}x its "
             f"kernel alone ({1e3 * min(s['kernel'] for s in steps):.0f} ms; the K/V exchange "
             f"alone {1e3 * min(s['exchange'] for s in steps):.1f} ms)."]
+    return out
+
+
+def vllm_generate_section(data: dict) -> list[str]:
+    """vLLM's LLM.generate on ipex_flash's backend against CPU_ATTN, per batch size."""
+    a = data["args"]
+    out = section("vLLM's engine (LLM.generate), ipex_flash's backend against CPU_ATTN",
+                  "vllm_generate.json", data)
+    out += table(["prompts", "prompt tokens/s: ipex_flash", "CPU_ATTN", "ipex/CPU_ATTN",
+                  "generated tokens/s: ipex_flash", "CPU_ATTN", "ipex/CPU_ATTN",
+                  "same tokens"],
+                 [[r["batch"], f"{r['ipex_flash']['prompt_tokens_per_s']:.0f}",
+                   f"{r['CPU_ATTN']['prompt_tokens_per_s']:.0f}",
+                   f"{r['prompt_tokens_per_s_ratio']:.2f}x",
+                   f"{r['ipex_flash']['generated_tokens_per_s']:.1f}",
+                   f"{r['CPU_ATTN']['generated_tokens_per_s']:.1f}",
+                   f"{r['generated_tokens_per_s_ratio']:.2f}x", f"{r['same_tokens']:.0%}"]
+                  for r in data["rows"]])
+    out += ["", f"vLLM {data['machine'].get('vllm', '?')}, one engine per backend "
+            f"(IPEX_FLASH_VLLM=1 or unset), a random {a['layers']}-layer Llama (GQA "
+            f"{a['heads'][0]}/{a['heads'][1]}, D = {a['head_dim']}, {a['dtype']}), prompts of "
+            f"{a['prompt_len']} tokens, blocks of 32, eager mode, no prefix caching. Prompt "
+            f"tokens/s: generate with max_tokens=1; generated tokens/s: the "
+            f"{a['new_tokens']} decode steps after it (generate with max_tokens="
+            f"{1 + a['new_tokens']}, less the prefill's time); best of {a['repeats']} each, "
+            "after an untimed generate of each batch (kernels compile at first use). The whole "
+            "engine step is timed: attention (its cache write included) is one part of it, "
+            "beside the linear layers, vLLM's scheduling and sampling."
+            + (" 1-minute load average {:.1f} before the run, {:.1f} after ({} cores)."
+               .format(*data["load_average"], data["machine"]["cores"])
+               if "load_average" in data else "")]
     return out
