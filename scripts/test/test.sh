@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup/setup_env.sh
+# vLLM's CPU build in a venv of its own, for the tests that run vLLM's engine on ipex_flash.
+bash scripts/setup/setup_vllm_env.sh
 # Run from tests/ so the source tree's ipex_flash/ (which has no compiled module) does not
 # shadow the installed package.
 # One worker per core (pytest-xdist), each test file on one worker: a file's cases share

@@ -38,6 +38,11 @@ def register() -> None:
                      SWITCH)
         return
     replaced, device = _platform_default(AttentionBackendEnum)
+    if device == "cpu" and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
+        # torch is loaded before any plugin, so its OpenMP threads here keep spinning after
+        # each op and slow the SYCL CPU device's kernels (ipex_flash/_runtime.py); processes
+        # vLLM starts from this one (its workers) read the short spin when they load torch.
+        os.environ["GOMP_SPINCOUNT"] = "10000"
     _check_setup(device)
     register_backend(replaced, BACKEND)
     logger.info("ipex_flash: attention backend IPEX_FLASH registered in place of %s, the %s "

@@ -10,7 +10,8 @@ prompts generated that many times over, each round's outputs listed after the la
 scenario is an engine of its own, started, run and shut down in turn in this process. Which
 attention backend serves them is the environment's business (IPEX_FLASH_VLLM=1 or not).
 
-OUT: {name: {"tokens": [[ids] per prompt], "logprobs": [[the chosen tokens' logprobs]],
+OUT: {name: {"tokens": [[ids] per prompt], "logprobs": [[the chosen tokens' logprobs]], "top2":
+[[each step's two likeliest [token, logprob]]],
 "prompt_logprobs": [[each prompt token's logprob given the ones before, None for the first]],
 "metrics": {counter: value}, "start_s", "generate_s", "prompt_tokens", "generated_tokens"}}.
 """
@@ -31,7 +32,7 @@ def run(scenario: dict) -> dict:
     # Stats on: the prefix-cache and preemption counters are read after the run.
     llm = LLM(model=scenario["model"], **{"disable_log_stats": False, **scenario["llm"]})
     ready = time.perf_counter()
-    params = SamplingParams(max_tokens=scenario["max_tokens"], temperature=0.0, logprobs=0,
+    params = SamplingParams(max_tokens=scenario["max_tokens"], temperature=0.0, logprobs=2,
                             prompt_logprobs=scenario.get("prompt_logprobs"),
                             detokenize=False, ignore_eos=True)
     outputs = []
@@ -44,6 +45,9 @@ def run(scenario: dict) -> dict:
         "logprobs": [[step[t].logprob for step, t in zip(o.outputs[0].logprobs,
                                                           o.outputs[0].token_ids)]
                      for o in outputs],
+        # each step's two likeliest tokens, [[token, logprob], [token, logprob]]
+        "top2": [[sorted(([t, lp.logprob] for t, lp in step.items()), key=lambda x: -x[1])[:2]
+                  for step in o.outputs[0].logprobs] for o in outputs],
         "prompt_logprobs": [None if o.prompt_logprobs is None else
                             [None if step is None else step[t].logprob
                              for step, t in zip(o.prompt_logprobs, o.prompt_token_ids)]
