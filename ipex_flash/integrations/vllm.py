@@ -1,5 +1,8 @@
-"""vLLM on ipex_flash: a module shaped like vllm-xpu-kernels' vllm_xpu_kernels.flash_attn_interface
-(the attention entry point vLLM's XPU platform imports) and vLLM's per-layer KV-cache write.
+"""vLLM on ipex_flash, the alternative route: a module shaped like vllm-xpu-kernels'
+vllm_xpu_kernels.flash_attn_interface (the attention entry point vLLM's XPU platform imports)
+and vLLM's per-layer KV-cache write. The main route is the attention backend that the
+IPEX_FLASH_VLLM=1 switch registers (integrations/vllm_backend/, docs/serving.md): it serves
+softcap, ALiBi and FP8 caches, which vLLM's XPU wrapper of this function does not pass on.
 
     from ipex_flash.integrations import vllm as ipex_vllm
     ipex_vllm.install()   # before vLLM imports its XPU ops; see docs/serving.md
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 import types
 
@@ -26,6 +30,7 @@ import ipex_flash
 from ipex_flash.kvcache.slot_write import reshape_and_cache_flash as _cache_write_op
 
 Tensor = torch.Tensor
+LOGGER = logging.getLogger("ipex_flash")
 _FN = "ipex_flash.integrations.vllm.flash_attn_varlen_func"
 PACKAGE = "vllm_xpu_kernels"
 MODULE = PACKAGE + ".flash_attn_interface"
@@ -138,16 +143,23 @@ def install(cache_op: bool = True) -> bool:
         parent.flash_attn_interface = module
         parent.flash_attn_varlen_func = flash_attn_varlen_func
     if not cache_op or _libraries:
-        return bool(_libraries)
+        return _installed(bool(_libraries))
     try:  # its op definitions would collide with ours if loaded after them
         importlib.import_module(PACKAGE + "._C")
     except ImportError:
         pass
     namespace, name = CACHE_OP.split("::")
     if hasattr(getattr(torch.ops, namespace), name):
-        return False
+        return _installed(False)
     library = torch.library.Library(namespace, "FRAGMENT")
     library.define(name + _CACHE_OP_SCHEMA)
     library.impl(name, _cache_write_op, "CompositeExplicitAutograd")
     _libraries.append(library)
-    return True
+    return _installed(True)
+
+
+def _installed(cache_op: bool) -> bool:
+    LOGGER.info("%s is ipex_flash.integrations.vllm (attention on ipex_flash's kernels); the "
+                "cache write %s is %s", MODULE, CACHE_OP,
+                "ipex_flash's" if cache_op else "the one already defined")
+    return cache_op

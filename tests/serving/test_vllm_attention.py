@@ -150,7 +150,8 @@ def test_signature_and_unsupported_arguments():
 
 
 INSTALL_CHECK = """
-import importlib.util, sys, torch
+import importlib.util, logging, sys, torch
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 import ipex_flash
 from ipex_flash.integrations import vllm as ipex_vllm
 from ipex_flash.kvcache import slot_write
@@ -183,3 +184,6 @@ def test_install_makes_vllm_imports_reach_ipex_flash():
     run = subprocess.run([sys.executable, "-c", INSTALL_CHECK], capture_output=True, text=True,
                          env=env, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "installed", run.stderr[-3000:]
+    # (each call says what took effect: the second found its own op in place)
+    assert run.stderr.count("vllm_xpu_kernels.flash_attn_interface is ipex_flash.integrations."
+                            "vllm") == 2, run.stderr[-3000:]
