@@ -57,14 +57,13 @@ class IpexFlashImpl(AttentionImpl[IpexFlashMetadata]):
         if sinks is not None and sinks.shape != (num_heads,):
             raise ValueError(f"ipex_flash's vLLM backend: sinks must be (num_heads,) = "
                              f"({num_heads},), got {tuple(sinks.shape)}")
-        logger.info_once("ipex_flash: vLLM attention backend %s serves a %s layer (%d heads, %d kv "
-                    "heads, head size %d, kv cache %s%s%s%s%s)", "IPEX_FLASH",
-                    getattr(attn_type, "value", attn_type),
-                    num_heads, num_kv_heads, head_size, kv_cache_dtype,
-                    f", window {sliding_window}" if sliding_window else "",
-                    f", softcap {self.logits_soft_cap}" if self.logits_soft_cap else "",
-                    ", ALiBi" if alibi_slopes is not None else "",
-                    ", sinks" if sinks is not None else "")
+        logger.info_once(
+            "ipex_flash: vLLM attention backend IPEX_FLASH serves a %s layer (%d heads, %d kv "
+            "heads, head size %d, kv cache %s%s%s%s%s)", getattr(attn_type, "value", attn_type),
+            num_heads, num_kv_heads, head_size, kv_cache_dtype,
+            f", window {sliding_window}" if sliding_window else "",
+            f", softcap {self.logits_soft_cap}" if self.logits_soft_cap else "",
+            ", ALiBi" if alibi_slopes is not None else "", ", sinks" if sinks is not None else "")
 
     def split_cache(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """vLLM's layer cache (num_blocks, heads, block_size, 2 * head_size), in whatever
@@ -79,8 +78,10 @@ class IpexFlashImpl(AttentionImpl[IpexFlashMetadata]):
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor,
                            value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        if self.attn_type in _ENCODER_TYPES:
-            return  # encoder attention reads its keys from the step, not from a cache
+        if self.attn_type in _ENCODER_TYPES or key is None or value is None:
+            # Encoder attention reads its keys from the step, not from a cache; a cross-attention
+            # step after the first brings no new keys.
+            return
         key_cache, value_cache = self.split_cache(kv_cache)
         # key and value may hold padding rows past slot_mapping's tokens; the write takes
         # slot_mapping's count, as vLLM's own.
