@@ -40,6 +40,10 @@ class RingProblem:
     softcap: float
     # Packed sequences (varlen.py): (cu_seqlens, max_seqlen), the same on every rank.
     varlen: Optional[tuple[Tensor, int]] = None
+    # Rows of the packed q, k, v that hold sequences, cu_seqlens[-1]: the calls stop there,
+    # the rows after it (padding) keep the accumulators' zeros, and the sinks' gradient stops
+    # there too.
+    packed_rows: Optional[int] = None
 
     @property
     def token_dim(self) -> int:  # (B, N, H, D), or (total, H, D) packed
@@ -168,7 +172,9 @@ def sinks_grad(problem: RingProblem, sinks: Tensor, grad_out: Tensor, out: Tenso
     like any replicated parameter's gradient (by DDP/FSDP or an all_reduce)."""
     delta = score_grads.output_delta(grad_out, out)  # (B, N, H), or (total, H) packed
     if problem.varlen is not None:
-        return score_grads.sinks_grad(sinks, lse.unsqueeze(0), delta.transpose(0, 1).unsqueeze(0))
+        rows = problem.packed_rows  # padding: its grad_out is anything, its lse -inf or the sink
+        return score_grads.sinks_grad(sinks, lse[:, :rows].unsqueeze(0),
+                                      delta[:rows].transpose(0, 1).unsqueeze(0))
     return score_grads.sinks_grad(sinks, lse, delta.transpose(1, 2))
 
 

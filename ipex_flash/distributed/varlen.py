@@ -18,10 +18,12 @@ from ipex_flash.ops.validation import check_cu_seqlens, check_max_seqlen
 Tensor = torch.Tensor
 
 
-def _plans(rank: int, world: int, total: int, causal: bool) -> list[list[BlockCall]]:
+def _plans(rank: int, world: int, rows: int, causal: bool) -> list[list[BlockCall]]:
     """Rank r's slice of each sequence follows those of ranks < r: their keys are all
-    visible, its own are causal, later ranks' hidden (with causal)."""
-    whole = (0, total)
+    visible, its own are causal, later ranks' hidden (with causal). rows: cu_seqlens[-1];
+    the calls never see the rows after it, which the kernels would leave unwritten and the
+    merge would then read."""
+    whole = (0, rows)
     plans = []
     for owner in range(world):
         if causal and owner > rank:
@@ -54,6 +56,10 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0,
         return_attn_probs: also return the LSE (nheads, total_local) float32, natural log,
             and None.
 
+    Rows past cu_seqlens[-1] (padding) belong to no sequence: they are never read (NaN there
+    is harmless), their output is 0, their LSE -inf (the sink's logit with sinks), their
+    gradients 0, and they add nothing to the sinks' gradient.
+
     Returns:
         out (total_local, nheads, headdim_v), or (out, lse, None).
     """
@@ -81,8 +87,9 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0,
     check_same(fn, gather_ints(cu_seqlens.tolist(), q.device, group),
                [f"cu_seqlens[{i}]" for i in range(batch + 1)])
     comm = RingComm(group)
-    problem = RingProblem(comm, _plans(comm.rank, comm.size, q.shape[0], bool(causal)),
+    rows = int(cu_seqlens[-1])
+    problem = RingProblem(comm, _plans(comm.rank, comm.size, rows, bool(causal)),
                           [q.shape[0]] * comm.size, scale, float(softcap),
-                          varlen=(cu_seqlens, int(max_seqlen)))
+                          varlen=(cu_seqlens, int(max_seqlen)), packed_rows=rows)
     out, lse = RingAttention.apply(q, k, v, sinks, problem)
     return (out, natural_lse(lse), None) if return_attn_probs else out

@@ -1,7 +1,8 @@
 """The ring's plan of kernel calls (ipex_flash/distributed/_blocks.py) and the shard helpers,
 without processes: every (query, key) pair of the global mask is computed exactly once over
 the ring, for contiguous and zigzag layouts, even and uneven lengths, causal masks and
-windows; zigzag gives every rank the same causal work; shard/unshard round trips."""
+windows; zigzag gives every rank the same causal work; each rank's zigzag shard is the
+layout worked out by hand from its definition; shard/unshard round trips."""
 import pytest
 import torch
 
@@ -75,6 +76,43 @@ def test_zigzag_balances_causal_work(world):
     assert ring_work == sorted(ring_work) and ring_work[0] < ring_work[-1]
 
 
+def _zigzag_by_hand(total, world, rank):
+    """The positions rank `rank` holds, from zigzag's definition: chunks rank and 2P-1-rank
+    of 2P, in that order. Equal chunks when 2P divides the length; otherwise chunk c is
+    [c * N // 2P, (c + 1) * N // 2P), lengths differing by at most one, the lengths the
+    ring's check asks of each rank."""
+    chunks = 2 * world
+    if total % chunks == 0:
+        equal = torch.arange(total).view(chunks, total // chunks)
+        return torch.cat([equal[rank], equal[chunks - 1 - rank]]).tolist()
+    chunk = lambda c: list(range(c * total // chunks, (c + 1) * total // chunks))  # noqa: E731
+    return chunk(rank) + chunk(chunks - 1 - rank)
+
+
+@pytest.mark.parametrize("total", [32, 24, 29, 9])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_zigzag_shard_holds_chunks_r_and_mirror(total, world):
+    """Every rank's shard against the layout by hand, along dims 1, 0 and -1, and against
+    the plan's layout (the positions the ring computes for)."""
+    positions = torch.arange(total)
+    x = positions.view(1, total, 1).expand(2, total, 3)
+    layout = _blocks.zigzag_layout(total, world)
+    for rank in range(world):
+        want = _zigzag_by_hand(total, world, rank)
+        got = ifd.zigzag_shard(x, rank, world)
+        assert got.shape == (2, len(want), 3), (rank, got.shape)
+        assert torch.equal(got, torch.tensor(want).view(1, -1, 1).expand(2, -1, 3)), rank
+        assert ifd.zigzag_shard(positions, rank, world, dim=0).tolist() == want
+        assert ifd.zigzag_shard(x.transpose(1, 2), rank, world, dim=-1)[0, 0].tolist() == want
+        assert _positions(layout[rank]).tolist() == want
+
+
+def test_zigzag_shard_literal():
+    x = torch.arange(16).view(1, 16)
+    assert ifd.zigzag_shard(x, 1, 2).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
+    assert ifd.zigzag_shard(x, 0, 4, dim=-1).tolist() == [[0, 1, 14, 15]]
+
+
 @pytest.mark.parametrize("total", [32, 29, 9])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_shards_round_trip(total, world):
@@ -83,14 +121,6 @@ def test_shards_round_trip(total, world):
     assert torch.equal(ifd.zigzag_unshard(zig), x)
     plain = [ifd.contiguous_shard(x, r, world) for r in range(world)]
     assert torch.equal(ifd.contiguous_unshard(plain), x)
-    assert sorted(s.shape[1] for s in zig) == sorted(s.shape[1] for s in zig)
-    assert max(s.shape[1] for s in zig) - min(s.shape[1] for s in zig) <= 2
-
-
-def test_zigzag_shard_holds_chunks_r_and_mirror():
-    x = torch.arange(16).view(1, 16)
-    assert ifd.zigzag_shard(x, 1, 2).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11]]
-    assert ifd.zigzag_shard(x, 0, 4, dim=-1).tolist() == [[0, 1, 14, 15]]
 
 
 def test_varlen_shards_round_trip():

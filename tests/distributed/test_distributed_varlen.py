@@ -1,6 +1,7 @@
 """ring_flash_attn_varlen_func at 2 and 4 ranks over gloo on the SYCL CPU device: packed
 sequences of different lengths, each split evenly across the ranks (varlen_shard), forward
-and gradients against one process's flash_attn_varlen_func and float64; windows refused."""
+and gradients against one process's flash_attn_varlen_func and float64; rows padded past
+cu_seqlens[-1] (NaN) left out of every result; windows refused."""
 from helpers import distributed_cases as dc
 import pytest
 import torch
@@ -12,8 +13,23 @@ from ipex_flash import distributed as ifd
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
+def _padded(t, rows):
+    """t with `rows` rows of NaN after it: packed padding past cu_seqlens[-1], which no result
+    may read."""
+    return torch.cat([t, t.new_full((rows, *t.shape[1:]), float("nan"))])
+
+
+def _check_padding(name, t, real_rows):
+    """Rows past the sequences: zero (the output's and every gradient's)."""
+    pad = t[real_rows:]
+    assert not pad.isnan().any() and not pad.any(), (
+        f"{name}: pad rows hold {int(pad.isnan().sum())} NaN and "
+        f"{int((pad != 0).sum())} nonzero values of {pad.numel()}")
+
+
 def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, softcap=0.0,
-                sinks=False, seed=0):
+                sinks=False, pad=0, seed=0):
+    """pad: NaN rows after each rank's shard and after the one process's whole batch."""
     torch.manual_seed(seed)
     hq, hkv = heads
     total = sum(lengths)
@@ -25,19 +41,24 @@ def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, 
     cut = lambda t: ifd.varlen_shard(t, cu, rank, world)[0]  # noqa: E731
     _, cu_local, longest = ifd.varlen_shard(q, cu, rank, world)
 
-    local = dc._leaves(cut(q), cut(k), cut(v), sink)
+    local_rows = int(cu_local[-1])
+    local = dc._leaves(*(_padded(cut(t), pad) for t in (q, k, v)), sink)
     out = ifd.ring_flash_attn_varlen_func(*local[:3], cu_local, longest, causal=causal,
                                           softcap=softcap, sinks=local[3])
-    out.backward(cut(grad_out))
+    out.backward(_padded(cut(grad_out), pad))
     got = [out] + [t.grad for t in local if t is not None]
+    for name, t in zip(["out", "dq", "dk", "dv"], got):
+        _check_padding(name, t, local_rows)
+    got[:4] = [t[:local_rows] for t in got[:4]]
     if sinks:
         dist.all_reduce(got[-1])
-    single = dc._leaves(q, k, v, sink)
+    single = dc._leaves(*(_padded(t, pad * world) for t in (q, k, v)), sink)
     single_out = ipex_flash.flash_attn_varlen_func(*single[:3], cu, cu, max(lengths),
                                                    max(lengths), causal=causal,
                                                    softcap=softcap, sinks=single[3])
-    single_out.backward(grad_out)
-    singles = [single_out] + [t.grad for t in single if t is not None]
+    single_out.backward(_padded(grad_out, pad * world))
+    singles = [t[:total] for t in [single_out] + [t.grad for t in single[:3]]]
+    singles += [single[3].grad] if sinks else []
     wants = {}
     for precision in (torch.float64, dtype):
         ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
@@ -72,6 +93,33 @@ def test_two_ranks(world2, dtype, causal):
 def test_softcap_and_sinks(world2):
     dc.check_errors(world2.run(varlen_case, dtype=F32, causal=True, lengths=[24, 10],
                                softcap=6.0, sinks=True), F32)
+
+
+@pytest.mark.parametrize("causal,sinks", [(False, False), (True, True)])
+def test_padding_past_the_sequences(world2, causal, sinks):
+    """Packed rows past cu_seqlens[-1] belong to no sequence (one process's
+    flash_attn_varlen_func ignores them too): the real rows and the sinks' gradient are the
+    unpadded batch's, and the pad rows' output and gradients are zero although the pad is
+    NaN."""
+    dc.check_errors(world2.run(varlen_case, dtype=F32, causal=causal, lengths=[16, 42, 6],
+                               sinks=sinks, pad=5), F32)
+
+
+def _padding_lse(rank, world):
+    """The LSE of pad rows: -inf, or the sink's logit, the only term of their denominator."""
+    torch.manual_seed(3)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    q = _padded(torch.randn(10, 2, 16), 3)
+    sink = torch.randn(2)
+    lse = ifd.ring_flash_attn_varlen_func(q, q, q, cu, 6, return_attn_probs=True)[1]
+    sink_lse = ifd.ring_flash_attn_varlen_func(q, q, q, cu, 6, sinks=sink,
+                                               return_attn_probs=True)[1]
+    return (bool(torch.isneginf(lse[:, 10:]).all()) and bool(lse[:, :10].isfinite().all())
+            and torch.allclose(sink_lse[:, 10:], sink[:, None].expand(2, 3)))
+
+
+def test_padding_lse(world2):
+    assert world2.run(_padding_lse) == [True, True]
 
 
 def _packed_forms(rank, world):
