@@ -4,9 +4,12 @@ ipex_flash's backend ("ours", IPEX_FLASH_VLLM=1) and, where listed, with vLLM's 
 the same venv ("reference")."""
 import random
 
-# vLLM's own CPU attention serves every model here (decoder layers, windows, softcap, sinks),
-# so it is the reference of each; transformers' generate() is not needed.
-MODELS = ("llama", "qwen3", "mistral", "gemma2", "gpt_oss")
+# vLLM's own CPU attention serves every model here (decoder layers, windows, softcap, sinks,
+# ALiBi, encoder-only layers), so it is the reference of each; transformers' generate() is not
+# needed.
+DECODERS = ("llama", "qwen3", "mistral", "gemma2", "gpt_oss", "bloom")
+ENCODERS = ("bert",)  # served by vLLM's pooling runner: embeddings
+MODELS = DECODERS + ENCODERS
 ENGINE = dict(skip_tokenizer_init=True, block_size=32, enforce_eager=True, max_model_len=256,
               seed=0, gpu_memory_utilization=0.3)
 # One engine through everything a serving step can be: prompts longer than a step's token
@@ -45,8 +48,11 @@ def scenarios(models_dir) -> dict:
 
     add("llama", "llama", both, dict(SERVING, dtype="float32"), serving_prompts(1),
         rounds=2)
-    for seed, family in enumerate(MODELS[1:], start=2):
+    for seed, family in enumerate(DECODERS[1:], start=2):
         add(family, family, both, dict(ENGINE, dtype="float32"), plain_prompts(seed))
+    # (its tokenizer is loaded by the pooling runner: tiny_models saves one)
+    add("bert", "bert", both, dict(ENGINE, dtype="float32", runner="pooling",
+                                   skip_tokenizer_init=False), plain_prompts(9), embed=True)
     lp = plain_prompts(10)  # the same prompts for the precision scenarios, logprobs of each
     add("llama_float32_logprobs", "llama", ("reference",), dict(ENGINE, dtype="float32"), lp,
         prompt_logprobs=0)

@@ -5,8 +5,9 @@ CPU_ATTN backend in the same venv, on tiny random models saved locally
 (vllm_engine/tiny_models.py; scenarios in helpers/vllm_engine_cases.py).
 
 - float32: greedy tokens identical to CPU_ATTN's for Llama, Qwen3, Mistral (sliding window,
-  prompts longer than it), Gemma 2 (softcap, alternating windows) and GPT-OSS (sinks,
-  alternating windows); logprobs within float32's tolerance.
+  prompts longer than it), Gemma 2 (softcap, alternating windows), GPT-OSS (sinks,
+  alternating windows) and BLOOM (ALiBi); logprobs within float32's tolerance. A BERT
+  embedding model's (encoder-only layers) embeddings as CPU_ATTN's.
 - One engine through chunked prefill, mixed steps, preemption and prefix caching.
 - bfloat16: ours no further from float32 than CPU_ATTN's bfloat16 (teacher-forced logprobs),
   and where greedy tokens part, a tie within that noise.
@@ -72,12 +73,13 @@ def test_the_switch_puts_vllms_engine_on_ipex_flash(runs):
     the switch vLLM's own backend served."""
     ours, reference = runs["log"]["ours"], runs["log"]["reference"]
     assert REGISTERED in ours and SERVED in ours
-    for window in ("window 24", "softcap 20.0", "sinks"):
-        assert f"{SERVED} a decoder layer" in ours and window in ours
+    assert f"{SERVED} a decoder layer" in ours and f"{SERVED} a encoder_only layer" in ours
+    for feature in ("window 24", "softcap 20.0", "sinks", "ALiBi"):
+        assert feature in ours
     assert "ipex_flash" not in reference
 
 
-@pytest.mark.parametrize("model", cases.MODELS)
+@pytest.mark.parametrize("model", cases.DECODERS)
 def test_float32_tokens_match_cpu_attn(runs, model):
     """Identical greedy tokens; their logprobs within float32's 1e-5 of the logits' scale (a
     logprob is a logit less the log-sum over all of them, and each carries rounding of that
@@ -89,6 +91,16 @@ def test_float32_tokens_match_cpu_attn(runs, model):
     scale = sum(map(abs, anchor)) / len(anchor)
     for a, b in zip(sum(ours["logprobs"], []), sum(ref["logprobs"], [])):
         assert abs(a - b) <= 1e-5 * scale
+
+
+def test_encoder_only_embeddings_match_cpu_attn(runs):
+    """A BERT-style embedding model (vLLM's pooling runner: bidirectional encoder-only layers,
+    no KV cache): each prompt's embedding within float32's 1e-5 of the largest entry."""
+    ours, ref = runs["ours"]["bert"]["embeddings"], runs["reference"]["bert"]["embeddings"]
+    assert len(ours) == len(ref) == len(cases.plain_prompts(9))
+    for a, b in zip(ours, ref):
+        scale = max(map(abs, b))
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= 1e-5 * scale
 
 
 def test_chunked_prefill_mixed_steps_preemption_and_prefix_cache(runs):

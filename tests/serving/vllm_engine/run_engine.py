@@ -5,8 +5,8 @@ inside the vLLM venv by tests/serving/test_vllm_engine.py and the generate bench
 
 SPEC: {"scenarios": [{"name", "model" (a directory), "llm": {LLM's keyword arguments},
 "prompts": [[token ids], ...], "max_tokens", "prompt_logprobs" and "rounds" (optional: the
-prompts generated that many times over, each round's outputs listed after the last's)},
-...]}. Each
+prompts generated that many times over, each round's outputs listed after the last's), "embed"
+(optional: an encoder model's embeddings instead: OUT's "embeddings")}, ...]}. Each
 scenario is an engine of its own, started, run and shut down in turn in this process. Which
 attention backend serves them is the environment's business (IPEX_FLASH_VLLM=1 or not).
 
@@ -32,6 +32,13 @@ def run(scenario: dict) -> dict:
     # Stats on: the prefix-cache and preemption counters are read after the run.
     llm = LLM(model=scenario["model"], **{"disable_log_stats": False, **scenario["llm"]})
     ready = time.perf_counter()
+    if scenario.get("embed"):  # an encoder (pooling) model: its embeddings, no generation
+        outputs = llm.embed([{"prompt_token_ids": p} for p in scenario["prompts"]],
+                            use_tqdm=False)
+        result = {"embeddings": [list(o.outputs.embedding) for o in outputs],
+                  "start_s": ready - started, "generate_s": time.perf_counter() - ready}
+        llm.llm_engine.engine_core.shutdown()
+        return result
     params = SamplingParams(max_tokens=scenario["max_tokens"], temperature=0.0, logprobs=2,
                             prompt_logprobs=scenario.get("prompt_logprobs"),
                             detokenize=False, ignore_eos=True)

@@ -36,6 +36,11 @@ FAMILIES = {
                 "final_logit_softcapping": 30.0, "query_pre_attn_scalar": HEAD_DIM,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "layer_types": ["sliding_attention", "full_attention"]}),
+    # ALiBi's slopes instead of rotary positions.
+    "bloom": ("BloomConfig", "BloomForCausalLM",
+              {"num_key_value_heads": HEADS, "tie_word_embeddings": True}),
+    # Encoder-only attention (bidirectional, no KV cache), served as an embedding model.
+    "bert": ("BertConfig", "BertModel", {"num_key_value_heads": HEADS}),
     # Learned sinks on every layer; sliding and global layers alternate; experts (MoE).
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -52,6 +57,8 @@ def make(out_dir: Path, name: str) -> Path:
     model = getattr(transformers, model_cls)(config).to(torch.float32)
     path = out_dir / name
     model.save_pretrained(path, safe_serialization=True)
+    if name == "bert":  # vLLM's pooling runner loads a tokenizer, whatever the prompts
+        save_word_tokenizer(path)
     return path
 
 
