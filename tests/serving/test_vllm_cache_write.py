@@ -32,11 +32,21 @@ def token_batch(num_tokens, heads, head_size, dtype, num_slots, padding=3):
     return key, value, slots
 
 
-@pytest.mark.parametrize("layout", ["kv_first", "block_first"])
+@pytest.fixture(params=["host", "device"])
+def write_path(request, monkeypatch):
+    """The CPU device's write (host memory: the slots read on the host) and the one a GPU runs
+    (no value read on the host), taken on the CPU device."""
+    if request.param == "device":
+        monkeypatch.setattr(slot_write.launch_plans, "reads_host_memory", lambda device: False)
+    return request.param
+
+
+@pytest.mark.parametrize("layout", ["kv_first", "block_first", "vllm_layers"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("num_tokens,head_size,block_size",
                          [(42, 64, 8), (42, 80, 16), (42, 120, 32), (17, 256, 16)])
-def test_write_matches_per_token_loop(num_tokens, head_size, block_size, dtype, layout):
+def test_write_matches_per_token_loop(num_tokens, head_size, block_size, dtype, layout,
+                                      write_path):
     kv, key_cache, value_cache = vllm_cache(layout, 24, block_size, 8, head_size, dtype)
     key, value, slots = token_batch(num_tokens, 8, head_size, dtype, 24 * block_size)
     k_ref, v_ref = expected_caches(key_cache, value_cache, key, value, slots)
@@ -48,7 +58,7 @@ def test_write_matches_per_token_loop(num_tokens, head_size, block_size, dtype, 
 @pytest.mark.parametrize("storage", ["uint8", "float8"])
 @pytest.mark.parametrize("kv_cache_dtype", list(FP8))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_fp8_write_quantises_and_saturates(dtype, kv_cache_dtype, storage):
+def test_fp8_write_quantises_and_saturates(dtype, kv_cache_dtype, storage, write_path):
     fmt, limit = FP8[kv_cache_dtype], torch.finfo(FP8[kv_cache_dtype]).max
     _, key_cache, value_cache = vllm_cache("kv_first", 12, 16, 4, 64, torch.uint8)
     if storage == "float8":

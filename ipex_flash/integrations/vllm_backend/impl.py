@@ -14,6 +14,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 import ipex_flash
 from ipex_flash.integrations.vllm_backend.metadata import IpexFlashMetadata
+from ipex_flash.kvcache import slot_write
 from ipex_flash.kvcache.slot_write import CACHE_FORMATS
 
 # A child of vLLM's logger, so the lines appear in vLLM's log with its format.
@@ -85,9 +86,10 @@ class IpexFlashImpl(AttentionImpl[IpexFlashMetadata]):
         key_cache, value_cache = self.split_cache(kv_cache)
         # key and value may hold padding rows past slot_mapping's tokens; the write takes
         # slot_mapping's count, as vLLM's own.
-        torch.ops.ipex_flash.reshape_and_cache_flash(key, value, key_cache, value_cache,
-                                                     slot_mapping, self.kv_cache_dtype,
-                                                     layer._k_scale, layer._v_scale)
+        # (the op's work without its dispatch: vLLM's own custom op around this call is what
+        # torch.compile sees)
+        slot_write.checked_write(key, value, key_cache, value_cache, slot_mapping,
+                                 self.kv_cache_dtype, layer._k_scale, layer._v_scale)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Optional[IpexFlashMetadata],
