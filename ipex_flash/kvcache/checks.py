@@ -87,9 +87,14 @@ def check_fits(seqlens: Tensor, new: int, capacity: int) -> None:
                              f"exceeds the cache capacity {capacity}")
 
 
+def is_kernel_page_size(page_size: int) -> bool:
+    """A page the kernels read: a multiple of PAGE_SIZE_STEP up to MAX_PAGE_SIZE tokens."""
+    return page_size % PAGE_SIZE_STEP == 0 and 0 < page_size <= MAX_PAGE_SIZE
+
+
 def check_page_size(k_cache: Tensor) -> None:
     page_size = k_cache.shape[1]
-    if page_size % PAGE_SIZE_STEP or not 0 < page_size <= MAX_PAGE_SIZE:
+    if not is_kernel_page_size(page_size):
         raise ValueError(f"{_FN}: page size (k_cache.shape[1]) must be a multiple of "
                          f"{PAGE_SIZE_STEP} up to {MAX_PAGE_SIZE}, got {page_size}")
 

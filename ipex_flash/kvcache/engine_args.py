@@ -117,7 +117,7 @@ def apply_descales(fn: str, q: Tensor, cache_dtype: torch.dtype, q_descale, k_de
         if not fp8_cache:
             raise TypeError(f"{fn}: q is {q.dtype}, which needs an FP8 cache (float8_e4m3fn "
                             f"or float8_e5m2); the cache is {cache_dtype}")
-        q = q.to(out_dtype if out_dtype in fp8_quant.QUERY_DTYPES else torch.bfloat16)
+        q = q.to(fp8_quant.widened_query_dtype(out_dtype))
     elif q_descale is not None:
         _check_unquantised_q(fn, q_descale, batch, heads_kv, q.device)
         q_descale = None

@@ -18,6 +18,12 @@ def is_fp8(t: Tensor) -> bool:
     return isinstance(t, Tensor) and t.dtype in FP8_DTYPES
 
 
+def widened_query_dtype(out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype an FP8 q is widened to (exactly) for the kernels: the output's (out='s, the
+    model's) where it is 16-bit, else bfloat16 (flash-attn 3's output for an FP8 q)."""
+    return out_dtype if out_dtype in QUERY_DTYPES else torch.bfloat16
+
+
 def check_fp8_cache(fn: str, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> bool:
     """Whether the caches are FP8; if either is, both must be of one FP8 dtype and q 16-bit."""
     if not (is_fp8(k_cache) or is_fp8(v_cache)):

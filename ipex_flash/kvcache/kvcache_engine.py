@@ -78,8 +78,7 @@ def _query_dtype(q: Tensor, out: Optional[Tensor]) -> torch.dtype:
     bfloat16 (engine_args.apply_descales)."""
     if not fp8_quant.is_fp8(q):
         return q.dtype
-    out_dtype = getattr(out, "dtype", None)
-    return out_dtype if out_dtype in fp8_quant.QUERY_DTYPES else torch.bfloat16
+    return fp8_quant.widened_query_dtype(getattr(out, "dtype", None))
 
 
 def _check_attention(q: Tensor, v_cache: Tensor, batch: int, out: Optional[Tensor],

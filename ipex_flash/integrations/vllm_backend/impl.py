@@ -112,19 +112,19 @@ class IpexFlashImpl(AttentionImpl[IpexFlashMetadata]):
                 max_seqlen_k=attn_metadata.max_query_len, causal=False, **options)
             return output
         key_cache, value_cache = self.split_cache(kv_cache)
+        q = query[:n]
         if self.cache_format is not None:
             # One scale per tensor (vLLM's layer._k_scale), as the kernels' descales: expanded
             # views, read without a copy.
             shape = (attn_metadata.query_start_loc.shape[0] - 1, self.num_kv_heads)
             options.update(k_descale=layer._k_scale.expand(shape),
                            v_descale=layer._v_scale.expand(shape))
-        q = query[:n]
-        if self.cache_format is not None and q.dtype == torch.float32:
-            # The kernels read FP8 pages into 16-bit registers beside a 16-bit q: a float32
-            # model's queries go in as bfloat16 (a rounding of 2^-9, well below the cache's
-            # 2^-4) and the output comes back into vLLM's float32 buffer.
-            q = q.to(torch.bfloat16)
-            options["out"] = None
+            if q.dtype == torch.float32:
+                # The kernels read FP8 pages into 16-bit registers beside a 16-bit q: a float32
+                # model's queries go in as bfloat16 (a rounding of 2^-8, below the cache's 2^-4
+                # or 2^-3) and the output comes back into vLLM's float32 buffer.
+                q = q.to(torch.bfloat16)
+                options["out"] = None
         result = ipex_flash.flash_attn_varlen_func(
             q=q, k=key_cache, v=value_cache, cu_seqlens_q=attn_metadata.query_start_loc,
             max_seqlen_q=attn_metadata.max_query_len, seqused_k=attn_metadata.seq_lens,

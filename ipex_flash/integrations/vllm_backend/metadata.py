@@ -9,7 +9,7 @@ import torch
 from vllm.v1.attention.backend import (AttentionMetadataBuilder, CommonAttentionMetadata)
 from vllm.v1.kv_cache_interface import AttentionSpec, CrossAttentionSpec
 
-from ipex_flash.kvcache.checks import MAX_PAGE_SIZE, PAGE_SIZE_STEP
+from ipex_flash.kvcache.checks import MAX_PAGE_SIZE, PAGE_SIZE_STEP, is_kernel_page_size
 
 
 @dataclass
@@ -52,7 +52,7 @@ def check_block_size(block_size: int) -> None:
     """The kernels' pages are multiples of 16 up to 512 tokens. vLLM splits a larger block into
     such pages where the cache layout allows (backend.KERNEL_BLOCK_SIZES); a block still outside
     them is refused here, at engine start, rather than at the first step."""
-    if block_size % PAGE_SIZE_STEP or not 0 < block_size <= MAX_PAGE_SIZE:
+    if not is_kernel_page_size(block_size):
         raise ValueError(
             f"ipex_flash's vLLM backend: block_size must be a multiple of {PAGE_SIZE_STEP} up "
             f"to {MAX_PAGE_SIZE} (or a multiple of 16 that vLLM splits into such pages), got "
