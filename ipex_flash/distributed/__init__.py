@@ -5,26 +5,37 @@ headdim); names and arguments of ring-flash-attention, plus Ulysses:
     from ipex_flash.distributed import zigzag_ring_flash_attn_func, zigzag_shard
     out = zigzag_ring_flash_attn_func(zigzag_shard(q, rank, world), ..., causal=True, group=g)
 
-ring.py and varlen.py (the ring, over _ring_engine.py and the plan of kernel calls in
-_blocks.py), ulysses.py (all-to-all over heads), packed.py (qkv/kv-packed forms),
-sharding.py (shard and unshard helpers). docs/distributed.md says which to use when.
+ring.py, stripe.py, varlen.py and zigzag_varlen.py (the ring, over _ring_engine.py and the
+plan of kernel calls in _blocks.py; what the ranks agreed on is learned once, _agreement.py),
+ulysses.py (all-to-all over heads), packed.py (qkv/kv-packed forms), sharding.py (shard and
+unshard helpers), ring_flash_attn.py (ring-flash-attention's names, for `import *`).
+docs/distributed.md says which to use when.
 """
 from ipex_flash.distributed.packed import (
     ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func,
     ring_flash_attn_varlen_kvpacked_func, ring_flash_attn_varlen_qkvpacked_func,
-    zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func)
+    stripe_flash_attn_kvpacked_func, stripe_flash_attn_qkvpacked_func,
+    zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func,
+    zigzag_ring_flash_attn_varlen_kvpacked_func, zigzag_ring_flash_attn_varlen_qkvpacked_func)
 from ipex_flash.distributed.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
 from ipex_flash.distributed.sharding import (
-    contiguous_shard, contiguous_unshard, varlen_shard, varlen_unshard, zigzag_shard,
-    zigzag_unshard)
+    contiguous_shard, contiguous_unshard, stripe_shard, stripe_unshard, varlen_shard,
+    varlen_unshard, zigzag_shard, zigzag_unshard, zigzag_varlen_shard, zigzag_varlen_unshard)
+from ipex_flash.distributed.stripe import stripe_flash_attn_func
 from ipex_flash.distributed.ulysses import ulysses_flash_attn_func
 from ipex_flash.distributed.varlen import ring_flash_attn_varlen_func
+from ipex_flash.distributed.zigzag_varlen import zigzag_ring_flash_attn_varlen_func
 
 __all__ = [
     "contiguous_shard", "contiguous_unshard", "ring_flash_attn_func",
     "ring_flash_attn_kvpacked_func", "ring_flash_attn_qkvpacked_func",
     "ring_flash_attn_varlen_func", "ring_flash_attn_varlen_kvpacked_func",
-    "ring_flash_attn_varlen_qkvpacked_func", "ulysses_flash_attn_func", "varlen_shard",
-    "varlen_unshard", "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_kvpacked_func",
-    "zigzag_ring_flash_attn_qkvpacked_func", "zigzag_shard", "zigzag_unshard",
+    "ring_flash_attn_varlen_qkvpacked_func", "stripe_flash_attn_func",
+    "stripe_flash_attn_kvpacked_func", "stripe_flash_attn_qkvpacked_func", "stripe_shard",
+    "stripe_unshard", "ulysses_flash_attn_func", "varlen_shard", "varlen_unshard",
+    "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_kvpacked_func",
+    "zigzag_ring_flash_attn_qkvpacked_func", "zigzag_ring_flash_attn_varlen_func",
+    "zigzag_ring_flash_attn_varlen_kvpacked_func",
+    "zigzag_ring_flash_attn_varlen_qkvpacked_func", "zigzag_shard", "zigzag_unshard",
+    "zigzag_varlen_shard", "zigzag_varlen_unshard",
 ]

@@ -159,3 +159,18 @@ def zigzag_layout(total: int, world_size: int) -> list[list[Segment]]:
     bounds = zigzag_bounds(total, world_size)
     chunk = lambda c: Segment(bounds[c], bounds[c + 1] - bounds[c])  # noqa: E731
     return [[chunk(r), chunk(2 * world_size - 1 - r)] for r in range(world_size)]
+
+
+def stripe_pair(q_len: int, rank: int, k_len: int, owner: int, world_size: int, causal: bool,
+                window: tuple[int, int]) -> list[BlockCall]:
+    """Stripe layout (token t on rank t mod P, in order): local query i of `rank` is at
+    global position i P + rank, local key j of `owner` at j P + owner, so t - p = (j - i) P +
+    (owner - rank) and the global band low <= t - p <= high is, in local positions, the band
+    ceil((low - shift) / P) <= j - i <= floor((high - shift) / P), shift = owner - rank: one
+    call, a rectangle with that band (causal against a later rank: q[1:] against k[:-1])."""
+    low, high = band(causal, window)
+    shift = owner - rank
+    local_low = low if low == -INF else math.ceil((low - shift) / world_size)
+    local_high = high if high == INF else math.floor((high - shift) / world_size)
+    call = rectangle_call((0, q_len), 0, (0, k_len), 0, local_low, local_high)
+    return [] if call is None else [call]

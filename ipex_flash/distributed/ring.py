@@ -7,13 +7,13 @@ _ring_engine.py, the plan of kernel calls _blocks.py.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ipex_flash.distributed import _blocks
+from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import RingComm, check_same, gather_ints, resolve_group
 from ipex_flash.distributed._ring_engine import RingAttention, RingProblem
@@ -22,48 +22,65 @@ from ipex_flash.ops.launch import natural_lse
 Tensor = torch.Tensor
 
 
-@functools.lru_cache(maxsize=256)
 def _plans(kind: str, lengths: tuple[int, ...], rank: int, causal: bool,
-           window: tuple[int, int]) -> tuple[tuple[_blocks.BlockCall, ...], ...]:
+           window: tuple[int, int]) -> list[list[_blocks.BlockCall]]:
     """This rank's calls against each rank's K/V shard."""
     world = len(lengths)
+    if kind == "stripe":
+        return [_blocks.stripe_pair(lengths[rank], rank, lengths[owner], owner, world, causal,
+                                    window) for owner in range(world)]
     layout = (_blocks.contiguous_layout(lengths) if kind == "contiguous"
               else _blocks.zigzag_layout(sum(lengths), world))
-    return tuple(tuple(_blocks.plan_pair(layout[rank], layout[owner], causal, window))
-                 for owner in range(world))
+    return [_blocks.plan_pair(layout[rank], layout[owner], causal, window)
+            for owner in range(world)]
 
 
-def _check_zigzag_lengths(fn: str, lengths: list[int]) -> None:
-    """Each rank must hold what zigzag_shard gives it of the whole sequence."""
-    world = len(lengths)
-    bounds = _blocks.zigzag_bounds(sum(lengths), world)
-    want = [bounds[r + 1] - bounds[r] + bounds[2 * world - r] - bounds[2 * world - 1 - r]
+def _expected_lengths(kind: str, total: int, world: int) -> list[int]:
+    """What zigzag_shard or stripe_shard gives each rank of a sequence of `total` tokens."""
+    if kind == "stripe":
+        return [(total - r + world - 1) // world for r in range(world)]
+    bounds = _blocks.zigzag_bounds(total, world)
+    return [bounds[r + 1] - bounds[r] + bounds[2 * world - r] - bounds[2 * world - 1 - r]
             for r in range(world)]
+
+
+def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
+    """Each rank must hold what the layout's shard helper gives it of the whole sequence."""
+    want = _expected_lengths(kind, sum(lengths), len(lengths))
     if lengths != want:
         raise ValueError(
-            f"{fn}: the ranks hold {lengths} tokens of q; zigzag_shard of a sequence of "
-            f"{sum(lengths)} tokens over {world} ranks gives {want} (shard the batch with "
-            "ipex_flash.distributed.zigzag_shard)")
+            f"{fn}: the ranks hold {lengths} tokens of q; {kind}_shard of a sequence of "
+            f"{sum(lengths)} tokens over {len(lengths)} ranks gives {want} (shard the batch "
+            f"with ipex_flash.distributed.{kind}_shard)")
+
+
+def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
+           group: dist.ProcessGroup, causal: bool, window: tuple[int, int]):
+    """Every rank's arguments, checked to agree, and this rank's plan: once per key
+    (_agreement.py)."""
+    gathered = gather_ints(signature, device, group)
+    check_same(fn, [row[1:] for row in gathered], AGREED)
+    lengths = [row[0] for row in gathered]
+    if kind != "contiguous":
+        _check_lengths(fn, kind, lengths)
+    comm = RingComm(group)
+    return comm, lengths, _plans(kind, tuple(lengths), comm.rank, causal, window)
 
 
 def _ring_attention(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
                     softmax_scale: Optional[float], causal: bool, window_size, softcap: float,
                     alibi_slopes: Optional[Tensor], return_attn_probs: bool,
                     group: Optional[dist.ProcessGroup], sinks: Optional[Tensor]):
-    """Checks (this rank's arguments, then every rank's agreement), plans, runs the ring.
-    kind: "contiguous" or "zigzag", the shards' layout."""
+    """Checks (this rank's arguments; every rank's agreement the first time), plans, runs the
+    ring. kind: "contiguous", "zigzag" or "stripe", the shards' layout."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
                                 alibi_slopes, sinks, packed=False)
-    gathered = gather_ints(shape_signature(q, k, v, causal, window, softcap, sinks, False),
-                           q.device, group)
-    check_same(fn, [row[1:] for row in gathered], AGREED)
-    lengths = [row[0] for row in gathered]
-    if kind == "zigzag":
-        _check_zigzag_lengths(fn, lengths)
-    comm = RingComm(group)
-    plans = _plans(kind, tuple(lengths), comm.rank, bool(causal), window)
-    problem = RingProblem(comm, [list(p) for p in plans], lengths, scale, float(softcap))
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, False)
+    comm, lengths, plans = agreed(
+        group, (fn, *signature), (),
+        lambda: _learn(fn, kind, signature, q.device, group, bool(causal), window))
+    problem = RingProblem(comm, plans, lengths, scale, float(softcap))
     out, lse = RingAttention.apply(q, k, v, sinks, problem)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
@@ -73,7 +90,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
                          return_attn_probs=False, group=None, *, softcap=0.0, sinks=None):
     """Attention over a sequence sharded contiguously across the ranks of `group`: rank p
     holds tokens [n_0 + ... + n_{p-1}, ... + n_p) of q, k and v. Shards may differ in
-    length (every rank learns the others' lengths from one small all_gather per call).
+    length (every rank learns the others' lengths from one small all_gather, the first
+    time it sees its arguments: see docs/distributed.md on IPEX_FLASH_DISTRIBUTED_CHECKS).
 
     Args:
         q: (batch, seqlen_local, nheads, headdim); k: (batch, seqlen_local, nheads_k,
