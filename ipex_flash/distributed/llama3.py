@@ -1,0 +1,335 @@
+"""All-gather context parallelism over packed sequences (Llama 3's, ring-flash-attention's
+llama3_flash_attn_varlen_func): the packed token stream of a batch is cut into P equal
+contiguous slices, one per rank, so a sequence may start on one rank and end on another.
+Each rank all-gathers K and V (heads_k_stride K/V heads at a time, the next group travelling
+while the current one is computed on) and attends its queries to the keys its sequences
+need, local_k_slice of the gathered stream. The backward gathers K/V again and
+reduce-scatters dK/dV back to the ranks that own them.
+
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(
+        cu_seqlens, causal=True, rank=rank, world_size=world)
+    out = llama3_flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                        heads_k_stride=1, local_k_slice=k_slice, causal=True)
+"""
+from __future__ import annotations
+
+import bisect
+
+import torch
+import torch.distributed as dist
+from torch.autograd.function import once_differentiable
+
+from ipex_flash.distributed._comm import resolve_group
+from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
+from ipex_flash.ops import score_grads
+from ipex_flash.ops.launch import natural_lse
+from ipex_flash.ops.validation import (
+    check_alibi, check_cu_seqlens, check_dropout_p, check_flash_inputs, check_max_seqlen,
+    check_scale, check_sinks, check_softcap, check_window, softmax_scale as resolve_scale)
+
+Tensor = torch.Tensor
+# torch 2.13 renamed the single-tensor collectives; older releases have the first names only.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: Tensor, causal: bool, rank: int,
+                                         world_size: int):
+    """This rank's view of a packed batch whose token stream is split into world_size equal
+    contiguous slices.
+
+    Args:
+        cu_seqlens: (batch + 1,) the offsets of every sequence in the whole packed stream;
+            cu_seqlens[-1] must be a multiple of world_size (pad the stream).
+        causal: as the attention call will be: with causal the keys stop at the end of this
+            rank's slice, without they run to the end of its last sequence.
+
+    Returns:
+        (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, local_k_slice): offsets of
+        this rank's query tokens, cut into the sequences they belong to; offsets of the keys
+        those queries need, within local_k_slice (a slice of the all-gathered stream, which
+        may be longer than total / world_size); the longest of each as Python ints.
+    """
+    fn = "ipex_flash.distributed.llama3_flash_attn_prepare_cu_seqlens"
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
+        raise ValueError(f"{fn}: cu_seqlens must be a 1-D tensor (batch + 1,)")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"{fn}: world_size must be an int >= 1, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"{fn}: rank must be an int in [0, {world_size}), got {rank!r}")
+    offsets = cu_seqlens.tolist()  # one host read per batch, not per layer
+    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"{fn}: cu_seqlens must start at 0 and never decrease, got {offsets}")
+    total = offsets[-1]
+    if total % world_size:
+        raise ValueError(f"{fn}: cu_seqlens[-1] = {total} tokens must be a multiple of "
+                         f"world_size = {world_size} (pad the packed batch)")
+    if total == 0:
+        raise ValueError(f"{fn}: cu_seqlens describes no tokens")
+    per_rank = total // world_size
+    start, end = rank * per_rank, (rank + 1) * per_rank
+    # The sequences that overlap [start, end): from the one holding `start` to the first
+    # one that reaches `end`.
+    first = bisect.bisect_left(offsets, start)
+    if offsets[first] != start:
+        first -= 1
+    bounds = offsets[first:bisect.bisect_left(offsets, end) + 1]
+    q_bounds = [min(max(b - start, 0), per_rank) for b in bounds]
+    k_right = end if causal else bounds[-1]
+    k_bounds = [min(b, k_right) - bounds[0] for b in bounds]
+    as_tensor = lambda b: torch.tensor(b, dtype=cu_seqlens.dtype, device=cu_seqlens.device)  # noqa: E731
+    longest = lambda b: max(y - x for x, y in zip(b, b[1:]))  # noqa: E731
+    return (as_tensor(q_bounds), as_tensor(k_bounds), longest(q_bounds), longest(k_bounds),
+            slice(bounds[0], k_right))
+
+
+class _Problem:
+    """What the forward and backward share: the group, the offsets and the options."""
+
+    def __init__(self, group, cu_q, cu_k, max_q, max_k, stride, k_slice, scale, causal,
+                 window, softcap, alibi):
+        self.group, self.world = group, dist.get_world_size(group)
+        self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
+        self.stride, self.k_slice, self.scale, self.causal = stride, k_slice, scale, causal
+        self.window, self.softcap, self.alibi = window, softcap, alibi
+
+    def kernel_args(self, q_heads: slice):
+        alibi = None if self.alibi is None else self.alibi[..., q_heads].contiguous()
+        return (self.cu_q, self.cu_k, self.max_q, self.max_k, self.scale, self.causal,
+                *self.window, self.softcap, alibi, 0.0, None)
+
+
+class _KVGather:
+    """All-gathers K and V of heads_k_stride K/V heads at a time, one collective per group of
+    heads, the next group posted before the current one is used (so it travels under the
+    kernels). K and V go side by side in one (P * n, stride * (D + Dv)) buffer."""
+
+    def __init__(self, problem: _Problem, k: Tensor, v: Tensor):
+        self.problem, self.k, self.v = problem, k, v
+        self.pending = None
+
+    def post(self, first_head: int) -> None:
+        heads = slice(first_head, first_head + self.problem.stride)
+        n = self.k.shape[0]
+        send = torch.cat([self.k[:, heads].reshape(n, -1), self.v[:, heads].reshape(n, -1)], 1)
+        recv = send.new_empty((n * self.problem.world, send.shape[1]))
+        work = _all_gather(recv, send, group=self.problem.group, async_op=True)
+        self.pending = (work, recv, send)
+
+    def take(self) -> tuple[Tensor, Tensor]:
+        """The posted group's K and V over local_k_slice: (m, stride, D), (m, stride, Dv)."""
+        work, recv, _ = self.pending
+        work.wait()
+        self.pending = None
+        stride, dim_k = self.problem.stride, self.k.shape[-1]
+        rows = recv[self.problem.k_slice]
+        return (rows[:, :stride * dim_k].view(len(rows), stride, dim_k),
+                rows[:, stride * dim_k:].view(len(rows), stride, self.v.shape[-1]))
+
+
+def _head_groups(problem: _Problem, heads_q: int, heads_k: int):
+    """(K/V head offset, the q heads that read those K/V heads) for each group."""
+    per_kv = heads_q // heads_k
+    for first in range(0, heads_k, problem.stride):
+        yield first, slice(first * per_kv, (first + problem.stride) * per_kv)
+
+
+def _forward(problem: _Problem, q, k, v, sinks, backward_follows: bool):
+    gather = _KVGather(problem, k, v)
+    gather.post(0)
+    outs, lses = [], []
+    for first, q_heads in _head_groups(problem, q.shape[1], k.shape[1]):
+        k_i, v_i = gather.take()
+        if first + problem.stride < k.shape[1]:
+            gather.post(first + problem.stride)
+        q_i = q[:, q_heads]
+        if backward_follows:  # the general kernel, whose arithmetic the backward mirrors
+            q_i = q_i.detach().requires_grad_()
+        out_i, lse_i = torch.ops.ipex_flash.flash_attn_forward(
+            q_i, k_i, v_i, *problem.kernel_args(q_heads),
+            None if sinks is None else sinks[q_heads])
+        outs.append(out_i)
+        lses.append(lse_i)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=0)  # lse: (H, total), exp2 domain
+
+
+def _backward(problem: _Problem, grad_out, q, k, v, out, lse):
+    """dq; dk and dv reduce-scattered in float32 (each rank's part of every key's gradient
+    summed once, then rounded), back to the ranks that own those keys."""
+    n, heads_k, dim_k, dim_v = k.shape[0], k.shape[1], k.shape[-1], v.shape[-1]
+    dq = torch.empty_like(q)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    gather = _KVGather(problem, k, v)
+    gather.post(0)
+    width = problem.stride * (dim_k + dim_v)
+    for first, q_heads in _head_groups(problem, q.shape[1], heads_k):
+        k_i, v_i = gather.take()
+        if first + problem.stride < heads_k:
+            gather.post(first + problem.stride)
+        dq_i, dk_i, dv_i = torch.ops.ipex_flash.flash_attn_backward(
+            grad_out[:, q_heads], q[:, q_heads], k_i, v_i, out[:, q_heads], lse[q_heads],
+            *problem.kernel_args(q_heads))
+        dq[:, q_heads] = dq_i
+        partial = torch.zeros((n * problem.world, width), dtype=torch.float32, device=k.device)
+        rows = partial[problem.k_slice]
+        rows[:, :problem.stride * dim_k] = dk_i.reshape(len(rows), -1)
+        rows[:, problem.stride * dim_k:] = dv_i.reshape(len(rows), -1)
+        mine = partial.new_empty((n, width))
+        _reduce_scatter(mine, partial, group=problem.group)
+        heads = slice(first, first + problem.stride)
+        dk[:, heads] = mine[:, :problem.stride * dim_k].view(n, problem.stride, dim_k)
+        dv[:, heads] = mine[:, problem.stride * dim_k:].view(n, problem.stride, dim_v)
+    return dq, dk, dv
+
+
+class _Llama3Attention(torch.autograd.Function):
+    """(q, k, v, sinks, problem) -> (out, lse exp2 domain); lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, problem):
+        backward_follows = any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+        out, lse = _forward(problem, q, k, v, sinks, backward_follows)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.problem = problem
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable  # the backward runs kernels and collectives, not torch ops
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = _backward(ctx.problem, grad_out, q, k, v, out, lse)
+        d_sinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            # This rank's part, from its own query rows: summed over the group like any
+            # replicated parameter's gradient (DDP/FSDP, or an all_reduce).
+            delta = score_grads.output_delta(grad_out, out)  # (total, H)
+            d_sinks = score_grads.sinks_grad(sinks, lse.unsqueeze(0),
+                                             delta.transpose(0, 1).unsqueeze(0))
+        return dq, dk, dv, d_sinks, None
+
+
+def _check(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, dropout_p, scale, causal,
+           window_size, softcap, alibi, sinks, group):
+    """This rank's arguments (nothing is exchanged to check them); returns the window."""
+    check_flash_inputs(fn, q, k, v, True)
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{fn}: q and k must hold this rank's same slice of the packed tokens: "
+                         f"q has {q.shape[0]}, k {k.shape[0]}")
+    check_dropout_p(fn, dropout_p)
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"{fn}: dropout_p > 0 is not supported: each kernel call draws its dropout mask "
+            "from the positions it sees, not the ones a single-device call uses")
+    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 \
+            or k.shape[1] % stride:
+        raise ValueError(f"{fn}: heads_k_stride must be a positive int dividing nheads_k = "
+                         f"{k.shape[1]}, got {stride!r}")
+    world = dist.get_world_size(group)
+    if not isinstance(k_slice, slice) or k_slice.step not in (None, 1) or not all(
+            isinstance(b, int) for b in (k_slice.start, k_slice.stop)) \
+            or not 0 <= k_slice.start <= k_slice.stop <= world * k.shape[0]:
+        raise ValueError(f"{fn}: local_k_slice must be a slice(start, stop) of the gathered "
+                         f"{world * k.shape[0]} keys (llama3_flash_attn_prepare_cu_seqlens "
+                         f"gives it), got {k_slice!r}")
+    batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_q, q.shape[0], q.device)
+    if check_cu_seqlens(fn, "cu_seqlens_k", cu_k, k_slice.stop - k_slice.start,
+                        q.device) != batch:
+        raise ValueError(f"{fn}: cu_seqlens_k describes {len(cu_k) - 1} sequences, "
+                         f"cu_seqlens_q {batch}")
+    check_max_seqlen(fn, "max_seqlen_q", max_q)
+    check_max_seqlen(fn, "max_seqlen_k", max_k)
+    check_scale(fn, scale)
+    window = check_window(fn, window_size)
+    if not causal and (window != (-1, -1) or alibi is not None):
+        # Without causal the last sequence's keys run past this rank's queries, so the
+        # kernel's diagonal (from the bottom right of each sequence) is not the global one.
+        name = "window_size" if window != (-1, -1) else "alibi_slopes"
+        raise NotImplementedError(
+            f"{fn}: {name} needs causal=True here: without it the keys of this rank's last "
+            "sequence run past its queries, and the kernels place windows and ALiBi from the "
+            "end of each sequence's keys")
+    check_softcap(fn, softcap)
+    check_alibi(fn, alibi, batch, q.shape[1], q.device)
+    check_sinks(fn, sinks, q.unsqueeze(0).transpose(1, 2))
+    return window
+
+
+def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, heads_k_stride, local_k_slice, dropout_p=0.0,
+                                  softmax_scale=None, causal=False, window_size=(-1, -1),
+                                  alibi_slopes=None, deterministic=False,
+                                  return_attn_probs=False, group=None, *, softcap=0.0,
+                                  sinks=None):
+    """Attention over packed sequences whose token stream is split into equal contiguous
+    slices across the ranks of `group`, by all-gathering K/V.
+
+    Args:
+        q: (total_local, nheads, headdim), this rank's slice of the packed queries; k, v:
+            (total_local, nheads_k, headdim / headdim_v), the same tokens.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, local_k_slice: what
+            llama3_flash_attn_prepare_cu_seqlens(cu_seqlens, causal, rank, world_size) gives
+            (int32 offsets, made with the same causal).
+        heads_k_stride: K/V heads gathered at a time (must divide nheads_k): the gathered
+            buffers hold P * total_local * heads_k_stride keys, two of them in flight.
+        dropout_p: must be 0 (NotImplementedError).
+        causal: each token sees the tokens of its sequence up to itself, on any rank.
+        window_size, alibi_slopes: in positions of the whole sequence; need causal=True.
+            alibi_slopes: (nheads,) or (local batch, nheads) float32.
+        softmax_scale, softcap, sinks: as flash_attn_varlen_func. sinks' gradient is this
+            rank's part (sum it over the group, as DDP/FSDP do).
+        deterministic: accepted; the result is always deterministic.
+        return_attn_probs: also return the LSE (nheads, total_local) float32, natural log,
+            and None.
+        group: the process group (default: the world).
+
+    Returns:
+        out (total_local, nheads, headdim_v), or (out, lse, None).
+    """
+    fn = "ipex_flash.distributed.llama3_flash_attn_varlen_func"
+    group = resolve_group(fn, group)
+    window = _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    heads_k_stride, local_k_slice, dropout_p, softmax_scale, bool(causal),
+                    window_size, softcap, alibi_slopes, sinks, group)
+    problem = _Problem(group, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                       max_seqlen_q, max_seqlen_k, heads_k_stride, local_k_slice,
+                       resolve_scale(softmax_scale, q.shape[-1], fn), bool(causal), window,
+                       float(softcap), alibi_slopes)
+    out, lse = _Llama3Attention.apply(q, k.contiguous(), v.contiguous(), sinks, problem)
+    return (out, natural_lse(lse), None) if return_attn_probs else out
+
+
+def _unpack(fn, tensor, count, name):
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4 or tensor.shape[1] != count:
+        raise ValueError(f"ipex_flash.distributed.{fn}: {name} must be (total_local, {count}, "
+                         f"heads, headdim), got shape {tuple(getattr(tensor, 'shape', ()))}")
+    return tensor.unbind(1)
+
+
+def llama3_flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, heads_k_stride, local_k_slice,
+                                            dropout_p=0.0, softmax_scale=None, causal=False,
+                                            window_size=(-1, -1), alibi_slopes=None,
+                                            deterministic=False, return_attn_probs=False,
+                                            group=None, *, softcap=0.0, sinks=None):
+    """llama3_flash_attn_varlen_func with qkv (total_local, 3, nheads, headdim)."""
+    q, k, v = _unpack("llama3_flash_attn_varlen_qkvpacked_func", qkv, 3, "qkv")
+    return llama3_flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
+        local_k_slice, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+        deterministic, return_attn_probs, group, softcap=softcap, sinks=sinks)
+
+
+def llama3_flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, heads_k_stride, local_k_slice,
+                                           dropout_p=0.0, softmax_scale=None, causal=False,
+                                           window_size=(-1, -1), alibi_slopes=None,
+                                           deterministic=False, return_attn_probs=False,
+                                           group=None, *, softcap=0.0, sinks=None):
+    """llama3_flash_attn_varlen_func with kv (total_local, 2, nheads_k, headdim)."""
+    k, v = _unpack("llama3_flash_attn_varlen_kvpacked_func", kv, 2, "kv")
+    return llama3_flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
+        local_k_slice, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+        deterministic, return_attn_probs, group, softcap=softcap, sinks=sinks)

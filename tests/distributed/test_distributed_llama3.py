@@ -1,0 +1,195 @@
+"""llama3_flash_attn_varlen_func (all-gathered K/V over a packed token stream cut into equal
+contiguous slices) at 2 and 4 ranks over gloo on the SYCL CPU device: forward and gradients
+against one process's flash_attn_varlen_func and float64, with sequences that cross rank
+boundaries, GQA over several heads_k_stride groups, causal windows, ALiBi, softcap and sinks;
+llama3_flash_attn_prepare_cu_seqlens against the offsets worked out by hand."""
+from helpers import distributed_cases as dc
+import pytest
+import torch
+import torch.distributed as dist
+
+import ipex_flash
+from ipex_flash.distributed.llama3 import (
+    llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func,
+    llama3_flash_attn_varlen_kvpacked_func, llama3_flash_attn_varlen_qkvpacked_func)
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _cu(lengths):
+    return torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def test_prepare_cu_seqlens_by_hand():
+    """Sequences of 5, 9 and 2 tokens over 2 ranks of 8: rank 0 holds sequence 0 and the first
+    3 tokens of sequence 1; rank 1 the other 6 of sequence 1 and sequence 2, whose keys start
+    at sequence 1's first token (global 5)."""
+    cu = _cu([5, 9, 2])
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, True, 0, 2)
+    assert cu_q.tolist() == [0, 5, 8] and cu_k.tolist() == [0, 5, 8]
+    assert (max_q, max_k, k_slice) == (5, 5, slice(0, 8))
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, True, 1, 2)
+    assert cu_q.tolist() == [0, 6, 8] and cu_k.tolist() == [0, 9, 11]
+    assert (max_q, max_k, k_slice) == (6, 9, slice(5, 16))
+    # Without causal rank 0's keys run to the end of sequence 1.
+    cu_q, cu_k, _, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, False, 0, 2)
+    assert cu_q.tolist() == [0, 5, 8] and cu_k.tolist() == [0, 5, 14]
+    assert (max_k, k_slice) == (9, slice(0, 14))
+    assert cu_q.dtype == torch.int32
+
+
+@pytest.mark.parametrize("args,message", [
+    ((_cu([5, 4]), True, 0, 2), "multiple of world_size"),
+    ((_cu([4, 4]), True, 2, 2), "rank must be"),
+    ((torch.tensor([0, 5, 3, 8]), True, 0, 2), "never decrease"),
+])
+def test_prepare_cu_seqlens_refuses(args, message):
+    with pytest.raises(ValueError, match=message):
+        llama3_flash_attn_prepare_cu_seqlens(*args)
+
+
+def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, head_dim=24,
+                window=(-1, -1), softcap=0.0, sinks=False, alibi=False, seed=0):
+    """This rank's contiguous slice of the packed stream through llama3_flash_attn_varlen_func,
+    against the whole batch in one process and in float64: distributed_cases' result dict."""
+    torch.manual_seed(seed)
+    hq, hkv = heads
+    cu, total = _cu(lengths), sum(lengths)
+    q = torch.randn(total, hq, head_dim, dtype=dtype)
+    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
+    sink = torch.randn(hq) if sinks else None
+    slopes = torch.rand(hq) * 0.3 if alibi else None
+    per_rank = total // world
+    cut = lambda t: t[rank * per_rank:(rank + 1) * per_rank]  # noqa: E731
+    options = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
+
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, causal, rank,
+                                                                             world)
+    local = dc._leaves(*(cut(t) for t in (q, k, v)), sink)
+    out, lse, _ = llama3_flash_attn_varlen_func(*local[:3], cu_q, cu_k, max_q, max_k, stride,
+                                                k_slice, **options, return_attn_probs=True,
+                                                sinks=local[3])
+    out.backward(cut(grad_out))
+    got = [out, lse] + [t.grad for t in local if t is not None]
+    if sinks:
+        dist.all_reduce(got[-1])
+    single = dc._leaves(q, k, v, sink)
+    single_out, single_lse, _ = ipex_flash.flash_attn_varlen_func(
+        *single[:3], cu, cu, max(lengths), max(lengths), **options, return_attn_probs=True,
+        sinks=single[3])
+    single_out.backward(grad_out)
+    singles = [single_out, single_lse] + [t.grad for t in single if t is not None]
+    wants = {}
+    for precision in (torch.float64, dtype):
+        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
+        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal, window,
+                               softcap, ref[3], slopes, precision)[0]
+                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+        torch.cat(pieces).backward(grad_out.to(precision))
+        # The LSE's truth is one process's float32 LSE (no float64 reference computes it).
+        wants[precision] = ([torch.cat(pieces), single_lse]
+                            + [t.grad for t in ref if t is not None])
+    results = {}
+    names = ["out", "lse", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])
+    for i, name in enumerate(names):
+        part = {"dsinks": lambda t: t, "lse": lambda t: t[:, rank * per_rank:][:, :per_rank]
+                }.get(name, cut)
+        truth = part(wants[torch.float64][i])
+        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
+        assert got[i].dtype == (dtype if name in ("out", "dq", "dk", "dv") else F32), name
+        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
+                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
+    return results
+
+
+@pytest.fixture(scope="module")
+def world2():
+    world = dc.World(2)
+    yield world
+    world.close()
+
+
+# 70 tokens: rank boundaries (35) fall inside sequences; one of a single token.
+LENGTHS = [13, 29, 1, 27]
+
+
+@pytest.mark.parametrize("dtype,causal,stride", [
+    (F32, True, 1),    # two K/V head groups, each gathered while the other is used
+    (F32, False, 2),   # keys past the rank's end for its last sequence
+    (BF16, True, 2),
+])
+def test_two_ranks(world2, dtype, causal, stride):
+    dc.check_errors(world2.run(llama3_case, dtype=dtype, causal=causal, lengths=LENGTHS,
+                               stride=stride), dtype)
+
+
+def test_two_ranks_window_alibi_softcap_sinks(world2):
+    """Every score option in global positions of each sequence, GQA 6/3, one group per K/V
+    head."""
+    dc.check_errors(world2.run(llama3_case, dtype=F32, causal=True, lengths=LENGTHS,
+                               heads=(6, 3), window=(9, 0), softcap=5.0, sinks=True,
+                               alibi=True), F32)
+
+
+def _packed_forms(rank, world):
+    """The qkv- and kv-packed forms give the unpacked function's output."""
+    torch.manual_seed(2)
+    cu = _cu([7, 13])
+    qkv = torch.randn(20, 3, 2, 16)[rank * 10:(rank + 1) * 10]
+    args = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+    prepared = args[:4] + (1, args[4])
+    want = llama3_flash_attn_varlen_func(*qkv.unbind(1), *prepared, causal=True)
+    got_qkv = llama3_flash_attn_varlen_qkvpacked_func(qkv, *prepared, causal=True)
+    got_kv = llama3_flash_attn_varlen_kvpacked_func(qkv[:, 0], qkv[:, 1:], *prepared,
+                                                    causal=True)
+    return torch.equal(got_qkv, want) and torch.equal(got_kv, want)
+
+
+def test_packed_forms(world2):
+    assert world2.run(_packed_forms) == [True, True]
+
+
+def _refusals(rank, world):
+    """Each bad argument's exception type and message, raised before any collective."""
+    cu = _cu([8, 8])
+    q = torch.randn(8, 4, 16)
+    k = torch.randn(8, 2, 16)
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank,
+                                                                             world)
+    calls = {
+        "dropout_p": dict(dropout_p=0.1),
+        "heads_k_stride": dict(heads_k_stride=3),
+        "local_k_slice": dict(local_k_slice=slice(0, 99)),
+        "window_size": dict(causal=False, window_size=(4, 4)),
+    }
+    seen = {}
+    for name, change in calls.items():
+        kwargs = {**dict(heads_k_stride=1, local_k_slice=k_slice, causal=True), **change}
+        try:
+            llama3_flash_attn_varlen_func(q, k, k, cu_q, cu_k, max_q, max_k, **kwargs)
+        except (ValueError, NotImplementedError) as error:
+            seen[name] = (type(error).__name__, name in str(error))
+    return seen
+
+
+def test_bad_arguments_refused(world2):
+    for seen in world2.run(_refusals):
+        assert seen == {"dropout_p": ("NotImplementedError", True),
+                        "heads_k_stride": ("ValueError", True),
+                        "local_k_slice": ("ValueError", True),
+                        "window_size": ("NotImplementedError", True)}
+
+
+def test_four_ranks():
+    """Sequences spanning three ranks, MQA-like 8/2 with stride 1, fp32 causal with a window
+    and sinks, and bf16 without causal, in one world."""
+    world = dc.World(4)
+    try:
+        lengths = [3, 51, 17, 1, 12]  # 84 tokens, 21 per rank
+        dc.check_errors(world.run(llama3_case, dtype=F32, causal=True, lengths=lengths,
+                                  heads=(8, 2), window=(20, 0), sinks=True), F32)
+        dc.check_errors(world.run(llama3_case, dtype=BF16, causal=False, lengths=lengths,
+                                  heads=(8, 2), stride=2), BF16)
+    finally:
+        world.close()
