@@ -1,0 +1,161 @@
+"""zigzag_ring_flash_attn_varlen_func at 2 and 4 ranks over gloo on the SYCL CPU device: packed
+sequences of different lengths, each zigzag-sharded (zigzag_varlen_shard), forward, LSE and
+gradients against one process's flash_attn_varlen_func and float64, causal or not, GQA,
+softcap, sinks, bfloat16; rows padded past cu_seqlens[-1] with NaN left out of every result;
+the shard helper against the layout by hand; windows and odd local lengths refused."""
+from helpers import distributed_cases as dc
+import pytest
+import torch
+import torch.distributed as dist
+
+import ipex_flash
+from ipex_flash import distributed as ifd
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _padded(t, rows, dim=0):
+    """t with `rows` NaN rows after it along dim: padding no result may read."""
+    shape = list(t.shape)
+    shape[dim] = rows
+    return torch.cat([t, t.new_full(shape, float("nan"))], dim=dim)
+
+
+def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32,
+                       softcap=0.0, sinks=False, pad=0, seed=0):
+    """{name: (error vs float64, vs one process, torch's error in dtype, size)} for out, lse,
+    dq, dk, dv (and the sinks' gradient summed over the group); pad: NaN rows after this
+    rank's shard and after the one process's batch, whose results must stay zero."""
+    torch.manual_seed(seed)
+    hq, hkv = heads
+    total = sum(lengths)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    q = torch.randn(total, hq, head_dim, dtype=dtype)
+    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
+    sink = torch.randn(hq) if sinks else None
+    cut = lambda t: ifd.zigzag_varlen_shard(t, cu, rank, world)[0]  # noqa: E731
+    _, cu_local, longest = ifd.zigzag_varlen_shard(q, cu, rank, world)
+    rows = int(cu_local[-1])
+
+    local = dc._leaves(*(_padded(cut(t), pad) for t in (q, k, v)), sink)
+    out, lse, _ = ifd.zigzag_ring_flash_attn_varlen_func(
+        *local[:3], cu_local, longest, causal=causal, softcap=softcap, sinks=local[3],
+        return_attn_probs=True)
+    out.backward(_padded(cut(grad_out), pad))
+    got = [out, lse] + [t.grad for t in local if t is not None]
+    for name, t in zip(["out", "lse", "dq", "dk", "dv"], got):
+        padding = t[:, rows:] if name == "lse" else t[rows:]
+        fill = 0.0 if name != "lse" else (float("-inf") if sink is None else None)
+        if fill is None:
+            assert torch.equal(padding, sink[:, None].expand_as(padding)), name
+        else:
+            assert torch.equal(padding, torch.full_like(padding, fill)), (name, padding)
+    got = [got[0][:rows], got[1][:, :rows]] + [t[:rows] for t in got[2:5]] + got[5:]
+    if sinks:
+        dist.all_reduce(got[-1])
+
+    single = dc._leaves(*(_padded(t, pad * world) for t in (q, k, v)), sink)
+    single_out, single_lse, _ = ipex_flash.flash_attn_varlen_func(
+        *single[:3], cu, cu, max(lengths), max(lengths), causal=causal, softcap=softcap,
+        sinks=single[3], return_attn_probs=True)
+    single_out.backward(_padded(grad_out, pad * world))
+    singles = ([single_out[:total], single_lse[:, :total]]
+               + [t.grad[:total] for t in single[:3]] + ([single[3].grad] if sinks else []))
+    wants = {}
+    for precision in (torch.float64, dtype):
+        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
+        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal,
+                               softcap=softcap, sinks=ref[3], dtype=precision)[0]
+                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
+        torch.cat(pieces).backward(grad_out.to(precision))
+        # The LSE has no float64 reference here: one process's float32 LSE stands in.
+        wants[precision] = ([torch.cat(pieces), single_lse[:, :total].double()]
+                            + [t.grad for t in ref if t is not None])
+    results = {}
+    names = ["out", "lse", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])
+    for i, name in enumerate(names):
+        part = {"dsinks": lambda t: t, "lse": lambda t: cut(t.T).T}.get(name, cut)
+        truth = part(wants[torch.float64][i])
+        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
+        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
+                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
+    return results
+
+
+@pytest.fixture(scope="module")
+def world2():
+    world = dc.World(2)
+    yield world
+    world.close()
+
+
+# Lengths multiples of 2P = 4, none of the kernels' tile sizes.
+@pytest.mark.parametrize("dtype,causal,pad", [(F32, True, 5), (F32, False, 0), (BF16, True, 0)])
+def test_two_ranks(world2, dtype, causal, pad):
+    dc.check_errors(world2.run(zigzag_varlen_case, dtype=dtype, causal=causal,
+                               lengths=[12, 44, 4, 20], pad=pad), dtype)
+
+
+def test_gqa_softcap_sinks_and_padding(world2):
+    dc.check_errors(world2.run(zigzag_varlen_case, dtype=F32, causal=True, lengths=[28, 8],
+                               heads=(4, 1), softcap=6.0, sinks=True, pad=3), F32)
+
+
+def _forms_and_refusals(rank, world):
+    """The packed forms give the unpacked function's output; a window and odd local lengths
+    raise, naming what is wrong."""
+    torch.manual_seed(2)
+    cu = torch.tensor([0, 8, 20], dtype=torch.int32)
+    local, cu_local, longest = ifd.zigzag_varlen_shard(torch.randn(20, 3, 2, 16), cu, rank,
+                                                       world)
+    q, k, v = local.unbind(1)
+    want = ifd.zigzag_ring_flash_attn_varlen_func(q, k, v, cu_local, longest, causal=True)
+    same = (torch.equal(ifd.zigzag_ring_flash_attn_varlen_qkvpacked_func(
+                local, cu_local, longest, causal=True), want)
+            and torch.equal(ifd.zigzag_ring_flash_attn_varlen_kvpacked_func(
+                q, local[:, 1:], cu_local, longest, causal=True), want))
+    errors = []
+    for kwargs in ({"window_size": (4, 0)}, {"cu": torch.tensor([0, 3, 9], dtype=torch.int32)}):
+        cu_arg = kwargs.pop("cu", cu_local)
+        try:
+            ifd.zigzag_ring_flash_attn_varlen_func(q, k, v, cu_arg, longest, causal=True,
+                                                   **kwargs)
+        except (ValueError, NotImplementedError) as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    return same, errors
+
+
+def test_packed_forms_and_refusals(world2):
+    for same, errors in world2.run(_forms_and_refusals):
+        assert same
+        assert len(errors) == 2
+        assert errors[0].startswith("NotImplementedError") and "window_size" in errors[0]
+        assert errors[1].startswith("ValueError") and "even" in errors[1]
+
+
+def test_shard_is_the_layout_by_hand():
+    cu = torch.tensor([0, 8, 12], dtype=torch.int32)
+    x = torch.arange(12)
+    # Sequence 0 in chunks [0 1][2 3][4 5][6 7], sequence 1 in [8][9][10][11].
+    assert ifd.zigzag_varlen_shard(x, cu, 0, 2)[0].tolist() == [0, 1, 6, 7, 8, 11]
+    shard, cu_local, longest = ifd.zigzag_varlen_shard(x, cu, 1, 2)
+    assert shard.tolist() == [2, 3, 4, 5, 9, 10]
+    assert cu_local.tolist() == [0, 4, 6] and longest == 4
+    y = torch.randn(24, 2)
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)
+    assert torch.equal(ifd.zigzag_varlen_unshard(
+        [ifd.zigzag_varlen_shard(y, cu, r, 4)[0] for r in range(4)], cu), y)
+    with pytest.raises(ValueError, match="multiple of 2 \\* world_size"):
+        ifd.zigzag_varlen_shard(y, cu, 0, 3)
+
+
+def test_four_ranks():
+    world = dc.World(4)
+    try:
+        dc.check_errors(world.run(zigzag_varlen_case, dtype=F32, causal=True,
+                                  lengths=[8, 56, 24], heads=(4, 1), pad=2), F32)
+        dc.check_errors(world.run(zigzag_varlen_case, dtype=BF16, causal=True,
+                                  lengths=[40, 16]), BF16)
+    finally:
+        world.close()
