@@ -45,17 +45,17 @@ def _model(kind):
     return model
 
 
-def _set_flash_name(model):
-    """Puts the model under ipex_flash's flash name on every config, as
+def _set_flash_name(model, name=None):
+    """Puts the model under a flash name (default ipex_flash's) on every config, as
     enable_continuous_batching does: set_attn_implementation would swap a flash name GPT-OSS
-    does not list for a Hub kernel."""
+    does not list for a Hub kernel, and refuses "flash_attention_2" without flash-attn."""
     import transformers
     from ipex_flash.integrations import transformers as ipex_transformers
 
     ipex_transformers.register()
     for module in model.modules():
         if isinstance(module, transformers.PreTrainedModel):
-            module.config._attn_implementation = ipex_transformers.PAGED_BACKEND
+            module.config._attn_implementation = name or ipex_transformers.PAGED_BACKEND
 
 
 def _batch(lengths):
@@ -78,7 +78,7 @@ def _loss_sum(model, ids, positions, targets):
                                              reduction="sum")
 
 
-def adapter_case(rank, world, kind, lengths, heads_k_stride):
+def adapter_case(rank, world, kind, lengths, heads_k_stride, name=None):
     """{"loss": relative error, parameter name: relative gradient error} of this rank's
     slice through the adapter (summed over ranks) against the whole batch in one process."""
     from ipex_flash.distributed.hf_adapter import (
@@ -96,7 +96,7 @@ def adapter_case(rank, world, kind, lengths, heads_k_stride):
     want.backward()
 
     substitute_hf_flash_attn(dist.group.WORLD, heads_k_stride)
-    _set_flash_name(sharded)
+    _set_flash_name(sharded, name)
     update_ring_flash_attn_params(cu, dist.group.WORLD)
     per_rank = sum(lengths) // world
     part = slice(rank * per_rank, (rank + 1) * per_rank)
@@ -129,9 +129,13 @@ def world2():
     world.close()
 
 
-@pytest.mark.parametrize("kind,stride", [("llama", 1), ("mistral", 1), ("gpt_oss", 1)])
-def test_two_ranks(world2, kind, stride):
-    _check(world2.run(adapter_case, kind=kind, lengths=LENGTHS, heads_k_stride=stride))
+@pytest.mark.parametrize("kind,stride,name", [
+    ("llama", 1, None), ("mistral", 1, None), ("gpt_oss", 1, None),
+    ("llama", 2, "flash_attention_2"),  # the name upstream substitutes
+])
+def test_two_ranks(world2, kind, stride, name):
+    _check(world2.run(adapter_case, kind=kind, lengths=LENGTHS, heads_k_stride=stride,
+                      name=name))
 
 
 def _refuses_padding(rank, world):
