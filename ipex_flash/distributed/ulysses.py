@@ -2,9 +2,13 @@
 the sequence with all heads into the whole sequence with 1/P of the heads, flash_attn_func
 runs on it unchanged, and the inverse all-to-all brings the output back to the rank's
 shard. Every score option works as on one device (ALiBi, windows, softcap, sinks), since
-each rank sees whole sequences; the head counts must divide by the group size.
+each rank sees whole sequences. nheads must divide by the group size; K/V heads fewer than
+the group (or not a multiple of it) are replicated until they are (GQA/MQA). usp.py runs the
+same all-to-alls around a ring.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -67,6 +71,39 @@ class _HeadsToSequence(torch.autograd.Function):
         return _to_heads(grad.contiguous(), ctx.lengths, ctx.group), None, None
 
 
+def kv_repeats(fn: str, heads: int, heads_k: int, world: int) -> int:
+    """How many copies of each K/V head the all-to-all sends: 1 when the group size divides
+    nheads_k, else lcm(nheads_k, P) / nheads_k, so that every rank receives whole K/V heads
+    and exactly those its query heads read. (lcm divides nheads, a multiple of both.)"""
+    if heads % world:
+        raise ValueError(f"{fn}: nheads (q.shape[2]) = {heads} must be a multiple of the "
+                         f"Ulysses group size {world}: each rank takes an equal share of the "
+                         "query heads")
+    return math.lcm(heads_k, world) // heads_k
+
+
+def to_head_shards(q: Tensor, k: Tensor, v: Tensor, lengths: list[int], repeats: int,
+                   group) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, n_local, H, D) shards -> (B, N, H / P, D) head shards of the group's sequence,
+    differentiable. K/V heads are repeated (adjacent copies, as GQA reads them) first; the
+    copies' gradients sum back into the head."""
+    if repeats > 1:
+        k, v = (t.repeat_interleave(repeats, dim=2) for t in (k, v))
+    return tuple(_SequenceToHeads.apply(t.contiguous(), lengths, group) for t in (q, k, v))
+
+
+def to_sequence_shard(out_h: Tensor, lengths: list[int], group) -> Tensor:
+    """The inverse of to_head_shards for the output, differentiable."""
+    return _HeadsToSequence.apply(out_h, lengths, group)
+
+
+def lse_to_sequence_shard(lse_h: Tensor, lengths: list[int], group) -> Tensor:
+    """An LSE (B, H / P, N) -> (B, H, n_local); not differentiable."""
+    with torch.no_grad():
+        lse = _to_sequence(lse_h.transpose(1, 2).unsqueeze(-1).contiguous(), lengths, group)
+    return lse.squeeze(-1).transpose(1, 2)
+
+
 def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                             window_size=(-1, -1), alibi_slopes=None, deterministic=False,
                             return_attn_probs=False, group=None, *, softcap=0.0, sinks=None):
@@ -78,8 +115,9 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
     Args:
         q: (batch, seqlen_local, nheads, headdim); k: (batch, seqlen_local, nheads_k,
             headdim), v: (batch, seqlen_local, nheads_k, headdim_v). The group size must
-            divide nheads and nheads_k (ValueError otherwise; GQA/MQA with fewer K/V heads
-            than ranks needs the ring).
+            divide nheads (ValueError otherwise). K/V heads are sent as they are when the
+            group size divides nheads_k, else each is replicated lcm(nheads_k, P) / nheads_k
+            times (MQA over P ranks: P copies), which adds that much K/V traffic.
         alibi_slopes: (nheads,) or (batch, nheads) float32, as flash_attn_func; global
             positions, since each rank attends over whole sequences.
         window_size, causal, softmax_scale, softcap, sinks: as flash_attn_func on the whole
@@ -97,10 +135,7 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
     _, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
                             None, sinks, packed=False, ring=False)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    for name, heads in (("nheads (q.shape[2])", q.shape[2]), ("nheads_k (k.shape[2])", k.shape[2])):
-        if heads % world:
-            raise ValueError(f"{fn}: {name} = {heads} must be a multiple of the group size "
-                             f"{world}: each rank takes an equal share of the heads")
+    repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
     check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
     gathered = gather_ints(
         shape_signature(q, k, v, causal, window, softcap, sinks, False)
@@ -108,15 +143,13 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
     check_same(fn, [row[1:] for row in gathered], (*AGREED, "alibi_slopes given"))
     lengths = [row[0] for row in gathered]
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
-    q_h, k_h, v_h = (_SequenceToHeads.apply(t.contiguous(), lengths, group) for t in (q, k, v))
+    q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, group)
     out_h = flash_attn_func(
         q_h, k_h, v_h, 0.0, softmax_scale, causal, window, float(softcap),
         None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
         deterministic, return_attn_probs, sinks=None if sinks is None else sinks[heads])
     if not return_attn_probs:
-        return _HeadsToSequence.apply(out_h, lengths, group)
+        return to_sequence_shard(out_h, lengths, group)
     out_h, lse_h, _ = out_h
-    out = _HeadsToSequence.apply(out_h, lengths, group)
-    with torch.no_grad():  # the LSE is not differentiable: (B, H/P, N) -> (B, H, n_local)
-        lse = _to_sequence(lse_h.transpose(1, 2).unsqueeze(-1).contiguous(), lengths, group)
-    return out, lse.squeeze(-1).transpose(1, 2), None
+    return (to_sequence_shard(out_h, lengths, group),
+            lse_to_sequence_shard(lse_h, lengths, group), None)

@@ -1,7 +1,7 @@
 """Ulysses (all-to-all between heads and sequence) at 2 and 4 ranks over gloo on the SYCL CPU
 device: forward and gradients against one process and float64 (distributed_cases), with
-GQA, causal masks, windows, ALiBi, softcap, sinks, 16-bit dtypes and uneven shards; head
-counts the group size does not divide are refused."""
+GQA, causal masks, windows, ALiBi, softcap, sinks, 16-bit dtypes and uneven shards; K/V heads
+the group size does not divide are replicated, query heads it does not divide refused."""
 from helpers import distributed_cases as dc
 import pytest
 import torch
@@ -58,10 +58,17 @@ def _indivisible_heads(rank, world, heads):
     ifd.ulysses_flash_attn_func(q, k, v)
 
 
-@pytest.mark.parametrize("heads,name", [((3, 3), "nheads"), ((4, 1), "nheads_k")])
-def test_indivisible_heads_refused(world2, heads, name):
-    for ok, (kind, message, _) in world2.run_raw(_indivisible_heads, heads=heads):
-        assert not ok and kind == "ValueError" and name in message and "multiple" in message
+def test_indivisible_heads_refused(world2):
+    for ok, (kind, message, _) in world2.run_raw(_indivisible_heads, heads=(3, 3)):
+        assert not ok and kind == "ValueError" and "nheads" in message and "multiple" in message
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (6, 3)])
+def test_fewer_kv_heads_than_ranks_replicated(world2, heads):
+    """MQA (one K/V head, two copies) and 3 K/V heads over 2 ranks (six copies, one per
+    query head): forward and the gradients summed over the copies."""
+    dc.check_errors(world2.run(dc.fixed_length_case, api="ulysses", dtype=F32, causal=True,
+                               heads=heads, sinks=True), F32)
 
 
 @pytest.mark.full
