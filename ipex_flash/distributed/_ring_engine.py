@@ -1,5 +1,6 @@
-"""The ring: forward and backward passes over the K/V shards of a process group, as one
-torch.autograd.Function, for every ring entry point (ring.py, varlen.py).
+"""The ring: forward and backward passes over the K/V shards of a process group, for every
+ring entry point: as the torch ops of _ring_op.py (ring.py, stripe.py) and as one
+torch.autograd.Function (varlen.py, zigzag_varlen.py).
 
 At step s rank r holds the K/V shard of rank (r - s) mod P. Before computing on it, it posts
 the send of that shard to r+1 and the receive of the next from r-1, so the transfer runs

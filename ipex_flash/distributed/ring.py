@@ -1,7 +1,7 @@
 """Ring attention with ring-flash-attention's names, arguments and (batch, seqlen_local,
 nheads, headdim) layout: each rank of `group` holds one shard of the sequence (q, k and v
 alike) and gets the attention of its queries over the whole sequence. The engine is
-_ring_engine.py, the plan of kernel calls _blocks.py.
+_ring_engine.py, the plan of kernel calls _blocks.py, the torch op around them _ring_op.py.
 
     from ipex_flash.distributed import ring_flash_attn_func, zigzag_ring_flash_attn_func
 """
@@ -12,76 +12,29 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ipex_flash.distributed import _blocks
-from ipex_flash.distributed._agreement import agreed
-from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
-from ipex_flash.distributed._comm import RingComm, check_same, gather_ints, resolve_group
-from ipex_flash.distributed._ring_engine import RingAttention, RingProblem
+from ipex_flash.distributed import _ring_op  # noqa: F401  (registers ipex_flash::ring_attention)
+from ipex_flash.distributed._checks import check_local
+from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.ops.launch import natural_lse
 
 Tensor = torch.Tensor
-
-
-def _plans(kind: str, lengths: tuple[int, ...], rank: int, causal: bool,
-           window: tuple[int, int]) -> list[list[_blocks.BlockCall]]:
-    """This rank's calls against each rank's K/V shard."""
-    world = len(lengths)
-    if kind == "stripe":
-        return [_blocks.stripe_pair(lengths[rank], rank, lengths[owner], owner, world, causal,
-                                    window) for owner in range(world)]
-    layout = (_blocks.contiguous_layout(lengths) if kind == "contiguous"
-              else _blocks.zigzag_layout(sum(lengths), world))
-    return [_blocks.plan_pair(layout[rank], layout[owner], causal, window)
-            for owner in range(world)]
-
-
-def _expected_lengths(kind: str, total: int, world: int) -> list[int]:
-    """What zigzag_shard or stripe_shard gives each rank of a sequence of `total` tokens."""
-    if kind == "stripe":
-        return [(total - r + world - 1) // world for r in range(world)]
-    bounds = _blocks.zigzag_bounds(total, world)
-    return [bounds[r + 1] - bounds[r] + bounds[2 * world - r] - bounds[2 * world - 1 - r]
-            for r in range(world)]
-
-
-def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
-    """Each rank must hold what the layout's shard helper gives it of the whole sequence."""
-    want = _expected_lengths(kind, sum(lengths), len(lengths))
-    if lengths != want:
-        raise ValueError(
-            f"{fn}: the ranks hold {lengths} tokens of q; {kind}_shard of a sequence of "
-            f"{sum(lengths)} tokens over {len(lengths)} ranks gives {want} (shard the batch "
-            f"with ipex_flash.distributed.{kind}_shard)")
-
-
-def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
-           group: dist.ProcessGroup, causal: bool, window: tuple[int, int]):
-    """Every rank's arguments, checked to agree, and this rank's plan: once per key
-    (_agreement.py)."""
-    gathered = gather_ints(signature, device, group)
-    check_same(fn, [row[1:] for row in gathered], AGREED)
-    lengths = [row[0] for row in gathered]
-    if kind != "contiguous":
-        _check_lengths(fn, kind, lengths)
-    comm = RingComm(group)
-    return comm, lengths, _plans(kind, tuple(lengths), comm.rank, causal, window)
 
 
 def _ring_attention(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
                     softmax_scale: Optional[float], causal: bool, window_size, softcap: float,
                     alibi_slopes: Optional[Tensor], return_attn_probs: bool,
                     group: Optional[dist.ProcessGroup], sinks: Optional[Tensor]):
-    """Checks (this rank's arguments; every rank's agreement the first time), plans, runs the
-    ring. kind: "contiguous", "zigzag" or "stripe", the shards' layout."""
+    """This rank's checks, then the ring as one torch op (_ring_op.py: every rank's agreement
+    the first time, the plan, the ring), which torch.compile keeps whole in its graph.
+    kind: "contiguous", "zigzag" or "stripe", the shards' layout."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
                                 alibi_slopes, sinks, packed=False)
-    signature = shape_signature(q, k, v, causal, window, softcap, sinks, False)
-    comm, lengths, plans = agreed(
-        group, (fn, *signature), (),
-        lambda: _learn(fn, kind, signature, q.device, group, bool(causal), window))
-    problem = RingProblem(comm, plans, lengths, scale, float(softcap))
-    out, lse = RingAttention.apply(q, k, v, sinks, problem)
+    backward_follows = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sinks))
+    out, lse = torch.ops.ipex_flash.ring_attention(
+        q, k, v, sinks, group.group_name, fn, kind, bool(causal), window[0], window[1], scale,
+        float(softcap), backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 

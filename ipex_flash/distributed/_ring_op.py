@@ -1,0 +1,139 @@
+"""The fixed-length ring (ring.py, stripe.py) as two torch ops, ipex_flash::ring_attention and
+its backward, so that torch.compile keeps a ring call whole in its graph (no graph break):
+the ops take the group by name and the plan's inputs as numbers, and run eagerly inside:
+the agreement between ranks (learned once, _agreement.py), the plan (_blocks.py) and the
+ring (_ring_engine.py). Their fake implementations give the outputs' shapes for tracing.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from ipex_flash.distributed import _blocks
+from ipex_flash.distributed._agreement import agreed
+from ipex_flash.distributed._checks import AGREED, shape_signature
+from ipex_flash.distributed._comm import RingComm, check_same, gather_ints
+from ipex_flash.distributed._ring_engine import RingProblem, ring_backward, ring_forward, sinks_grad
+
+Tensor = torch.Tensor
+
+
+def _plans(kind: str, lengths: tuple[int, ...], rank: int, causal: bool,
+           window: tuple[int, int]) -> list[list[_blocks.BlockCall]]:
+    """This rank's calls against each rank's K/V shard."""
+    world = len(lengths)
+    if kind == "stripe":
+        return [_blocks.stripe_pair(lengths[rank], rank, lengths[owner], owner, world, causal,
+                                    window) for owner in range(world)]
+    layout = (_blocks.contiguous_layout(lengths) if kind == "contiguous"
+              else _blocks.zigzag_layout(sum(lengths), world))
+    return [_blocks.plan_pair(layout[rank], layout[owner], causal, window)
+            for owner in range(world)]
+
+
+def _expected_lengths(kind: str, total: int, world: int) -> list[int]:
+    """What zigzag_shard or stripe_shard gives each rank of a sequence of `total` tokens."""
+    if kind == "stripe":
+        return [(total - r + world - 1) // world for r in range(world)]
+    bounds = _blocks.zigzag_bounds(total, world)
+    return [bounds[r + 1] - bounds[r] + bounds[2 * world - r] - bounds[2 * world - 1 - r]
+            for r in range(world)]
+
+
+def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
+    """Each rank must hold what the layout's shard helper gives it of the whole sequence."""
+    want = _expected_lengths(kind, sum(lengths), len(lengths))
+    if lengths != want:
+        raise ValueError(
+            f"{fn}: the ranks hold {lengths} tokens of q; {kind}_shard of a sequence of "
+            f"{sum(lengths)} tokens over {len(lengths)} ranks gives {want} (shard the batch "
+            f"with ipex_flash.distributed.{kind}_shard)")
+
+
+def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
+           group: dist.ProcessGroup, causal: bool, window: tuple[int, int]):
+    """Every rank's arguments, checked to agree, and this rank's plan: once per key
+    (_agreement.py)."""
+    gathered = gather_ints(signature, device, group)
+    check_same(fn, [row[1:] for row in gathered], AGREED)
+    lengths = [row[0] for row in gathered]
+    if kind != "contiguous":
+        _check_lengths(fn, kind, lengths)
+    comm = RingComm(group)
+    return comm, lengths, _plans(kind, tuple(lengths), comm.rank, causal, window)
+
+
+def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
+             group_name: str, causal: bool, window: tuple[int, int], scale: float,
+             softcap: float) -> RingProblem:
+    group = _resolve_process_group(group_name)
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, False)
+    comm, lengths, plans = agreed(
+        group, (fn, *signature), (),
+        lambda: _learn(fn, kind, signature, q.device, group, causal, window))
+    return RingProblem(comm, plans, lengths, scale, softcap)
+
+
+@torch.library.custom_op("ipex_flash::ring_attention", mutates_args=())
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], group_name: str,
+                   fn: str, kind: str, causal: bool, window_left: int, window_right: int,
+                   scale: float, softcap: float, backward_follows: bool
+                   ) -> tuple[Tensor, Tensor]:
+    """(out, lse in the kernels' exp2 domain (B, H, N)) of this rank's queries; the
+    arguments already checked on this rank (ring.py)."""
+    problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
+                       (window_left, window_right), scale, softcap)
+    return ring_forward(problem, q, k, v, sinks, backward_follows)
+
+
+@ring_attention.register_fake
+def _ring_attention_fake(q, k, v, sinks, group_name, fn, kind, causal, window_left,
+                         window_right, scale, softcap, backward_follows):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("ipex_flash::ring_attention_backward", mutates_args=())
+def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                            lse: Tensor, sinks: Optional[Tensor], group_name: str, fn: str,
+                            kind: str, causal: bool, window_left: int, window_right: int,
+                            scale: float, softcap: float, wants_sinks: bool
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, this rank's part of d sinks, or an empty tensor without wants_sinks)."""
+    problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
+                       (window_left, window_right), scale, softcap)
+    dq, dk, dv = ring_backward(problem, grad_out, q, k, v, out, lse)
+    d_sinks = (sinks_grad(problem, sinks, grad_out, out, lse) if wants_sinks
+               else q.new_empty(0, dtype=torch.float32))
+    return dq, dk, dv, d_sinks
+
+
+@ring_attention_backward.register_fake
+def _ring_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, group_name, fn, kind,
+                                  causal, window_left, window_right, scale, softcap,
+                                  wants_sinks):
+    d_sinks = (sinks.new_empty(sinks.shape, dtype=torch.float32) if wants_sinks
+               else q.new_empty(0, dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, sinks, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
+    ctx.args = tuple(args[:-1])  # group_name .. softcap (backward_follows is the forward's)
+    ctx.wants_sinks = sinks is not None and sinks.requires_grad
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_attention_backward(
+        grad_out, q, k, v, out, lse, sinks, *ctx.args, ctx.wants_sinks)
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 9
+
+
+ring_attention.register_autograd(_backward, setup_context=_setup_context)
