@@ -41,12 +41,14 @@ FLASH_NAME = "flash_attention_2"
 
 
 def update_ring_flash_attn_params(cu_seqlens: Tensor, process_group: dist.ProcessGroup) -> None:
-    """Describes the next forward's packed batch: cu_seqlens (batch + 1,) int32, the offsets
+    """Describes the next forward's packed batch: cu_seqlens (batch + 1,) integers, the offsets
     of its sequences in the whole token stream (every rank passes the same), whose length
     must be a multiple of the group size. Causal attention (decoder models)."""
     fn = "ipex_flash.distributed.update_ring_flash_attn_params"
     group = resolve_group(fn, process_group)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if isinstance(cu_seqlens, torch.Tensor):  # the kernels take int32 offsets
+        cu_seqlens = cu_seqlens.to(torch.int32)
     cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(
         cu_seqlens, True, rank, world)
     DATA_PARAMS.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,

@@ -3,8 +3,8 @@ llama3_flash_attn_varlen_func): the packed token stream of a batch is cut into P
 contiguous slices, one per rank, so a sequence may start on one rank and end on another.
 Each rank all-gathers K and V (heads_k_stride K/V heads at a time, the next group travelling
 while the current one is computed on) and attends its queries to the keys its sequences
-need, local_k_slice of the gathered stream. The backward gathers K/V again and
-reduce-scatters dK/dV back to the ranks that own them.
+need, local_k_slice of the gathered stream (llama3_layout.py works out those offsets). The
+backward gathers K/V again and reduce-scatters dK/dV back to the ranks that own them.
 
     cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(
         cu_seqlens, causal=True, rank=rank, world_size=world)
@@ -13,13 +13,12 @@ reduce-scatters dK/dV back to the ranks that own them.
 """
 from __future__ import annotations
 
-import bisect
-
 import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ipex_flash.distributed._comm import resolve_group
+from ipex_flash.distributed.llama3_layout import llama3_flash_attn_prepare_cu_seqlens
 from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.launch import natural_lse
@@ -28,59 +27,11 @@ from ipex_flash.ops.validation import (
     check_scale, check_sinks, check_softcap, check_window, softmax_scale as resolve_scale)
 
 Tensor = torch.Tensor
+__all__ = ["llama3_flash_attn_prepare_cu_seqlens", "llama3_flash_attn_varlen_func",
+           "llama3_flash_attn_varlen_kvpacked_func", "llama3_flash_attn_varlen_qkvpacked_func"]
 # torch 2.13 renamed the single-tensor collectives; older releases have the first names only.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: Tensor, causal: bool, rank: int,
-                                         world_size: int):
-    """This rank's view of a packed batch whose token stream is split into world_size equal
-    contiguous slices.
-
-    Args:
-        cu_seqlens: (batch + 1,) the offsets of every sequence in the whole packed stream;
-            cu_seqlens[-1] must be a multiple of world_size (pad the stream).
-        causal: as the attention call will be: with causal the keys stop at the end of this
-            rank's slice, without they run to the end of its last sequence.
-
-    Returns:
-        (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, local_k_slice): offsets of
-        this rank's query tokens, cut into the sequences they belong to; offsets of the keys
-        those queries need, within local_k_slice (a slice of the all-gathered stream, which
-        may be longer than total / world_size); the longest of each as Python ints.
-    """
-    fn = "ipex_flash.distributed.llama3_flash_attn_prepare_cu_seqlens"
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
-        raise ValueError(f"{fn}: cu_seqlens must be a 1-D tensor (batch + 1,)")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"{fn}: world_size must be an int >= 1, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"{fn}: rank must be an int in [0, {world_size}), got {rank!r}")
-    offsets = cu_seqlens.tolist()  # one host read per batch, not per layer
-    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise ValueError(f"{fn}: cu_seqlens must start at 0 and never decrease, got {offsets}")
-    total = offsets[-1]
-    if total % world_size:
-        raise ValueError(f"{fn}: cu_seqlens[-1] = {total} tokens must be a multiple of "
-                         f"world_size = {world_size} (pad the packed batch)")
-    if total == 0:
-        raise ValueError(f"{fn}: cu_seqlens describes no tokens")
-    per_rank = total // world_size
-    start, end = rank * per_rank, (rank + 1) * per_rank
-    # The sequences that overlap [start, end): from the one holding `start` to the first
-    # one that reaches `end`.
-    first = bisect.bisect_left(offsets, start)
-    if offsets[first] != start:
-        first -= 1
-    bounds = offsets[first:bisect.bisect_left(offsets, end) + 1]
-    q_bounds = [min(max(b - start, 0), per_rank) for b in bounds]
-    k_right = end if causal else bounds[-1]
-    k_bounds = [min(b, k_right) - bounds[0] for b in bounds]
-    as_tensor = lambda b: torch.tensor(b, dtype=cu_seqlens.dtype, device=cu_seqlens.device)  # noqa: E731
-    longest = lambda b: max(y - x for x, y in zip(b, b[1:]))  # noqa: E731
-    return (as_tensor(q_bounds), as_tensor(k_bounds), longest(q_bounds), longest(k_bounds),
-            slice(bounds[0], k_right))
 
 
 class _Problem:

@@ -2,8 +2,9 @@
 4 gloo ranks on the SYCL CPU device: tiny random fp32 models (Llama with GQA, Mistral with a
 sliding window shorter than its sequences, GPT-OSS with sinks) train on a packed batch
 (position_ids restarting per sequence) whose token stream is split into equal contiguous
-slices, one per rank. The loss and every parameter's gradient, summed over ranks, must match one process running each sequence
-of the batch alone under transformers' sdpa (GPT-OSS: eager) attention."""
+slices, one per rank. The loss and every parameter's gradient, summed over ranks, must match
+one process running each sequence of the batch alone under transformers' sdpa (GPT-OSS:
+eager) attention."""
 import copy
 
 from helpers import distributed_cases as dc
