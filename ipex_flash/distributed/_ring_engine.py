@@ -1,6 +1,6 @@
-"""The ring: forward and backward passes over the K/V shards of a process group, for every
-ring entry point: as the torch ops of _ring_op.py (ring.py, stripe.py) and as one
-torch.autograd.Function (varlen.py, zigzag_varlen.py).
+"""The ring: forward and backward passes over the K/V shards of a process group, run inside
+the torch ops of every ring entry point (_ring_op.py for ring.py and stripe.py, _varlen_op.py
+for varlen.py and zigzag_varlen.py).
 
 At step s rank r holds the K/V shard of rank (r - s) mod P. Before computing on it, it posts
 the send of that shard to r+1 and the receive of the next from r-1, so the transfer runs
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ipex_flash.distributed._blocks import BlockCall
 from ipex_flash.distributed._comm import RingComm
@@ -177,26 +176,3 @@ def sinks_grad(problem: RingProblem, sinks: Tensor, grad_out: Tensor, out: Tenso
         return score_grads.sinks_grad(sinks, lse[:, :rows].unsqueeze(0),
                                       delta[:rows].transpose(0, 1).unsqueeze(0))
     return score_grads.sinks_grad(sinks, lse, delta.transpose(1, 2))
-
-
-class RingAttention(torch.autograd.Function):
-    """(q, k, v, sinks, problem) -> (out, lse exp2 domain); lse is not differentiable."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, sinks, problem):
-        backward_follows = any(t is not None and t.requires_grad for t in (q, k, v, sinks))
-        out, lse = ring_forward(problem, q, k, v, sinks, backward_follows)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.problem = problem
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable  # the backward runs kernels and the ring, not torch ops
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
-        dq, dk, dv = ring_backward(ctx.problem, grad_out, q, k, v, out, lse)
-        d_sinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            d_sinks = sinks_grad(ctx.problem, sinks, grad_out, out, lse)
-        return dq, dk, dv, d_sinks, None

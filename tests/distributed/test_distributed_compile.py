@@ -1,6 +1,7 @@
 """torch.compile over the distributed attention on 2 gloo ranks: with fullgraph=True (any graph
-break raises), inductor's compiled forward and backward of ring, zigzag and stripe calls equal
-eager's within float32 rounding, sinks and softcap included."""
+break raises), inductor's compiled forward and backward of ring, zigzag and stripe calls and of
+the packed ring and zigzag rings equal eager's within float32 rounding, sinks and softcap
+included."""
 from helpers import distributed_cases as dc
 import torch
 
@@ -14,6 +15,17 @@ def _loss(q, k, v, sinks, shards):
                                                   ifd.zigzag_ring_flash_attn_func,
                                                   ifd.stripe_flash_attn_func)):
         out = fn(ql, kl, vl, causal=True, window_size=(19, -1), softcap=4.0, sinks=sinks)
+        total = total + (out.float() ** 2).sum()
+    return total
+
+
+def _packed_loss(ring_qkv, zigzag_qkv, sinks, cu_local, longest):
+    """The packed ring and zigzag ring on their shards (made outside: sharding reads the
+    offsets, the attention does not)."""
+    total = 0
+    for qkv, fn in ((ring_qkv, ifd.ring_flash_attn_varlen_func),
+                    (zigzag_qkv, ifd.zigzag_ring_flash_attn_varlen_func)):
+        out = fn(*qkv.unbind(1), cu_local, longest, causal=True, softcap=4.0, sinks=sinks)
         total = total + (out.float() ** 2).sum()
     return total
 
@@ -34,7 +46,19 @@ def _compiled_equals_eager(rank, world):
         loss = fn(*leaves, shards)
         loss.backward()
         results.append([loss.detach()] + [t.grad for t in leaves])
-    return [(dc.max_error(c, e), e.abs().max().item()) for e, c in zip(*results)]
+    cu = torch.tensor([0, 12, 40], dtype=torch.int32)
+    packed = torch.randn(40, 3, 4, 16)
+    ring_qkv, cu_local, longest = ifd.varlen_shard(packed, cu, rank, world)
+    zigzag_qkv = ifd.zigzag_varlen_shard(packed, cu, rank, world)[0]
+    compiled = torch.compile(_packed_loss, backend="inductor", fullgraph=True)
+    for fn in (_packed_loss, compiled):
+        leaves = [t.clone().requires_grad_() for t in (ring_qkv, zigzag_qkv, sinks)]
+        loss = fn(*leaves, cu_local, longest)
+        loss.backward()
+        results.append([loss.detach()] + [t.grad for t in leaves])
+    return [(dc.max_error(c, e), e.abs().max().item())
+            for eager, compiled_ in (results[:2], results[2:])
+            for e, c in zip(eager, compiled_)]
 
 
 def test_compiled_equals_eager_on_two_ranks():
