@@ -18,20 +18,27 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ipex_flash.distributed._comm import resolve_group
+from ipex_flash.distributed._llama3_checks import agree, check_arguments
 from ipex_flash.distributed.llama3_layout import llama3_flash_attn_prepare_cu_seqlens
 from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.launch import natural_lse
-from ipex_flash.ops.validation import (
-    check_alibi, check_cu_seqlens, check_dropout_p, check_flash_inputs, check_max_seqlen,
-    check_scale, check_sinks, check_softcap, check_window, softmax_scale as resolve_scale)
+from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
 __all__ = ["llama3_flash_attn_prepare_cu_seqlens", "llama3_flash_attn_varlen_func",
            "llama3_flash_attn_varlen_kvpacked_func", "llama3_flash_attn_varlen_qkvpacked_func"]
-# torch 2.13 renamed the single-tensor collectives; older releases have the first names only.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _all_gather(*args, **kwargs):
+    # torch 2.13 renamed the single-tensor collectives; older releases have the old names.
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+        *args, **kwargs)
+
+
+def _reduce_scatter(*args, **kwargs):
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
+        *args, **kwargs)
 
 
 class _Problem:
@@ -51,9 +58,9 @@ class _Problem:
 
 
 class _KVGather:
-    """All-gathers K and V of heads_k_stride K/V heads at a time, one collective per group of
-    heads, the next group posted before the current one is used (so it travels under the
-    kernels). K and V go side by side in one (P * n, stride * (D + Dv)) buffer."""
+    """All-gathers K and V of heads_k_stride K/V heads at a time, side by side in one
+    (P * n, stride * (D + Dv)) buffer: one collective per group of heads, the next group
+    posted before the current one is used (so it travels under the kernels)."""
 
     def __init__(self, problem: _Problem, k: Tensor, v: Tensor):
         self.problem, self.k, self.v = problem, k, v
@@ -161,52 +168,6 @@ class _Llama3Attention(torch.autograd.Function):
         return dq, dk, dv, d_sinks, None
 
 
-def _check(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, dropout_p, scale, causal,
-           window_size, softcap, alibi, sinks, group):
-    """This rank's arguments (nothing is exchanged to check them); returns the window."""
-    check_flash_inputs(fn, q, k, v, True)
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"{fn}: q and k must hold this rank's same slice of the packed tokens: "
-                         f"q has {q.shape[0]}, k {k.shape[0]}")
-    check_dropout_p(fn, dropout_p)
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"{fn}: dropout_p > 0 is not supported: each kernel call draws its dropout mask "
-            "from the positions it sees, not the ones a single-device call uses")
-    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 \
-            or k.shape[1] % stride:
-        raise ValueError(f"{fn}: heads_k_stride must be a positive int dividing nheads_k = "
-                         f"{k.shape[1]}, got {stride!r}")
-    world = dist.get_world_size(group)
-    if not isinstance(k_slice, slice) or k_slice.step not in (None, 1) or not all(
-            isinstance(b, int) for b in (k_slice.start, k_slice.stop)) \
-            or not 0 <= k_slice.start <= k_slice.stop <= world * k.shape[0]:
-        raise ValueError(f"{fn}: local_k_slice must be a slice(start, stop) of the gathered "
-                         f"{world * k.shape[0]} keys (llama3_flash_attn_prepare_cu_seqlens "
-                         f"gives it), got {k_slice!r}")
-    batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_q, q.shape[0], q.device)
-    if check_cu_seqlens(fn, "cu_seqlens_k", cu_k, k_slice.stop - k_slice.start,
-                        q.device) != batch:
-        raise ValueError(f"{fn}: cu_seqlens_k describes {len(cu_k) - 1} sequences, "
-                         f"cu_seqlens_q {batch}")
-    check_max_seqlen(fn, "max_seqlen_q", max_q)
-    check_max_seqlen(fn, "max_seqlen_k", max_k)
-    check_scale(fn, scale)
-    window = check_window(fn, window_size)
-    if not causal and (window != (-1, -1) or alibi is not None):
-        # Without causal the last sequence's keys run past this rank's queries, so the
-        # kernel's diagonal (from the bottom right of each sequence) is not the global one.
-        name = "window_size" if window != (-1, -1) else "alibi_slopes"
-        raise NotImplementedError(
-            f"{fn}: {name} needs causal=True here: without it the keys of this rank's last "
-            "sequence run past its queries, and the kernels place windows and ALiBi from the "
-            "end of each sequence's keys")
-    check_softcap(fn, softcap)
-    check_alibi(fn, alibi, batch, q.shape[1], q.device)
-    check_sinks(fn, sinks, q.unsqueeze(0).transpose(1, 2))
-    return window
-
-
 def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, heads_k_stride, local_k_slice, dropout_p=0.0,
                                   softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -240,9 +201,11 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
     """
     fn = "ipex_flash.distributed.llama3_flash_attn_varlen_func"
     group = resolve_group(fn, group)
-    window = _check(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    window = check_arguments(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     heads_k_stride, local_k_slice, dropout_p, softmax_scale, bool(causal),
                     window_size, softcap, alibi_slopes, sinks, group)
+    agree(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, heads_k_stride, local_k_slice,
+          bool(causal), window, softcap, sinks, group)
     problem = _Problem(group, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                        max_seqlen_q, max_seqlen_k, heads_k_stride, local_k_slice,
                        resolve_scale(softmax_scale, q.shape[-1], fn), bool(causal), window,

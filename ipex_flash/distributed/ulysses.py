@@ -13,6 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import all_to_all, check_same, gather_ints, resolve_group
 from ipex_flash.flash_attn_interface import flash_attn_func
@@ -82,6 +83,18 @@ def kv_repeats(fn: str, heads: int, heads_k: int, world: int) -> int:
     return math.lcm(heads_k, world) // heads_k
 
 
+def agreed_lengths(fn: str, signature: list[int], names, device: torch.device,
+                   group) -> list[int]:
+    """Every rank's local length, after checking that the rest of `signature` (named by
+    `names`) agrees between ranks: one small all_gather the first time a rank sees these
+    arguments, none after (_agreement.py)."""
+    def learn():
+        gathered = gather_ints(signature, device, group)
+        check_same(fn, [row[1:] for row in gathered], names)
+        return [row[0] for row in gathered]
+    return agreed(group, (fn, *signature), (), learn)
+
+
 def to_head_shards(q: Tensor, k: Tensor, v: Tensor, lengths: list[int], repeats: int,
                    group) -> tuple[Tensor, Tensor, Tensor]:
     """(B, n_local, H, D) shards -> (B, N, H / P, D) head shards of the group's sequence,
@@ -137,11 +150,10 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
     check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
-    gathered = gather_ints(
-        shape_signature(q, k, v, causal, window, softcap, sinks, False)
-        + [alibi_slopes is not None and alibi_slopes.dim()], q.device, group)
-    check_same(fn, [row[1:] for row in gathered], (*AGREED, "alibi_slopes given"))
-    lengths = [row[0] for row in gathered]
+    lengths = agreed_lengths(
+        fn, shape_signature(q, k, v, causal, window, softcap, sinks, False)
+        + [alibi_slopes is not None and alibi_slopes.dim()], (*AGREED, "alibi_slopes given"),
+        q.device, group)
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
     q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, group)
     out_h = flash_attn_func(

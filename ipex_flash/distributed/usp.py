@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
-from ipex_flash.distributed._comm import check_same, gather_ints, resolve_group
+from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.distributed.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
 from ipex_flash.distributed.sharding import contiguous_shard, zigzag_shard
 from ipex_flash.distributed.ulysses import (
-    kv_repeats, lse_to_sequence_shard, to_head_shards, to_sequence_shard,
+    agreed_lengths, kv_repeats, lse_to_sequence_shard, to_head_shards, to_sequence_shard,
     ulysses_flash_attn_func)
 
 Tensor = torch.Tensor
@@ -83,10 +83,8 @@ def usp_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
                             alibi_slopes, sinks, packed=False)
     world, rank = dist.get_world_size(ulysses_group), dist.get_rank(ulysses_group)
     repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
-    gathered = gather_ints(shape_signature(q, k, v, causal, window, softcap, sinks, False),
-                           q.device, ulysses_group)
-    check_same(fn, [row[1:] for row in gathered], AGREED)
-    lengths = [row[0] for row in gathered]
+    lengths = agreed_lengths(fn, shape_signature(q, k, v, causal, window, softcap, sinks,
+                                                 False), AGREED, q.device, ulysses_group)
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
     q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, ulysses_group)
     result = ring(q_h, k_h, v_h, 0.0, softmax_scale, causal, window, None, deterministic,

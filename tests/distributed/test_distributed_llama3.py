@@ -4,6 +4,7 @@ against one process's flash_attn_varlen_func and float64, with sequences that cr
 boundaries, GQA over several heads_k_stride groups, causal windows, ALiBi, softcap and sinks;
 llama3_flash_attn_prepare_cu_seqlens against the offsets worked out by hand."""
 from helpers import distributed_cases as dc
+from helpers.collective_counts import CollectiveCounts
 import pytest
 import torch
 import torch.distributed as dist
@@ -179,6 +180,35 @@ def test_bad_arguments_refused(world2):
                         "heads_k_stride": ("ValueError", True),
                         "local_k_slice": ("ValueError", True),
                         "window_size": ("NotImplementedError", True)}
+
+
+def _warm_counts(rank, world):
+    """Collectives of a call whose arguments and offsets were seen before, of its backward,
+    and of a call with a new batch's offsets."""
+    torch.manual_seed(5)
+    cu = _cu([7, 13])
+    q, k, v = (torch.randn(20, heads, 16)[rank * 10:(rank + 1) * 10].requires_grad_()
+               for heads in (4, 2, 2))
+    prepared = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+    call = lambda args: llama3_flash_attn_varlen_func(  # noqa: E731
+        q, k, v, *args[:4], 1, args[4], causal=True)
+    call(prepared).sum().backward()
+    with CollectiveCounts() as forward, torch.no_grad():
+        call(prepared)
+    with CollectiveCounts() as training:
+        call(prepared).sum().backward()
+    with CollectiveCounts() as new_batch, torch.no_grad():
+        call(llama3_flash_attn_prepare_cu_seqlens(cu.clone(), True, rank, world))
+    return dict(forward.counts), dict(training.counts), dict(new_batch.counts)
+
+
+def test_warm_calls_only_gather_kv_and_scatter_grads(world2):
+    """Two K/V heads gathered one at a time: 2 all-gathers forward; the backward gathers again
+    and reduce-scatters dK/dV per head; the agreement's all_gather only for new offsets."""
+    for forward, training, new_batch in world2.run(_warm_counts):
+        assert forward == {"all_gather_single": 2}, forward
+        assert training == {"all_gather_single": 4, "reduce_scatter_single": 2}, training
+        assert new_batch == {"all_gather_single": 2, "all_gather": 1}, new_batch
 
 
 def test_four_ranks():

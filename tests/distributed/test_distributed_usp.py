@@ -5,6 +5,7 @@ the Ulysses group (replicated), GQA, windows, softcap, sinks, bf16 and uneven sh
 yunchang-shaped LongContextAttention module, built from the mesh or from
 set_seq_parallel_pg, gives the function's output; Ulysses alone replicates K/V heads at 4."""
 from helpers import distributed_cases as dc
+from helpers.collective_counts import CollectiveCounts
 import pytest
 import torch
 import torch.distributed as dist
@@ -124,6 +125,38 @@ def test_ulysses_alone_replicates_kv_heads(world4, heads):
     """Ulysses over all 4 ranks: MQA (4 copies), 3 K/V heads (12 copies, one per query head)."""
     dc.check_errors(world4.run(dc.fixed_length_case, api="ulysses", dtype=F32, causal=True,
                                heads=heads, seqlen=50, batch=1), F32)
+
+
+def _warm_counts(rank, world):
+    """Collectives of warm calls (arguments seen before): USP over the 2 x 2 mesh and Ulysses
+    over all 4 ranks, forward alone and with the backward."""
+    from ipex_flash.distributed.ulysses import ulysses_flash_attn_func
+
+    ulysses, ring = _mesh_groups()
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 10, 4, 16, requires_grad=True) for _ in range(3))
+    calls = {"usp": lambda: usp_flash_attn_func(q, k, v, causal=True, ulysses_group=ulysses,
+                                                ring_group=ring, ring_impl_type="zigzag"),
+             "ulysses": lambda: ulysses_flash_attn_func(q, k, v, causal=True)}
+    counts = {}
+    for name, call in calls.items():
+        call().sum().backward()
+        with CollectiveCounts() as forward, torch.no_grad():
+            call()
+        with CollectiveCounts() as training:
+            call().sum().backward()
+        counts[name] = (dict(forward.counts), dict(training.counts))
+    return counts
+
+
+def test_warm_calls_move_only_data(world4):
+    """Ulysses: the all-to-alls of q, k, v and out (and of their gradients); USP adds the
+    ring's point-to-point exchanges and nothing else: no all_gather once warm."""
+    for counts in world4.run(_warm_counts):
+        assert counts["ulysses"] == ({"all_to_all_single": 4}, {"all_to_all_single": 8})
+        forward, training = counts["usp"]
+        assert forward.pop("all_to_all_single") == 4 and training.pop("all_to_all_single") == 8
+        assert set(forward) | set(training) <= {"batch_isend_irecv"}, (forward, training)
 
 
 def _refusals(rank, world):

@@ -1,0 +1,76 @@
+"""llama3_flash_attn_varlen_func's argument checks (llama3.py): this rank's arguments before
+anything is exchanged (bad input raises a ValueError or NotImplementedError naming it), and,
+once per arguments and offsets tensors, the offsets' values and the agreement of every
+rank's shapes and options."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ipex_flash.distributed._agreement import agreed
+from ipex_flash.distributed._checks import AGREED, shape_signature
+from ipex_flash.distributed._comm import check_same, gather_ints
+from ipex_flash.ops.validation import (
+    check_alibi, check_cu_seqlens, check_dropout_p, check_flash_inputs, check_max_seqlen,
+    check_scale, check_sinks, check_softcap, check_window)
+
+
+def check_arguments(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, dropout_p, scale,
+                    causal, window_size, softcap, alibi, sinks, group):
+    """This rank's arguments (nothing is exchanged to check them); returns the window."""
+    check_flash_inputs(fn, q, k, v, True)
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{fn}: q and k must hold this rank's same slice of the packed tokens: "
+                         f"q has {q.shape[0]}, k {k.shape[0]}")
+    check_dropout_p(fn, dropout_p)
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"{fn}: dropout_p > 0 is not supported: each kernel call draws its dropout mask "
+            "from the positions it sees, not the ones a single-device call uses")
+    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 \
+            or k.shape[1] % stride:
+        raise ValueError(f"{fn}: heads_k_stride must be a positive int dividing nheads_k = "
+                         f"{k.shape[1]}, got {stride!r}")
+    world = dist.get_world_size(group)
+    if not isinstance(k_slice, slice) or k_slice.step not in (None, 1) or not all(
+            isinstance(b, int) for b in (k_slice.start, k_slice.stop)) \
+            or not 0 <= k_slice.start <= k_slice.stop <= world * k.shape[0]:
+        raise ValueError(f"{fn}: local_k_slice must be a slice(start, stop) of the gathered "
+                         f"{world * k.shape[0]} keys (llama3_flash_attn_prepare_cu_seqlens "
+                         f"gives it), got {k_slice!r}")
+    # Their values are checked once per offsets tensor (agree).
+    batch = check_cu_seqlens(fn, "cu_seqlens_q", cu_q, q.shape[0], q.device, values=False)
+    if check_cu_seqlens(fn, "cu_seqlens_k", cu_k, k_slice.stop - k_slice.start, q.device,
+                        values=False) != batch:
+        raise ValueError(f"{fn}: cu_seqlens_k describes {len(cu_k) - 1} sequences, "
+                         f"cu_seqlens_q {batch}")
+    check_max_seqlen(fn, "max_seqlen_q", max_q)
+    check_max_seqlen(fn, "max_seqlen_k", max_k)
+    check_scale(fn, scale)
+    window = check_window(fn, window_size)
+    if not causal and (window != (-1, -1) or alibi is not None):
+        # Without causal the last sequence's keys run past this rank's queries, so the
+        # kernel's diagonal (from the bottom right of each sequence) is not the global one.
+        name = "window_size" if window != (-1, -1) else "alibi_slopes"
+        raise NotImplementedError(
+            f"{fn}: {name} needs causal=True here: without it the keys of this rank's last "
+            "sequence run past its queries, and the kernels place windows and ALiBi from the "
+            "end of each sequence's keys")
+    check_softcap(fn, softcap)
+    check_alibi(fn, alibi, batch, q.shape[1], q.device)
+    check_sinks(fn, sinks, q.unsqueeze(0).transpose(1, 2))
+    return window
+
+
+def agree(fn, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sinks, group):
+    """The offsets' values on this rank, and the agreement of every rank's shapes and options
+    (a difference raises the same ValueError on every rank rather than a mismatched
+    all_gather): once per arguments and offsets tensors, no collective after (_agreement.py)."""
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, True) + [stride]
+
+    def learn():
+        check_cu_seqlens(fn, "cu_seqlens_q", cu_q, q.shape[0], q.device)
+        check_cu_seqlens(fn, "cu_seqlens_k", cu_k, k_slice.stop - k_slice.start, q.device)
+        check_same(fn, gather_ints(signature, q.device, group),
+                   ("total_local tokens", *AGREED, "heads_k_stride"))
+        return True
+    agreed(group, (fn, *signature, k_slice.start, k_slice.stop), (cu_q, cu_k), learn)
