@@ -1,6 +1,6 @@
 """What the distributed attention asks of torch.distributed, and nothing below it: the ring's
-point-to-point exchanges (batch_isend_irecv), one small all_gather of every rank's shapes per
-call, and all_to_all_single for Ulysses. Any process group works (gloo on CPU tensors, xccl
+point-to-point exchanges (batch_isend_irecv), small all_gathers of every rank's shapes the
+first time it sees them (_agreement.py), and all_to_all_single for Ulysses. Any process group works (gloo on CPU tensors, xccl
 on XPU ones); a rank that stops answering makes the others raise when the group's timeout
 (init_process_group(timeout=...)) runs out.
 """

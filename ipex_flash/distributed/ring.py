@@ -70,7 +70,9 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
             replicated parameters' (DDP/FSDP do).
 
     Every rank must call with the same shapes (except the local length), dtype and options; a
-    difference raises a ValueError on every rank. Differentiable in q, k, v and sinks.
+    difference raises a ValueError on every rank, checked the first time a rank sees its
+    arguments (IPEX_FLASH_DISTRIBUTED_CHECKS=1: every call). Differentiable in q, k, v and
+    sinks.
 
     Returns:
         out (batch, seqlen_local, nheads, headdim_v), or (out, lse, None).
