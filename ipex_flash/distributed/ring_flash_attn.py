@@ -7,6 +7,11 @@ one import:
 `import *` gives the names ring-flash-attention 0.1.8's package exports (its __init__.py),
 with its signatures, defaults and results; each also takes softcap= and sinks= as keywords.
 """
+from ipex_flash.distributed.hf_adapter import (  # noqa: F401
+    substitute_hf_flash_attn, update_ring_flash_attn_params)
+from ipex_flash.distributed.llama3 import (  # noqa: F401
+    llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func,
+    llama3_flash_attn_varlen_kvpacked_func, llama3_flash_attn_varlen_qkvpacked_func)
 from ipex_flash.distributed.packed import (  # noqa: F401
     ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func,
     ring_flash_attn_varlen_kvpacked_func, ring_flash_attn_varlen_qkvpacked_func,
@@ -21,6 +26,8 @@ from ipex_flash.distributed.zigzag_varlen import (  # noqa: F401
     zigzag_ring_flash_attn_varlen_func)
 
 __all__ = [
+    "llama3_flash_attn_prepare_cu_seqlens", "llama3_flash_attn_varlen_func",
+    "llama3_flash_attn_varlen_kvpacked_func", "llama3_flash_attn_varlen_qkvpacked_func",
     "ring_flash_attn_func", "ring_flash_attn_kvpacked_func", "ring_flash_attn_qkvpacked_func",
     "ring_flash_attn_varlen_func", "ring_flash_attn_varlen_kvpacked_func",
     "ring_flash_attn_varlen_qkvpacked_func",
@@ -30,4 +37,5 @@ __all__ = [
     "zigzag_ring_flash_attn_varlen_qkvpacked_func",
     "stripe_flash_attn_func", "stripe_flash_attn_kvpacked_func",
     "stripe_flash_attn_qkvpacked_func",
+    "substitute_hf_flash_attn", "update_ring_flash_attn_params",
 ]
