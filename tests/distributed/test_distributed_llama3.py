@@ -211,6 +211,38 @@ def test_warm_calls_only_gather_kv_and_scatter_grads(world2):
         assert new_batch == {"all_gather_single": 2, "all_gather": 1}, new_batch
 
 
+def _compiled_equals_eager(rank, world):
+    """inductor with fullgraph=True (a graph break raises) over a loss with two calls, the
+    second on the first's output: forward, gradients of q, k, v and the sinks."""
+    torch.manual_seed(7)
+    cu = _cu([9, 26, 5])
+    whole = [torch.randn(40, heads, 16) for heads in (4, 2, 2)]
+    sinks = torch.randn(4)
+    prepared = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+    args = (*prepared[:4], 1, prepared[4])
+
+    def loss(q, k, v, sinks):
+        out = llama3_flash_attn_varlen_func(q, k, v, *args, causal=True, window_size=(11, 0),
+                                            softcap=4.0, sinks=sinks)
+        out = llama3_flash_attn_varlen_func(out * 0.5, k, v, *args, causal=True, sinks=sinks)
+        return (out ** 2).sum()
+
+    results = []
+    for fn in (loss, torch.compile(loss, backend="inductor", fullgraph=True)):
+        leaves = [t[rank * 20:(rank + 1) * 20].clone().requires_grad_() for t in whole]
+        leaves.append(sinks.clone().requires_grad_())
+        value = fn(*leaves)
+        value.backward()
+        results.append([value.detach()] + [t.grad for t in leaves])
+    return [(dc.max_error(c, e), e.abs().max().item()) for e, c in zip(*results)]
+
+
+def test_compiled_equals_eager(world2):
+    for errors in world2.run(_compiled_equals_eager):
+        for error, size in errors:
+            assert error <= 1e-5 * max(1.0, size), errors
+
+
 def test_four_ranks():
     """Sequences spanning three ranks, MQA-like 8/2 with stride 1, fp32 causal with a window
     and sinks, and bf16 without causal, in one world."""
