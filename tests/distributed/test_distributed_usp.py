@@ -159,6 +159,39 @@ def test_warm_calls_move_only_data(world4):
         assert set(forward) | set(training) <= {"batch_isend_irecv"}, (forward, training)
 
 
+def _compiled_equals_eager(rank, world):
+    """torch.compile with fullgraph=True (a graph break raises) over USP (zigzag ring, MQA,
+    sinks): forward and gradients of q, k, v and the sinks."""
+    ulysses, ring = _mesh_groups()
+    ranks = (dist.get_rank(ulysses), 2, dist.get_rank(ring), 2)
+    torch.manual_seed(8)
+    whole = [torch.randn(1, 32, heads, 16) for heads in (4, 1, 1)]
+    sinks = torch.randn(4)
+
+    def loss(q, k, v, sinks):
+        out = usp_flash_attn_func(q, k, v, causal=True, softcap=4.0, sinks=sinks,
+                                  ulysses_group=ulysses, ring_group=ring,
+                                  ring_impl_type="zigzag")
+        return (out ** 2).sum()
+
+    results = []
+    # aot_eager: the whole graph through AOT autograd, without inductor's code generation
+    # (which costs 4 ranks half a minute on two cores; llama3's test runs inductor).
+    for fn in (loss, torch.compile(loss, backend="aot_eager", fullgraph=True)):
+        leaves = [usp_shard(t, *ranks, "zigzag").requires_grad_() for t in whole]
+        leaves.append(sinks.clone().requires_grad_())
+        value = fn(*leaves)
+        value.backward()
+        results.append([value.detach()] + [t.grad for t in leaves])
+    return [(dc.max_error(c, e), e.abs().max().item()) for e, c in zip(*results)]
+
+
+def test_compiled_equals_eager(world4):
+    for errors in world4.run(_compiled_equals_eager):
+        for error, size in errors:
+            assert error <= 1e-5 * max(1.0, size), errors
+
+
 def _refusals(rank, world):
     ulysses, ring = _mesh_groups()
     q = torch.randn(1, 8, 3, 16)
