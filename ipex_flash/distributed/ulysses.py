@@ -12,6 +12,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
@@ -88,8 +89,20 @@ def agreed_lengths(fn: str, signature: list[int], names, device: torch.device,
     """Every rank's local length, after checking that the rest of `signature` (named by
     `names`) agrees between ranks: one small all_gather the first time a rank sees these
     arguments, none after (_agreement.py)."""
+    return _agreed_lengths(fn, tuple(int(x) for x in signature), tuple(names), str(device),
+                           group.group_name)
+
+
+# torch.compile runs this as it traces (every rank traces the same calls, as it would run
+# them) and keeps the result as a constant of the graph, which guards on the shapes the
+# signature comes from. Its arguments are plain values: the group by name.
+@torch.compiler.assume_constant_result
+def _agreed_lengths(fn: str, signature: tuple, names: tuple, device: str,
+                    group_name: str) -> list[int]:
+    group = _resolve_process_group(group_name)
+
     def learn():
-        gathered = gather_ints(signature, device, group)
+        gathered = gather_ints(signature, torch.device(device), group)
         check_same(fn, [row[1:] for row in gathered], names)
         return [row[0] for row in gathered]
     return agreed(group, (fn, *signature), (), learn)

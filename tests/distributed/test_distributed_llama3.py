@@ -49,7 +49,7 @@ def test_prepare_cu_seqlens_refuses(args, message):
         llama3_flash_attn_prepare_cu_seqlens(*args)
 
 
-def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, head_dim=24,
+def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, head_dim=32,
                 window=(-1, -1), softcap=0.0, sinks=False, alibi=False, seed=0):
     """This rank's contiguous slice of the packed stream through llama3_flash_attn_varlen_func,
     against the whole batch in one process and in float64: distributed_cases' result dict."""
