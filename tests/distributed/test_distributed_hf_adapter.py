@@ -161,6 +161,29 @@ def test_padding_refused(world2):
     assert world2.run(_refuses_padding) == [True, True]
 
 
+def _switched_off(rank, world):
+    """use_ring_attn(False): the name runs what it ran before (ipex_flash's own attention, the
+    packed sequences told apart by transformers' mask), on the whole batch on each rank."""
+    from ipex_flash.distributed.hf_adapter import substitute_hf_flash_attn, use_ring_attn
+
+    ids, positions, _, _ = _batch(LENGTHS)
+    model = _model("llama")
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        substitute_hf_flash_attn(dist.group.WORLD, 1)
+        _set_flash_name(model)
+        use_ring_attn(False)
+        try:
+            got = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        finally:
+            use_ring_attn(True)
+    return dc.max_error(got, want) / want.abs().max().item()
+
+
+def test_switched_off(world2):
+    assert max(world2.run(_switched_off)) <= 1e-5
+
+
 def test_four_ranks():
     world = dc.World(4)
     try:
