@@ -19,7 +19,7 @@ import torch
 from ipex_flash.distributed import _llama3_op  # noqa: F401  (registers the torch ops)
 from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.distributed._llama3_checks import check_arguments
-from ipex_flash.distributed.llama3_layout import llama3_flash_attn_prepare_cu_seqlens
+from ipex_flash.distributed.llama3_layout import llama3_flash_attn_prepare_cu_seqlens  # noqa: F401
 from ipex_flash.ops.launch import natural_lse
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
