@@ -54,7 +54,7 @@ from ipex_flash.tools.gpu_grid import COMMON_HEAD_DIMS
 # Kernels of a program that do no matrix products, and ask for no register file, themselves.
 _HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",
             "flash_bwd_preprocess_kernel", "flash_bwd_pack_keys_kernel",
-            "flash_bwd_pack_rows_kernel", "flash_bwd_mask_bits_kernel", "dropout_mask_kernel",
+            "flash_bwd_pack_rows_kernel", "flash_mask_bits_kernel", "dropout_mask_kernel",
             "kv_append_kernel", "cache_check_kernel")
 
 

@@ -1,8 +1,9 @@
-"""A bool attn_mask packed into bits for the register backward (backward/mask_bits_kernel.hpp):
-the plan packs it exactly where a register kernel reads it, and the gradients meet the backward
-suite's rule in every layout the pack reads through the mask's strides: a mask per head, one
-shared by every batch entry and head, a transposed view, lengths off the 32-key words, a key
-block hidden whole (the kernels' skip votes read the bits too). Emulated, 16 and 8 wide."""
+"""A bool attn_mask packed into bits for the register kernels (score/mask_bits_kernel.hpp): the
+plan packs it exactly where a register kernel reads it, forward and backward, and the output
+(against float64) and the gradients (the backward suite's rule) hold in every layout the pack
+reads through the mask's strides: a mask per head, one shared by every batch entry and head, a
+transposed view, lengths off the 32-key words, a key block hidden whole (the backward's skip
+votes read the bits too), with softcap beside it. Emulated, 16 and 8 wide."""
 import pytest
 import torch
 
@@ -11,9 +12,10 @@ from ipex_flash._runtime import C
 from ipex_flash.reference import sdpa_reference
 
 from helpers.cases import random_qkv
+from helpers.reference import assert_matches_reference
 from helpers.sdpa import B, HKV, HQ, assert_grads_close, grads_of, mask_of
 
-PACK = "ipex_flash::flash_bwd_mask_bits_kernel"
+PACK = "ipex_flash::flash_mask_bits_kernel"
 MODES = ["emulate", "emulate8"]
 LEN_Q, LEN_K = 75, 101
 
@@ -63,3 +65,40 @@ def test_gradients_through_the_bits(monkeypatch, mode, layout, causal):
     plain = grads_of(lambda a, b, c: sdpa_reference(a, b, c, mask, causal, compute_dtype=dtype),
                      q, k, v)
     assert_grads_close(got, truth, plain, dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_plan_packs_the_bool_mask_for_its_register_kernel(mode):
+    for features, packs in ((4, True), (8, False), (0, False), (1 | 2 | 4, True), (2 | 4, True)):
+        plan = C.plan("forward", "", "bfloat16", 64, features, 1, mode)
+        registers = plan["variant"].matrix_registers
+        assert (PACK in plan["kernels"]) == (packs and registers), (features, plan)
+    assert PACK in C.plan("forward", "", "bfloat16", 64, 4, 1, mode)["kernels"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["per_head", "shared", "transposed"])
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_through_the_bits(monkeypatch, mode, layout, causal):
+    monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
+    dtype = torch.float16
+    q, k, v = random_qkv(B, HQ, HKV, LEN_Q, LEN_K, 64, dtype)
+    mask = layout_mask(layout)
+    out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  enable_gqa=True)
+    ref = sdpa_reference(q.double(), k.double(), v.double(), mask, causal)
+    assert_matches_reference(out, None, ref, None, dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_bits_beside_softcap(monkeypatch, mode):
+    """Softcap's fused tanh and the mask's bits in one register kernel, GQA, both masks."""
+    monkeypatch.setenv("IPEX_FLASH_MATRIX", mode)
+    dtype = torch.bfloat16
+    q, k, v = random_qkv(B, HQ, HKV, LEN_Q, LEN_K, 64, dtype)
+    mask = layout_mask("per_head")
+    for causal in (False, True):
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                      enable_gqa=True, softcap=5.0)
+        ref = sdpa_reference(q.double(), k.double(), v.double(), mask, causal, softcap=5.0)
+        assert_matches_reference(out, None, ref, None, dtype)

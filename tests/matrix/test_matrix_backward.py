@@ -236,8 +236,8 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
         assert plan["variant"].matrix_registers, (features, plan)
         assert plan["variant"].dkdv_registers == registers, (features, plan)
         dkdv, dq = plan["kernels"][3:5]
-        # A bool mask packed into bits for the register dQ (backward/mask_bits_kernel.hpp).
-        assert (plan["kernels"][5:] == ["ipex_flash::flash_bwd_mask_bits_kernel"]) == (
+        # A bool mask packed into bits for the register dQ (score/mask_bits_kernel.hpp).
+        assert (plan["kernels"][5:] == ["ipex_flash::flash_mask_bits_kernel"]) == (
             features & 4 != 0), plan
         assert dq.startswith("ipex_flash::flash_bwd_dq_matrix_registers_kernel"), plan
         assert dq.endswith(f", {str(registers).lower()}, {shares[0]}>"), plan  # the packs' layout

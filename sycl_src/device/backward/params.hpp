@@ -9,14 +9,6 @@
 
 namespace ipex_flash {
 
-// Words a row of a bool attn_mask packed as bits holds (backward/mask_bits_kernel.hpp): its
-// keys' up to the end of the last block of block_n keys, so that a kernel's block reads whole
-// words without a bounds test.
-constexpr int64_t mask_bits_words(int64_t len_k, int block_n) {
-  const int64_t blocks = (len_k + block_n - 1) / block_n;
-  return (blocks * block_n + 31) / 32;
-}
-
 // The backward pass: delta = rowsum(dO * O) (preprocess), then dK and dV (one work-group per
 // K/V block, summing over the query heads that share it, so no atomics), then dQ (one
 // work-group per Q block).

@@ -61,12 +61,7 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
   float softcap_grad[N];  // d score / d raw score, over UNIT
 #pragma unroll
   for (int j = 0; j < N; ++j) qk[j] *= c.q_prescale * tanh_input_scale(FEATURES, TANH);
-  if constexpr (MASK_BITS && (FEATURES & FEATURE_MASK_BOOL) != 0) {
-    score_mod.apply_from<FEATURES, TANH>(qk, softcap_grad, score_mod.distance(row, key0), -1.f);
-    AttnMaskPlane::hide_by_bits(qk, score_mod.attn_mask.key_bits(row, key0));
-  } else if constexpr (FEATURES != 0) {
-    score_mod.apply<FEATURES, TANH>(qk, softcap_grad, row, key0, 0, 1);
-  }
+  score_mod.apply_to_row<FEATURES, TANH, MASK_BITS>(qk, softcap_grad, row, key0);
   if constexpr (GENERAL) {
     if (!fully_visible) mask.apply_to_keys(qk, row, key0);
   }

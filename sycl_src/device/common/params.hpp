@@ -33,8 +33,8 @@ struct AttnMaskParams {
   int64_t col;
 };
 
-// A bool attn_mask as bits, a 32-bit word per 32 keys (backward/mask_bits_kernel.hpp), which
-// the register backward reads: packed by the backward's first kernels (BwdParams::mask_bits;
+// A bool attn_mask as bits, a 32-bit word per 32 keys (score/mask_bits_kernel.hpp), which
+// the register kernels read: packed before them (FwdParams::mask_bits, BwdParams::mask_bits;
 // kept out of AttnMaskParams, whose size every kernel's parameters carry: 32 bytes more made
 // the 8-wide decode kernel spill).
 struct MaskBitsParams {
@@ -43,6 +43,13 @@ struct MaskBitsParams {
   int64_t head;
   int64_t row;
 };
+
+// Words a row of a bool attn_mask packed as bits holds: its keys' up to the end of the last
+// block of block_n keys, so that a kernel's block reads whole words without a bounds test.
+constexpr int64_t mask_bits_words(int64_t len_k, int block_n) {
+  const int64_t blocks = (len_k + block_n - 1) / block_n;
+  return (blocks * block_n + 31) / 32;
+}
 
 // Changes to the scaled scores before the softmax (flash-attn's and SDPA's options), in this
 // order:
@@ -161,6 +168,14 @@ struct AttentionCommon {
   float scale;          // softmax scale
   float q_prescale;     // what Q is multiplied by on load (see score/softcap_alibi.hpp)
   int32_t num_blocks;   // work-groups per (batch, head) of the launch
+};
+
+// The bool mask's packing into bits (score/mask_bits_kernel.hpp): the call's sizes, the mask
+// as given, and where its bits go.
+struct MaskBitsPackParams {
+  AttentionDims dims;
+  AttnMaskParams mask;
+  MaskBitsParams bits;
 };
 
 }  // namespace ipex_flash

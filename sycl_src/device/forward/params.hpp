@@ -24,6 +24,7 @@ struct FwdParams {
   // its pack kernel (forward/pack_kv.hpp), BLOCK_N keys a block.
   void* kv_packed;
   PackRows kv_pack;
+  MaskBitsParams mask_bits;  // the register kernel's bool mask (fwd_mask_bits), in the scratch
 };
 
 }  // namespace ipex_flash

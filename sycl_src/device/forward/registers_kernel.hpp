@@ -87,17 +87,16 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // registers that stay.
   constexpr int WIDEST = HEAD_DIM > DV ? HEAD_DIM : DV;
   // K and V^T are read in 2-D blocks of A_ROWS x 32 (matrix/block_io.hpp): 16 rows at d = 128,
-  // where 32-row blocks spilled beside the 128 registers of O^T. With ALiBi or a mask above
-  // d = 64 both products read tile by tile: the blocks spilled there too (BMG, PVC). Softcap
-  // alone keeps the blocks (tile by tile, its loop issued more instructions per DPAS on BMG at
-  // d = 128: docs/gpus.md).
+  // where 32-row blocks spilled beside the 128 registers of O^T. With every score change too,
+  // since their code is a few instructions a score (fused tanh, the mask's bits): read tile by
+  // tile, ALiBi and a mask issued 1.5x the instructions per DPAS on BMG at d = 128
+  // (docs/gpu_loop_costs.md).
   constexpr int A_ROWS = WIDEST > 64 ? 16 : 32;
   // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
   // the pack (matrix/surface.hpp): they have no 2-D block loads.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
-  constexpr bool WIDE =
-      !TILED && (WIDEST <= 64 || (FEATURES & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0);
+  constexpr bool WIDE = !TILED;
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),
@@ -126,7 +125,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
-  const float score_scale = c.q_prescale * descale.k;
+  // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
+  // in the scale's multiply.
+  constexpr TanhForm TANH = TanhForm::FUSED;
+  const float score_scale = c.q_prescale * descale.k * tanh_input_scale(FEATURES, TANH);
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
@@ -152,7 +154,11 @@ IPEX_FLASH_TILE_LOOP
   for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[t], 0.f);
 
   const BlockMask mask = BlockMask::of(c.mask, seq);
-  const ScoreMod score_mod = ScoreMod::of(c, seq, block.batch, block.head);
+  // A bool mask is read as its bits (score/mask_bits_kernel.hpp, packed by the host).
+  constexpr bool MASK_BITS = (FEATURES & FEATURE_MASK_BOOL) != 0;
+  const ScoreMod score_mod = MASK_BITS
+                                 ? ScoreMod::of(c, seq, block.batch, block.head, p.mask_bits)
+                                 : ScoreMod::of(c, seq, block.batch, block.head);
   const int64_t kv_first = mask.first_key(q_begin) / BLOCK_N * BLOCK_N;
   const int64_t kv_end = mask.end_key(q_end);
   OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
@@ -162,8 +168,8 @@ IPEX_FLASH_TILE_LOOP
   // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
   // the mask cuts through (the diagonal, a window's edges, the keys' last partial block) and
   // every block under dropout; the lean form for the others, without the mask's or dropout's
-  // code. Both do the same operations in the same order on a fully visible block. With score
-  // changes every block takes the general form (split_blocks).
+  // code. Both do the same operations in the same order on a fully visible block, score
+  // changes included.
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
     const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
@@ -206,7 +212,8 @@ IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
       if constexpr (FEATURES != 0) {
         float unused_grad[MATRIX_KEY_CHUNK];
-        score_mod.apply<FEATURES>(scores, unused_grad, row, kv_begin + c0, 0, 1);
+        score_mod.apply_to_row<FEATURES, TANH, MASK_BITS>(scores, unused_grad, row,
+                                                         kv_begin + c0);
       }
       if constexpr (GENERAL) {
         if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
@@ -266,8 +273,8 @@ IPEX_FLASH_TILE_LOOP
     k_tile += Packed::BLOCK_ELEMENTS;
   };
   // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
-  run_key_blocks<FEATURES>(mask, c.dropout.enabled, q_begin, q_end, kv_first, kv_end, BLOCK_N,
-                           kv_block);
+  run_key_blocks<FEATURES, /*SPLIT=*/true>(mask, c.dropout.enabled, q_begin, q_end, kv_first,
+                                           kv_end, BLOCK_N, kv_block);
 
   write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "backward/preprocess_kernel.hpp"
-#include "backward/mask_bits_kernel.hpp"
+#include "score/mask_bits_kernel.hpp"
 #include "backward/pack_operands.hpp"
 #include "backward/matrix_kernels.hpp"
 #include "backward/dq_registers_kernel.hpp"

@@ -68,7 +68,7 @@ struct ScoreMod {
     return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag, AttnMaskPlane::of(c, seq, b, h)};
   }
 
-  // The same for the register backward, which reads a bool mask as its packed bits.
+  // The same for the register kernels, which read a bool mask as its packed bits.
   static inline ScoreMod of(const AttentionCommon& c, const SeqInfo& seq, int b, int h,
                             const MaskBitsParams& bits) {
     ScoreMod mod = of(c, seq, b, h);
@@ -99,6 +99,19 @@ struct ScoreMod {
     apply_from<FEATURES, TANH>(scores, softcap_grad, distance(row0, key0),
                                      static_cast<float>(row_step - key_step));
     attn_mask.apply<FEATURES>(scores, row0, key0, row_step, key_step);
+  }
+
+  // apply for a lane's row against consecutive keys, reading a bool mask as its packed bits
+  // where MASK_BITS (the register kernels: with_bits), in place otherwise.
+  template <int FEATURES, TanhForm TANH, bool MASK_BITS, int N>
+  inline void apply_to_row(float (&scores)[N], float (&softcap_grad)[N], int64_t row,
+                           int64_t key0) const {
+    if constexpr (MASK_BITS && (FEATURES & FEATURE_MASK_BOOL) != 0) {
+      apply_from<FEATURES, TANH>(scores, softcap_grad, distance(row, key0), -1.f);
+      AttnMaskPlane::hide_by_bits(scores, attn_mask.key_bits(row, key0));
+    } else if constexpr (FEATURES != 0) {
+      apply<FEATURES, TANH>(scores, softcap_grad, row, key0, 0, 1);
+    }
   }
 
   // ALiBi distances are floats from element 0's, taken once in 64 bits: 64-bit integers are

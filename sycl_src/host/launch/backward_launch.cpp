@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "host/launch/mask_bits_launch.hpp"
 #include "host/launch/submit.hpp"
 #include "host/runtime/build_guard.hpp"
 #include "host/runtime/device_queue.hpp"
@@ -48,30 +49,13 @@ int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
   return element * (keys + rows);
 }
 
-// Where the bool mask's bits go (backward/mask_bits_kernel.hpp): after the packs, a word per 32
-// keys of each row of each plane the mask does not broadcast. Sets the word strides; returns
-// the bytes, 0 where the variant reads the mask in place.
-int64_t mask_bits_layout(const AttentionDims& dims, const KernelVariant& variant,
-                         const AttnMaskParams& mask, MaskBitsParams& bits) {
-  if (!bwd_mask_bits(variant) || mask.data == nullptr) return 0;
-  bits.row = mask_bits_words(dims.len_k, variant.block_n);
-  if (dims.len_q * bits.row > INT32_MAX)  // the kernels index a plane in 32 bits
-    throw std::invalid_argument(
-        "ipex_flash: a bool attn_mask's plane of " + std::to_string(dims.len_q) + " x " +
-        std::to_string(dims.len_k) + " exceeds the register backward's 2^36 elements");
-  bits.head = mask.head != 0 ? dims.len_q * bits.row : 0;
-  const int64_t heads = mask.head != 0 ? dims.heads_q : 1;
-  bits.batch = mask.batch != 0 ? heads * dims.len_q * bits.row : 0;
-  const int64_t batches = mask.batch != 0 ? dims.batch : 1;
-  return batches * heads * dims.len_q * bits.row * 4;
-}
-
-// The scratch's bytes: the packs', then the mask's bits from bits_offset (64-byte aligned),
-// their layout set in `bits` (mask_bits_layout).
+// The scratch's bytes: the packs', then the mask's bits from bits_offset (mask_bits_offset),
+// where the variant reads them (bwd_mask_bits), their layout set in `bits`.
 int64_t bwd_scratch(const AttentionDims& dims, const BwdPacks& packs, const KernelVariant& variant,
                     const AttnMaskParams& mask, MaskBitsParams& bits, int64_t& bits_offset) {
-  bits_offset = (packed_bwd_bytes(dims, packs, variant) + 63) / 64 * 64;
-  return bits_offset + mask_bits_layout(dims, variant, mask, bits);
+  bits_offset = mask_bits_offset(packed_bwd_bytes(dims, packs, variant));
+  return bits_offset +
+         (bwd_mask_bits(variant) ? mask_bits_layout(dims, variant.block_n, mask, bits) : 0);
 }
 
 struct BwdKernels {
@@ -184,9 +168,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
     const int64_t bits_bytes = needed - bits_offset;
     if (bits_bytes > 0) {
       params.mask_bits.words = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
-      submit_kernel(queue, kernels.pack[2], params,
-                    block_range(1, ceil_div(bits_bytes / 4, kPreprocessGroup), kPreprocessGroup),
-                    "flash_bwd_mask_bits");
+      pack_mask_bits(queue, kernels.pack[2], dims, c.score_mod.attn_mask, params.mask_bits,
+                     bits_bytes);
     }
   }
   // dK and dV run over every key even with no query rows (they are then zero).

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "host/launch/mask_bits_launch.hpp"
 #include "host/launch/submit.hpp"
 #include "host/runtime/build_guard.hpp"
 #include "host/runtime/device_queue.hpp"
@@ -24,6 +25,16 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
   if (variant.matrix_m == 0) return 0;
   return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * variant.block_n *
          (variant.head_dim + variant.value_head_dim()) * 2;
+}
+
+// The scratch's bytes: the packed K/V, then the mask's bits from bits_offset
+// (mask_bits_offset), where the variant reads them (fwd_mask_bits), their layout set in `bits`.
+int64_t fwd_scratch(const AttentionDims& dims, const PackRows& pack, const KernelVariant& variant,
+                    const AttnMaskParams& mask, MaskBitsParams& bits, int64_t& bits_offset) {
+  const int64_t packed = packed_kv_bytes(dims, pack, variant);
+  if (!fwd_mask_bits(variant) || mask.data == nullptr) return bits_offset = packed;
+  bits_offset = mask_bits_offset(packed);
+  return bits_offset + mask_bits_layout(dims, variant.block_n, mask, bits);
 }
 
 }  // namespace
@@ -65,7 +76,9 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
   if (variant.matrix_m > 0) {
     params.kv_pack = key_pack_rows(c.dims, k, options, variant.block_n);
-    const int64_t needed = packed_kv_bytes(c.dims, params.kv_pack, variant);
+    int64_t bits_offset = 0;
+    const int64_t needed = fwd_scratch(c.dims, params.kv_pack, variant, c.score_mod.attn_mask,
+                                       params.mask_bits, bits_offset);
     const int64_t given = scratch.sizes.empty() ? 0 : scratch.size(0);
     if (scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
@@ -76,6 +89,11 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
       submit_kernel(queue, kernels[1], params,
                     block_range(c.dims.heads_kv(), params.kv_pack.blocks, variant.block_n),
                     "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
+    if (needed > bits_offset) {
+      params.mask_bits.words = reinterpret_cast<uint32_t*>(scratch.data + bits_offset);
+      pack_mask_bits(queue, kernels[2], c.dims, c.score_mod.attn_mask, params.mask_bits,
+                     needed - bits_offset);
+    }
   }
   sycl::event done = submit_kernel(queue, kernels[0], params,
                                    block_range(batch_heads, c.num_blocks,
@@ -91,7 +109,10 @@ int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
                                                dims.head_dim, dims.head_dim_v,
                                                features_of(options, k));
   if (variant.matrix_m == 0) return 0;
-  return packed_kv_bytes(dims, key_pack_rows(dims, k, options, variant.block_n), variant);
+  MaskBitsParams bits{};
+  int64_t bits_offset = 0;
+  return fwd_scratch(dims, key_pack_rows(dims, k, options, variant.block_n), variant,
+                     attn_mask_params(options), bits, bits_offset);
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

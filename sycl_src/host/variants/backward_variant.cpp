@@ -134,7 +134,7 @@ KernelProgram bwd_program(const KernelVariant& variant) {
                                      "ipex_flash::flash_bwd_pack_keys_kernel" + pack_shape,
                                      "ipex_flash::flash_bwd_pack_rows_kernel" + pack_shape, dkdv,
                                      dq};
-    if (bwd_mask_bits(variant)) kernels.push_back("ipex_flash::flash_bwd_mask_bits_kernel");
+    if (bwd_mask_bits(variant)) kernels.push_back("ipex_flash::flash_mask_bits_kernel");
     return {dkdv_registers ? "programs/flash_bwd_dkdv_registers.hpp"
             : dq_registers ? "programs/flash_bwd_dq_registers.hpp"
                            : "programs/flash_bwd_matrix.hpp",

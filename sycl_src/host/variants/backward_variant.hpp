@@ -23,7 +23,7 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
 // preprocess, pack keys, pack rows, dK/dV, dQ.
 KernelProgram bwd_program(const KernelVariant& variant);
 
-// Whether the backward packs a bool attn_mask into bits (backward/mask_bits_kernel.hpp) for its
+// Whether the backward packs a bool attn_mask into bits (score/mask_bits_kernel.hpp) for its
 // register kernels, which read it so: the program's sixth kernel.
 bool bwd_mask_bits(const KernelVariant& variant);
 

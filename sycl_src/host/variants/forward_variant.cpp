@@ -187,10 +187,16 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   return variant;
 }
 
+bool fwd_mask_bits(const KernelVariant& variant) {
+  return variant.matrix_m > 0 && variant.matrix_registers &&
+         (variant.features & FEATURE_MASK_BOOL) != 0;
+}
+
 KernelProgram fwd_program(const KernelVariant& variant) {
-  if (variant.matrix_m > 0)
-    return {variant.matrix_registers ? "programs/flash_fwd_matrix_registers.hpp"
-                                     : "programs/flash_fwd_matrix.hpp",
+  if (variant.matrix_m > 0) {
+    KernelProgram program{
+        variant.matrix_registers ? "programs/flash_fwd_matrix_registers.hpp"
+                                 : "programs/flash_fwd_matrix.hpp",
             {variant.matrix_registers
                  ? with_trailing(
                        variant.instantiate("ipex_flash::flash_fwd_matrix_registers_kernel"),
@@ -201,6 +207,9 @@ KernelProgram fwd_program(const KernelVariant& variant) {
                  ", " + std::to_string(variant.features & FEATURE_KV_FP8) + ", " +
                  std::to_string(variant.value_head_dim()) + pack_tile_order(variant) + ">"},
             program_options(variant)};
+    if (fwd_mask_bits(variant)) program.kernels.push_back("ipex_flash::flash_mask_bits_kernel");
+    return program;
+  }
   return {"programs/flash_fwd.hpp",
           {variant.kv_cols > 0
                ? with_trailing(variant.instantiate("ipex_flash::flash_fwd_slab_kernel"),

@@ -25,4 +25,8 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
 // the K/V pack kernel (forward/pack_kv.hpp) after it.
 KernelProgram fwd_program(const KernelVariant& variant);
 
+// Whether the forward packs a bool attn_mask into bits (score/mask_bits_kernel.hpp) for its
+// register kernel; the program's third kernel packs them.
+bool fwd_mask_bits(const KernelVariant& variant);
+
 }  // namespace ipex_flash
