@@ -1,8 +1,11 @@
 """ipex_flash.distributed.ring_flash_attn against ring-flash-attention 0.1.8's package, read
 from its source: `import *` gives the same 21 names, and each function takes upstream's
 parameters in upstream's order with upstream's defaults (ours add keyword-only softcap= and
-sinks= after them)."""
+sinks= after them). The package itself exports those names, Ulysses' and USP's, and the
+adapter's without importing transformers."""
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -52,3 +55,27 @@ def test_signature_is_upstreams(name):
     assert positional == UPSTREAM[name]
     extra = [p.name for p in params if p.kind is not p.POSITIONAL_OR_KEYWORD]
     assert set(extra) <= {"softcap", "sinks"}, extra
+
+
+PACKAGE_EXTRAS = {"use_ring_attn", "ulysses_flash_attn_func", "usp_flash_attn_func",
+                  "LongContextAttention", "set_seq_parallel_pg", "usp_groups_from_mesh",
+                  "usp_shard"}
+
+
+def test_package_exports_every_function_without_transformers():
+    """In a fresh interpreter: `from ipex_flash.distributed import *` gives every upstream
+    name and ours, each __all__ name exists, and transformers stays unimported (the adapter
+    imports it only when substitute_hf_flash_attn runs)."""
+    script = (
+        "import sys\n"
+        "import ipex_flash.distributed as d\n"
+        "names = {}\n"
+        "exec('from ipex_flash.distributed import *', names)\n"
+        "print(sorted(n for n in names if not n.startswith('__')))\n"
+        "print(all(hasattr(d, n) for n in d.__all__), 'transformers' in sys.modules)\n")
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, timeout=300).stdout.splitlines()
+    exported = set(eval(lines[-2]))  # noqa: S307  (our own printed list)
+    wanted = set(UPSTREAM) | PACKAGE_EXTRAS
+    assert wanted <= exported, sorted(wanted - exported)
+    assert lines[-1] == "True False", lines[-1]
