@@ -56,6 +56,7 @@ class KernelReport(gpu_grid.Selection):
     loop_nested: int = 0
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
     loop_prefetches: int = 0
+    loop_spills: int = 0        # spill and fill accesses in that loop
     # Decode kernels (gpu_bandwidth.py): the loop over key blocks' issued instructions and the
     # loops nested in it (counted once: a lower bound where there are any), the KiB of one K/V
     # head's block, the instructions per KiB, and what the target affords per KiB.
@@ -121,6 +122,7 @@ def kernel_reports(programs: list, native: dict) -> list:
                     report.loop_nested = figures["loop_nested"]
                     report.loop_block_loads = figures["loop_block_loads"]
                     report.loop_prefetches = figures["loop_prefetches"]
+                    report.loop_spills = figures["loop_spills"]
                 report.block_issued = figures["block_issued"]
                 report.block_nested = figures["block_nested"]
                 if figures["edge_dpas"]:

@@ -23,6 +23,9 @@ ALL_HEAD_DIMS = [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 448,
 # FEATURE_*); the quick grid's 7 puts every score change in one kernel, the most registers any
 # variant needs.
 FEATURE_SETS = {"quick": [0, 7], "full": [0, 1, 2, 3, 4, 7, 8]}
+# Each score change alone, in the quick grid the 16-bit forward only: its register kernel is
+# held to the plain one's cost per change (gpu_rules.MAX_SCORE_CHANGE_RATIO).
+FORWARD_SCORE_CHANGES = {"quick": [1, 2, 4], "full": []}
 DECODE_ROWS = {"quick": [1, 8], "full": [1, 2, 4, 8, 16]}  # query rows per K/V head
 # V's head dim apart from Q's and K's (MLA prefill: D = 192, Dv = 128), in both grids: the
 # forward's register kernel compiles it apart, and its O^T accumulators must fit beside Q^T's
@@ -93,6 +96,8 @@ def _calls(full: bool):
                                 yield "decode", dtype, head_dim, appending, rows, mode, 0
                     yield "backward", dtype, head_dim, features, 1, mode, 0
         for head_dim in head_dims if dtype != "float32" else []:
+            for features in FORWARD_SCORE_CHANGES[size]:
+                yield "forward", dtype, head_dim, features, 1, "auto", 0
             for features in FP8_FEATURE_SETS[size]:
                 yield "forward", dtype, head_dim, features, 1, "auto", 0
                 for rows in DECODE_ROWS[size]:  # (skipped where the general kernel serves)

@@ -77,10 +77,11 @@ def _asm_counts(asm: Path) -> dict:
     which take no issue slot); loop_nested counts the loops inside the main loop, whose bodies
     run more than once per block (the static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
-    load that writes no register). block_issued and block_nested: the same of the decode
+    load that writes no register); loop_spills its spill and fill accesses (scratch space
+    sends, `.ss[`). block_issued and block_nested: the same of the decode
     kernel's loop over key blocks (below; in its register form, which splits its blocks as the
     forward does, the lean loop)."""
-    labels, ops, block2d, spans = {}, [], [], set()
+    labels, ops, block2d, scratch, spans = {}, [], [], [], set()
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
         label = _LABEL.match(stripped)
@@ -96,6 +97,7 @@ def _asm_counts(asm: Path) -> dict:
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
         block2d.append("" if "load_block2d" not in stripped else
                        "prefetch" if "rd:0;" in stripped else "load")
+        scratch.append(".ss[" in stripped)
     dpas_before = [0]
     for op in ops:
         dpas_before.append(dpas_before[-1] + (op == "dpas"))
@@ -156,6 +158,7 @@ def _asm_counts(asm: Path) -> dict:
             "loop_nested": nested(main),
             "loop_block_loads": block2d[main[0]:main[1]].count("load"),
             "loop_prefetches": block2d[main[0]:main[1]].count("prefetch"),
+            "loop_spills": sum(scratch[main[0]:main[1]]),
             "edge_dpas": dpas_in(edge), "edge_issued": issued(edge),
             "block_issued": issued(heaviest),
             "block_nested": nested(heaviest)}

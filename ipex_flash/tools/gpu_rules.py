@@ -22,7 +22,7 @@
   128, where the SLM-staged dK/dV issued 75-180 so);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
-Three spills are known and reported as such rather than failed (docs/gpus.md). The first: the
+Four spills are known and reported as such rather than failed (docs/gpus.md). The first: the
 16-bit decode kernel for one query row per K/V head with softcap or ALiBi on GPUs without a
 large register file (Arc A-series, Meteor Lake, Arrow Lake-H) spills 480-640 bytes per thread
 with softcap, ALiBi and a mask together: a step's 16 keys each hold a row of partial scores
@@ -41,7 +41,18 @@ rows and read once after it; at d = 128 (four sub-groups a block, two passes) 96
 written before a pass and read in the prologue of its loop over a K/V head's query heads, a
 few accesses per query head and pass, none in the loop over the query blocks (read from the
 native code: docs/gpus.md).
-Any other spill fails. A call the host refuses with an error naming the head dim and the GPU's
+The fourth: the register forward with softcap beside ALiBi or a mask at head dims past 64 on
+the 256-register GPUs (BMG, PVC, Lunar Lake) spills up to 768 bytes, with no spill or fill
+in its lean loop (loop_spills 0, enforced): its edge loops and prologue hold them. Split
+into lean and edge loops each score change alone fits; all of them together leave too few
+registers beside O^T's 128 and S^T's 64 at d = 128.
+Any other spill fails.
+
+The forward with score changes is held to the plain kernel's cost (same GPU, dtype and head
+dims): each change alone (softcap, ALiBi, a bool mask) at most MAX_SCORE_CHANGE_RATIO times
+its lean loop's instructions per DPAS, softcap, ALiBi and a mask together at most
+MAX_EVERY_CHANGE_RATIO times, on the 256-register GPUs: guards at the figures reached
+(docs/gpus.md: 1.12-1.35 alone, 1.37-1.85 together on BMG and PVC). A call the host refuses with an error naming the head dim and the GPU's
 limit (no kernel's smallest tiles fit its local memory) is reported as refused: that error is
 what the call gets.
 """
@@ -73,10 +84,13 @@ _PER_DPAS_LIMITS_8_WIDE = {"flash_fwd_matrix_registers_kernel": MAX_FORWARD_8_WI
                            "flash_bwd_dkdv_matrix_registers_kernel": MAX_DKDV_8_WIDE_PER_DPAS}
 
 _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (common/features.hpp FEATURE_*)
+MAX_SCORE_CHANGE_RATIO = 1.4
+MAX_EVERY_CHANGE_RATIO = 1.9
+_FORWARD_REGISTERS = "flash_fwd_matrix_registers_kernel"
 
 
 def known_spill(r) -> bool:
-    """The three spills described above."""
+    """The four spills described above."""
     decode = (r.family == "decode" and r.dtype != "float32" and r.rows == 1
               and r.features & (1 | 2) != 0  # softcap or ALiBi
               and r.target in ("dg2", "mtl", "arl-h") and "flash_decode_kernel" in r.kernel
@@ -87,7 +101,10 @@ def known_spill(r) -> bool:
     dkdv_8_wide = (r.family == "backward" and r.target in ("dg2", "arl-h")
                    and "flash_bwd_dkdv_matrix_registers_kernel" in r.kernel
                    and r.features != 0 and r.head_dim <= 128 and r.spill <= 160)
-    return decode or forward or dkdv_8_wide
+    forward_registers = (r.family == "forward" and _FORWARD_REGISTERS in r.kernel
+                         and r.large_grf and r.head_dim > 64 and r.features & 1
+                         and r.features & (2 | 4) and r.spill <= 768 and r.loop_spills == 0)
+    return decode or forward or dkdv_8_wide or forward_registers
 
 
 def refused(r) -> bool:
@@ -128,6 +145,25 @@ def kernel_violations(r) -> list:
     return found
 
 
+def score_change_violations(r, plain) -> list:
+    """The register forward with score changes against its plain kernel (`plain`: the report
+    of the same target, dtype and head dims with features 0, or None)."""
+    changes = r.features & _EVERY_SCORE_CHANGE
+    if (plain is None or not r.built or _FORWARD_REGISTERS not in r.kernel or not r.large_grf
+            or changes == 0 or r.features & ~_EVERY_SCORE_CHANGE or not plain.loop_per_dpas):
+        return []
+    ratio = r.loop_per_dpas / plain.loop_per_dpas
+    limit = (MAX_EVERY_CHANGE_RATIO if changes == _EVERY_SCORE_CHANGE
+             else MAX_SCORE_CHANGE_RATIO if changes in (1, 2, 4) else None)
+    if limit is None or ratio <= limit:
+        return []
+    return [f"main loop issues {r.loop_per_dpas} instructions per DPAS, {ratio:.2f}x the "
+            f"plain kernel's {plain.loop_per_dpas} (at most {limit}x)"]
+
+
 def check_rules(reports: list) -> None:
+    plain = {(r.target, r.dtype, r.head_dim, r.head_dim_v): r for r in reports
+             if r.features == 0 and _FORWARD_REGISTERS in r.kernel and r.built}
     for r in reports:
-        r.violations = kernel_violations(r)
+        r.violations = kernel_violations(r) + score_change_violations(
+            r, plain.get((r.target, r.dtype, r.head_dim, r.head_dim_v)))

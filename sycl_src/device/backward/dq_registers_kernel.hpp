@@ -106,8 +106,8 @@ IPEX_FLASH_TILE_LOOP
   // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
   // the mask cuts through and every block under dropout, the lean form for the others, without
   // the mask's or dropout's code (bwd_score_grads; score changes, the user's mask included, in
-  // both, and the user's mask's vote on skipping the block). With score changes too, unlike the
-  // forward (split_blocks): the general form's dropout code was most of the loop there.
+  // both, and the user's mask's vote on skipping the block). With score changes too: the
+  // general form's dropout code was most of the loop there.
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
     // (A fully visible block's keys are all below kv_end: its length is a constant.)

@@ -314,7 +314,7 @@ IPEX_FLASH_TILE_LOOP
     barrier();  // P read before the next block writes it
   };
   // Rows span every new token: the mask's run is the one all of them see whole. Split with
-  // score changes too, unlike the forward (split_blocks): here the general form is also the
+  // score changes too, as the register forward: here the general form is also the
   // lane-by-lane K/V reads, which cost the loop 9x its instructions (gpu-check, BMG d = 64),
   // and the changes' code is the same in both forms (decode/row_scores.hpp).
   const BlockRun lean = in_place ? mask.fully_visible_key_blocks(0, len_q, kv_first, kv_end,

@@ -187,20 +187,19 @@ __attribute__((always_inline)) inline void run_blocks(int64_t first, int64_t end
   for (; start < end; start += step) block(std::true_type{}, start);
 }
 
-// Whether the forward kernels of FEATURES split their blocks so (run_blocks). Not with score
-// changes (softcap, ALiBi, a user's mask): split, the forward with all three spilled at d = 128
-// on BMG and PVC, its code more than twice as long. (A user's mask is a tensor, not index
-// arithmetic: the lean form still applies it.) The register backward splits with every score
-// change: there the general form's dropout code (Philox) was most of the loop with softcap,
-// ALiBi and a mask, and split it spills nowhere (gpu-check's record, docs/gpus.md).
+// Whether the 8-wide register dK/dV of FEATURES splits its blocks so (run_blocks): not with
+// score changes (softcap, ALiBi, a user's mask), where split it spilled 192-992 bytes on DG2
+// (docs/gpu_loop_costs.md). The 16-wide register kernels split with every score change, the
+// forward since softcap's fused tanh and the mask's bits made its blocks' code short enough
+// (docs/gpus.md).
 template <int FEATURES>
 constexpr bool split_blocks =
     (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
 
 // The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
-// forward's and dQ's walk: the fully visible ones in the lean loop, unless SPLIT is false (the
-// forward's score changes: split_blocks) or dropout keeps every block general.
-template <int FEATURES, bool SPLIT = split_blocks<FEATURES>, typename Block>
+// register forward's and dQ's walk: the fully visible ones in the lean loop, unless SPLIT is
+// false or dropout keeps every block general.
+template <int FEATURES, bool SPLIT, typename Block>
 __attribute__((always_inline)) inline void run_key_blocks(const BlockMask& mask, bool dropout,
                                                           int64_t row_begin, int64_t row_end,
                                                           int64_t first, int64_t end, int size,
