@@ -10,7 +10,7 @@ from ipex_flash._runtime import C
 from ipex_flash.ops import launch
 from ipex_flash.ops.validation import (
     check_alibi, check_cu_seqlens, check_dropout, check_flash_inputs, check_sinks, check_softcap,
-    check_max_seqlen, check_window, window_bound)
+    check_max_seqlen, check_window, longest_sequence, window_bound)
 
 Tensor = torch.Tensor
 
@@ -68,7 +68,7 @@ def check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             check_max_seqlen(fn, name, value)
         if values and cu_seqlens_q.device.type != "meta":
             for name, cu, value in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
-                longest = int((cu[1:] - cu[:-1]).max())
+                longest = longest_sequence(cu)
                 if longest > value:
                     raise ValueError(f"{fn}: a sequence of {name} has {longest} tokens, more than "
                                      f"max_seqlen_{name}={value}")
