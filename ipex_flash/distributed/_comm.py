@@ -1,5 +1,5 @@
 """What the distributed attention asks of torch.distributed, and nothing below it: the ring's
-point-to-point exchanges (batch_isend_irecv), small all_gathers of every rank's shapes the
+point-to-point exchanges (batch_isend_irecv; with a window, between the ranks it joins), small all_gathers of every rank's shapes the
 first time it sees them (_agreement.py), and all_to_all_single for Ulysses. Any process group works (gloo on CPU tensors, xccl
 on XPU ones); a rank that stops answering makes the others raise when the group's timeout
 (init_process_group(timeout=...)) runs out.
@@ -46,6 +46,22 @@ class RingComm:
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in send]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recv]
         return Pending(dist.batch_isend_irecv(ops), list(send), list(recv))
+
+    def exchange_peers(self, send: Sequence[Tensor], send_to: Optional[int],
+                       recv: Sequence[Tensor], recv_from: Optional[int]) -> "Pending":
+        """As exchange, with any two ranks of the group (group ranks; None: no send or no
+        receive): the window-aware exchange (_window_exchange.py) talks only to the ranks a
+        window lets see each other, which need not be neighbours."""
+        ops = []
+        if send_to is not None:
+            peer = dist.get_global_rank(self.group, send_to)
+            ops += [dist.P2POp(dist.isend, t, peer, self.group) for t in send]
+        if recv_from is not None:
+            peer = dist.get_global_rank(self.group, recv_from)
+            ops += [dist.P2POp(dist.irecv, t, peer, self.group) for t in recv]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        return Pending(works, list(send) if send_to is not None else [],
+                       list(recv) if recv_from is not None else [])
 
 
 @dataclass

@@ -12,6 +12,10 @@ very probabilities of the forward.
 The backward visits the shards in the same order. dQ accumulates locally; dK and dV of the
 visited shard travel the ring with it, each rank adding its part (float32), and arrive back
 at their owner after the last step.
+
+With a window, ranks whose tokens cannot see each other exchange nothing: _window_exchange.py
+walks the same per-shard calls (forward_calls, backward_calls) over direct exchanges between
+the ranks the window joins.
 """
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ class RingProblem:
     # the rows after it (padding) keep the accumulators' zeros, and the sinks' gradient stops
     # there too.
     packed_rows: Optional[int] = None
+    # With a window that keeps some ranks from seeing each other: the direct exchanges
+    # between the ranks it joins (_window_exchange.py) instead of the whole ring.
+    peer_steps: Optional[list] = None
 
     @property
     def token_dim(self) -> int:  # (B, N, H, D), or (total, H, D) packed
@@ -104,14 +111,28 @@ def add_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> None:
     lse.copy_(merged)
 
 
-def ring_forward(problem: RingProblem, q: Tensor, k: Tensor, v: Tensor,
-                 sinks: Optional[Tensor], backward_follows: bool) -> tuple[Tensor, Tensor]:
-    """(out in q's dtype, lse float32 exp2 domain: (B, H, N), or (H, total) packed)."""
-    comm, dim = problem.comm, problem.token_dim
+def accumulators(problem: RingProblem, q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The float32 output (zeros) and exp2-domain LSE (-inf: nothing seen yet) of this
+    rank's rows: (B, H, N), or (H, total) packed."""
     out = q.new_zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32)
     lse_shape = (q.shape[1], q.shape[0]) if problem.varlen is not None else (
         q.shape[0], q.shape[2], q.shape[1])
-    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    return out, torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+
+
+def forward_calls(problem: RingProblem, q: Tensor, shard: list[Tensor], owner: int,
+                  out: Tensor, lse: Tensor, backward_follows: bool) -> None:
+    """This rank's calls against the K/V shard of `owner`, merged into out and lse."""
+    for call in problem.plans[owner]:
+        block_out, block_lse = _block_forward(problem, q, *shard, call, backward_follows)
+        merge_into(out, lse, block_out, block_lse, call.q_rows, problem.token_dim)
+
+
+def ring_forward(problem: RingProblem, q: Tensor, k: Tensor, v: Tensor,
+                 sinks: Optional[Tensor], backward_follows: bool) -> tuple[Tensor, Tensor]:
+    """(out in q's dtype, lse float32 exp2 domain: (B, H, N), or (H, total) packed)."""
+    comm = problem.comm
+    out, lse = accumulators(problem, q, v)
     shard = [k.contiguous(), v.contiguous()]
     for step in range(comm.size):
         owner = (comm.rank - step) % comm.size
@@ -119,9 +140,7 @@ def ring_forward(problem: RingProblem, q: Tensor, k: Tensor, v: Tensor,
         if step + 1 < comm.size:  # the next shard travels while this one is computed on
             source = (owner - 1) % comm.size
             pending = comm.exchange(shard, [problem.shard_like(t, source) for t in shard])
-        for call in problem.plans[owner]:
-            block_out, block_lse = _block_forward(problem, q, *shard, call, backward_follows)
-            merge_into(out, lse, block_out, block_lse, call.q_rows, dim)
+        forward_calls(problem, q, shard, owner, out, lse, backward_follows)
         if pending is not None:
             shard = pending.wait()
     if sinks is not None:
@@ -129,9 +148,27 @@ def ring_forward(problem: RingProblem, q: Tensor, k: Tensor, v: Tensor,
     return out.to(q.dtype), lse
 
 
+def backward_calls(problem: RingProblem, grad_out: Tensor, q: Tensor, shard: list[Tensor],
+                   owner: int, out: Tensor, lse: Tensor, dq: Tensor) -> tuple[Tensor, Tensor]:
+    """This rank's calls against the K/V shard of `owner`: their dQ added into dq (float32),
+    their dK and dV returned (float32, the shard's shape)."""
+    dim = problem.token_dim
+    dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in shard)
+    for call in problem.plans[owner]:
+        q_rows = lambda t: _rows(t, call.q_rows, dim)  # noqa: E731
+        k_rows = lambda t: _rows(t, call.k_rows, dim)  # noqa: E731
+        dq_b, dk_b, dv_b = torch.ops.ipex_flash.flash_attn_backward(
+            q_rows(grad_out), q_rows(q), k_rows(shard[0]), k_rows(shard[1]), q_rows(out),
+            _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call))
+        q_rows(dq).add_(dq_b)
+        k_rows(dk).add_(dk_b)
+        k_rows(dv).add_(dv_b)
+    return dk, dv
+
+
 def ring_backward(problem: RingProblem, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
                   out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    comm, dim = problem.comm, problem.token_dim
+    comm = problem.comm
     grad_out = grad_out.contiguous()
     dq = torch.zeros_like(q, dtype=torch.float32)
     shard = [k.contiguous(), v.contiguous()]
@@ -142,16 +179,7 @@ def ring_backward(problem: RingProblem, grad_out: Tensor, q: Tensor, k: Tensor, 
         pending = None
         if step + 1 < comm.size:
             pending = comm.exchange(shard, [problem.shard_like(t, source) for t in shard])
-        dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in shard)
-        for call in problem.plans[owner]:
-            q_rows = lambda t: _rows(t, call.q_rows, dim)  # noqa: E731
-            k_rows = lambda t: _rows(t, call.k_rows, dim)  # noqa: E731
-            dq_b, dk_b, dv_b = torch.ops.ipex_flash.flash_attn_backward(
-                q_rows(grad_out), q_rows(q), k_rows(shard[0]), k_rows(shard[1]), q_rows(out),
-                _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call))
-            q_rows(dq).add_(dq_b)
-            k_rows(dk).add_(dk_b)
-            k_rows(dv).add_(dv_b)
+        dk, dv = backward_calls(problem, grad_out, q, shard, owner, out, lse, dq)
         if comm.size == 1:
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         if grads_pending is not None:  # what the ranks before this one added to this shard

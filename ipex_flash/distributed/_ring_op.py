@@ -2,7 +2,8 @@
 its backward, so that torch.compile keeps a ring call whole in its graph (no graph break):
 the ops take the group by name and the plan's inputs as numbers, and run eagerly inside:
 the agreement between ranks (learned once, _agreement.py), the plan (_blocks.py) and the
-ring (_ring_engine.py). Their fake implementations give the outputs' shapes for tracing.
+ring (_ring_engine.py), or with a window that keeps some ranks apart the direct exchanges
+between those it joins (_window_exchange.py). Their fake implementations give the outputs' shapes for tracing.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, shape_signature
 from ipex_flash.distributed._comm import RingComm, check_same, gather_ints
 from ipex_flash.distributed._ring_engine import RingProblem, ring_backward, ring_forward, sinks_grad
+from ipex_flash.distributed._window_exchange import peer_steps, window_backward, window_forward
 
 Tensor = torch.Tensor
 
@@ -55,15 +57,21 @@ def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
 
 def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
            group: dist.ProcessGroup, causal: bool, window: tuple[int, int]):
-    """Every rank's arguments, checked to agree, and this rank's plan: once per key
-    (_agreement.py)."""
+    """Every rank's arguments, checked to agree, this rank's plan and, with a window, its
+    direct exchanges (from every rank's plan): once per key (_agreement.py)."""
     gathered = gather_ints(signature, device, group)
     check_same(fn, [row[1:] for row in gathered], AGREED)
     lengths = [row[0] for row in gathered]
     if kind != "contiguous":
         _check_lengths(fn, kind, lengths)
     comm = RingComm(group)
-    return comm, lengths, _plans(kind, tuple(lengths), comm.rank, causal, window)
+    plans = _plans(kind, tuple(lengths), comm.rank, causal, window)
+    steps = None
+    if window[0] >= 0 or (window[1] >= 0 and not causal):  # a window: some ranks may not meet
+        needs = [[bool(calls) for calls in _plans(kind, tuple(lengths), x, causal, window)]
+                 for x in range(comm.size)]
+        steps = peer_steps(needs, comm.rank)
+    return comm, lengths, plans, steps
 
 
 def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
@@ -71,10 +79,10 @@ def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optiona
              softcap: float) -> RingProblem:
     group = _resolve_process_group(group_name)
     signature = shape_signature(q, k, v, causal, window, softcap, sinks, False)
-    comm, lengths, plans = agreed(
+    comm, lengths, plans, steps = agreed(
         group, (fn, *signature), (),
         lambda: _learn(fn, kind, signature, q.device, group, causal, window))
-    return RingProblem(comm, plans, lengths, scale, softcap)
+    return RingProblem(comm, plans, lengths, scale, softcap, peer_steps=steps)
 
 
 @torch.library.custom_op("ipex_flash::ring_attention", mutates_args=())
@@ -86,7 +94,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], gro
     arguments already checked on this rank (ring.py)."""
     problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
                        (window_left, window_right), scale, softcap)
-    return ring_forward(problem, q, k, v, sinks, backward_follows)
+    forward = ring_forward if problem.peer_steps is None else window_forward
+    return forward(problem, q, k, v, sinks, backward_follows)
 
 
 @ring_attention.register_fake
@@ -105,7 +114,8 @@ def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     """(dq, dk, dv, this rank's part of d sinks, or an empty tensor without wants_sinks)."""
     problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
                        (window_left, window_right), scale, softcap)
-    dq, dk, dv = ring_backward(problem, grad_out, q, k, v, out, lse)
+    backward = ring_backward if problem.peer_steps is None else window_backward
+    dq, dk, dv = backward(problem, grad_out, q, k, v, out, lse)
     d_sinks = (sinks_grad(problem, sinks, grad_out, out, lse) if wants_sinks
                else q.new_empty(0, dtype=torch.float32))
     return dq, dk, dv, d_sinks
