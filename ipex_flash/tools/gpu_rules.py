@@ -9,10 +9,10 @@
   (gpu_check.KernelReport.loop_per_dpas: the register kernels' lean loop of the fully visible
   blocks, in the kernel as shipped); the forward with its tiles in registers issues at
   most MAX_FORWARD_PER_DPAS instructions per DPAS there (without score changes, at the common
-  head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 9.3-11.6
+  head dims, in both 16-bit dtypes): a guard at the figures it reached (docs/gpus.md: 7.7-11.0
   on BMG, PVC and Lunar Lake, where Intel's own sycl-tla forward issues 10.3-11.3); the
   backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 6.7-11.3: dQ 8.5-11.3, dK/dV 6.7-9.9, at d = 128 in two passes over the
+  (they reached 5.5-10.6: dQ 8.1-10.6, dK/dV 5.5-9.9, at d = 128 in two passes over the
   query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8) at most
   MAX_FORWARD_8_WIDE_PER_DPAS (it reached 24.5 and 27.3 at d = 64, 21.4 and 23.0 at 128 per
   DPAS it runs, where their SLM-staged forward issued 88-95 in a build with every block
@@ -52,7 +52,7 @@ The forward with score changes is held to the plain kernel's cost (same GPU, dty
 dims): each change alone (softcap, ALiBi, a bool mask) at most MAX_SCORE_CHANGE_RATIO times
 its lean loop's instructions per DPAS, softcap, ALiBi and a mask together at most
 MAX_EVERY_CHANGE_RATIO times, on the 256-register GPUs: guards at the figures reached
-(docs/gpus.md: 1.12-1.35 alone, 1.37-1.85 together on BMG and PVC). A call the host refuses with an error naming the head dim and the GPU's
+(docs/gpus.md: 1.11-1.36 alone, 1.33-1.90 together on BMG and PVC). A call the host refuses with an error naming the head dim and the GPU's
 limit (no kernel's smallest tiles fit its local memory) is reported as refused: that error is
 what the call gets.
 """
@@ -69,8 +69,8 @@ _HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",
             "kv_append_kernel", "cache_check_kernel")
 
 
-MAX_FORWARD_PER_DPAS = 12.0
-MAX_BACKWARD_PER_DPAS = 13.0
+MAX_FORWARD_PER_DPAS = 11.5
+MAX_BACKWARD_PER_DPAS = 11.0
 MAX_FORWARD_8_WIDE_PER_DPAS = 28.0
 MAX_DQ_8_WIDE_PER_DPAS = 26.0
 MAX_DKDV_8_WIDE_PER_DPAS = 27.0
@@ -85,7 +85,7 @@ _PER_DPAS_LIMITS_8_WIDE = {"flash_fwd_matrix_registers_kernel": MAX_FORWARD_8_WI
 
 _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (common/features.hpp FEATURE_*)
 MAX_SCORE_CHANGE_RATIO = 1.4
-MAX_EVERY_CHANGE_RATIO = 1.9
+MAX_EVERY_CHANGE_RATIO = 2.0
 _FORWARD_REGISTERS = "flash_fwd_matrix_registers_kernel"
 
 

@@ -11,25 +11,17 @@
 
 #include <sycl/sycl.hpp>
 
+#include "matrix/block_reader.hpp"
 #include "matrix/registers.hpp"
 
 #if defined(__SYCL_DEVICE_ONLY__) && !defined(IPEX_FLASH_MATRIX_EMULATE)
-typedef unsigned short ipex_flash_ushort64 __attribute__((ext_vector_type(64)));
-typedef unsigned short ipex_flash_ushort32 __attribute__((ext_vector_type(32)));
 typedef unsigned short ipex_flash_ushort16 __attribute__((ext_vector_type(16)));
 typedef int ipex_flash_int2 __attribute__((ext_vector_type(2)));
-// IGC's built-ins (its OpenCL library; Intel GPUs only, which the SPIR-V names them to): two
-// side-by-side blocks of 32 (16) rows x 16 16-bit elements at (x, y) = (coord[0], coord[1]) of
-// a surface `width` bytes wide, `height` rows high, `pitch` bytes from row to row (each
-// argument minus one). The emulation's forms below never call them, and AMX runs no register
-// kernel (matrix_tiles_in_registers plans them for 256-register GPUs and the emulation only).
-extern "C" SYCL_EXTERNAL ipex_flash_ushort64 __builtin_IB_subgroup_block_read_flat_u16_m32k16v2(
-    long base, int width_minus_one, int height_minus_one, int pitch_minus_one,
-    ipex_flash_int2 coord);
-extern "C" SYCL_EXTERNAL ipex_flash_ushort32 __builtin_IB_subgroup_block_read_flat_u16_m16k16v2(
-    long base, int width_minus_one, int height_minus_one, int pitch_minus_one,
-    ipex_flash_int2 coord);
-// ... and one block of 32 (16) rows x 16 elements.
+// IGC's built-ins (its OpenCL library; Intel GPUs only, which the SPIR-V names them to): one
+// block of 32 (16) rows x 16 16-bit elements at (x, y) = (coord[0], coord[1]) of a surface
+// `width` bytes wide, `height` rows high, `pitch` bytes from row to row (each argument minus
+// one). The emulation's forms below never call them, and AMX runs no register kernel
+// (matrix_tiles_in_registers plans them for 256-register GPUs and the emulation only).
 extern "C" SYCL_EXTERNAL ipex_flash_ushort32 __builtin_IB_subgroup_block_read_flat_u16_m32k16v1(
     long base, int width_minus_one, int height_minus_one, int pitch_minus_one,
     ipex_flash_int2 coord);
@@ -40,54 +32,39 @@ extern "C" SYCL_EXTERNAL ipex_flash_ushort16 __builtin_IB_subgroup_block_read_fl
 
 namespace ipex_flash {
 
-// ROWS x 16 V 16-bit elements (V = 2, or 1: a single 16-wide block) of a row-major surface
-// (base, cols and rows in elements, pitch in elements) from (row, col): element ROWS * h + i of
-// the result is row i, column 16 h + lane.
-template <int ROWS, int V = 2>
-struct MatrixBlock {
-  unsigned short values[V * ROWS];
-};
-
-template <int ROWS, int V = 2, typename T>
+// A 16-wide block of ROWS rows (MatrixBlock<ROWS, 1>, matrix/block_reader.hpp) of a row-major
+// surface (base, cols and rows in elements, pitch in elements) from (row, col), a runtime
+// column (the dK/dV kernel's slabs).
+template <int ROWS, int V = 1, typename T>
 __attribute__((always_inline)) inline void matrix_block_load(MatrixBlock<ROWS, V>& block,
                                                              const T* base, int rows, int cols,
                                                              int pitch, int row, int col) {
-  static_assert(sizeof(T) == 2 && (ROWS == 16 || ROWS == 32) && (V == 1 || V == 2),
-                "16-bit blocks of 16 or 32 rows, one or two wide");
+  static_assert(sizeof(T) == 2 && (ROWS == 16 || ROWS == 32) && V == 1,
+                "16-bit blocks of 16 or 32 rows, one wide");
 #if defined(__SYCL_DEVICE_ONLY__) && !defined(IPEX_FLASH_MATRIX_EMULATE)
   const long address = reinterpret_cast<long>(base);
   const ipex_flash_int2 at{col, row};
-  if constexpr (V == 1 && ROWS == 32) {
+  if constexpr (ROWS == 32) {
     const ipex_flash_ushort32 v = __builtin_IB_subgroup_block_read_flat_u16_m32k16v1(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) block.values[i] = v[i];
-  } else if constexpr (V == 1) {
+  } else {
     const ipex_flash_ushort16 v = __builtin_IB_subgroup_block_read_flat_u16_m16k16v1(
         address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) block.values[i] = v[i];
-  } else if constexpr (ROWS == 32) {
-    const ipex_flash_ushort64 v = __builtin_IB_subgroup_block_read_flat_u16_m32k16v2(
-        address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-#pragma unroll
-    for (int i = 0; i < 2 * ROWS; ++i) block.values[i] = v[i];
-  } else {
-    const ipex_flash_ushort32 v = __builtin_IB_subgroup_block_read_flat_u16_m16k16v2(
-        address, cols * 2 - 1, rows - 1, pitch * 2 - 1, at);
-#pragma unroll
-    for (int i = 0; i < 2 * ROWS; ++i) block.values[i] = v[i];
   }
 #else
   (void)base, (void)rows, (void)cols, (void)pitch, (void)row, (void)col;
 IPEX_FLASH_TILE_LOOP
-  for (int i = 0; i < V * ROWS; ++i) block.values[i] = 0;  // never run: host pass only
+  for (int i = 0; i < ROWS; ++i) block.values[i] = 0;  // never run: host pass only
 #endif
 }
 
 #ifndef IPEX_FLASH_MATRIX_EMULATE
 
-// The A tiles of a block (matrix_block_load) times B operands b_lo (its columns 0-15) and
+// The A tiles of a block (MatrixBlockReader) times B operands b_lo (its columns 0-15) and
 // b_hi (16-31), into the accumulators of its rows, acc[0 .. ROWS / M).
 template <typename T, int M, int K, int N, int ROWS, typename B>
 __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,
@@ -111,7 +88,8 @@ __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,
 }
 
 // matrix_mad_surface's forms with A read ROWS x 32 at a time where STRIPS * M is a multiple of
-// ROWS and DEPTH of 2 K (tile by tile otherwise). B held in registers ...
+// ROWS and DEPTH of 2 K (tile by tile otherwise), through one descriptor (MatrixBlockReader).
+// B held in registers ...
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
 __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
@@ -119,15 +97,14 @@ __attribute__((always_inline)) inline void matrix_mad_surface_wide(
   if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
     matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);  // not whole blocks
   } else {
-#pragma unroll
-    for (int k = 0; k < DEPTH; k += 2 * K) {
-#pragma unroll
-      for (int r = 0; r < STRIPS * M; r += ROWS) {
+    const auto reader = MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0);
+    static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
+      static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
         MatrixBlock<ROWS> block;
-        matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
+        reader.template read<decltype(k)::value, decltype(r)::value>(block);
         matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b[k / K], b[k / K + 1]);
-      }
-    }
+      });
+    });
   }
 }
 
@@ -142,21 +119,20 @@ __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b,
                                                             ldb);  // not whole blocks
   } else {
-#pragma unroll
-    for (int k = 0; k < DEPTH; k += 2 * K) {
+    const auto reader = MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0);
+    static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
       MatrixB<T, K, N> b_lo, b_hi;
       jm::joint_matrix_load(
           sg, b_lo, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
       jm::joint_matrix_load(
           sg, b_hi, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)),
           2 * ldb);
-#pragma unroll
-      for (int r = 0; r < STRIPS * M; r += ROWS) {
+      static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
         MatrixBlock<ROWS> block;
-        matrix_block_load<ROWS>(block, a.base, a.rows, a.cols, a.pitch, row0 + r, k);
+        reader.template read<decltype(k)::value, decltype(r)::value>(block);
         matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b_lo, b_hi);
-      }
-    }
+      });
+    });
   }
 }
 

@@ -3,7 +3,8 @@
 // coordinates from a surface, B operands built from lane columns, a product, and the
 // accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
 // tiles are read the ways the kernels read them: tile by tile and in 2-D blocks from a
-// row-major surface (N = 16), tile by tile from a surface in tile order on the 8-wide engines
+// row-major surface (N = 16; a block also at an offset through its descriptor,
+// matrix/block_reader.hpp), tile by tile from a surface in tile order on the 8-wide engines
 // (matrix/surface.hpp). Small integers keep every value exact. One sub-group, which writes the
 // surface itself in the order it reads it; verdict[lane] = 1 where its column matched.
 #pragma once
@@ -40,6 +41,22 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
   }
   sycl::group_barrier(sg);
 
+  bool match = true;
+  // A block read at an offset through its descriptor (matrix/block_reader.hpp), from (M, K):
+  // the offsets' units and direction, and the zeros past the surface's edges.
+  if constexpr (!Surface::Order::TILED && 2 * M == 16) {
+    MatrixBlock<16> shifted;
+    MatrixBlockReader<16>::of(a.base, 2 * M, 2 * K, 2 * K, 0, 0).template read<K, M>(shifted);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int row = M + i, col = K + 16 * h + lane;
+        const float expected = row < 2 * M && col < 2 * K ? layout_probe_a(row, col) : 0.f;
+        match = match && to_float(sycl::bit_cast<T>(shifted.values[h * 16 + i])) == expected;
+      }
+  }
+
   // Two of each (matrix_mad_surface's arrays hold at least two tiles on the engine).
   T low[K], high[K];
 #pragma unroll
@@ -72,9 +89,7 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
     matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, 0, b[0]);
     matrix_mad_surface_step_wide<T, M, K, N, 2>(sg, step, a, 0, K, b[1]);
   }
-
   // Each strip's lane column against plain arithmetic, then written, scaled and read back.
-  bool match = true;
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     float product[M], wide_product[M], step_product[M];
