@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from report_sections import distributed_section, generate_batch_section, host_cost_section, \
-    sdpa_section, vllm_generate_section
+from report_sections import distributed_section, distributed_steps_section, \
+    generate_batch_section, host_cost_section, sdpa_section, vllm_generate_section
 from report_tables import RUNS, ratio, section, span, table
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -115,7 +115,8 @@ def report(d: dict) -> list[str]:
     out += sdpa_section(d["sdpa.json"])
     out += host_cost_section(d["host_cost.json"])
     out += generate_batch_section(d["generate_batch.json"])
-    out += distributed_section(d["distributed.json"])
+    out += distributed_steps_section(d["distributed.json"])
+    out += distributed_section(d["distributed_ring.json"])
     out += vllm_generate_section(d["vllm_generate.json"])
     out += section("Runtime costs, each in a fresh process", "runtime.json", runtime)
     out += table(["what", "measured"], [

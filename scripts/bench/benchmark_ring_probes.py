@@ -1,10 +1,12 @@
-"""Context parallelism on this machine: ranks spawned here, joined by gloo over loopback, each
+"""The zigzag ring's own properties on this machine (benchmark_distributed.py times whole
+training steps of every method): ranks spawned here, joined by gloo over loopback, each
 running the kernels on the SYCL CPU device with one compute unit and one torch thread.
 
-    python scripts/bench/benchmark_distributed.py            # N = 2048, 4096; P = 1, 2, 4, 8
-    python scripts/bench/benchmark_distributed.py --seq-lens 4096 8192 --worlds 2 4
+    python scripts/bench/benchmark_ring_probes.py            # N = 2048, 4096; P = 1, 2, 4, 8
+    python scripts/bench/benchmark_ring_probes.py --seq-lens 4096 8192 --worlds 2 4
 
-Three measurements, printed as tables and written to benchmarks/distributed.json (--output):
+Three measurements, printed as tables and written to benchmarks/distributed_ring.json
+(--output):
 - memory: each rank's peak resident memory during a zigzag causal call (forward, and forward
   + backward) above what it held before (its q, k, v and dO shards, listed apart): the
   kernel's VmHWM after resetting it through /proc/self/clear_refs, glibc told to unmap every
@@ -36,7 +38,7 @@ import torch.distributed as dist  # noqa: E402
 from machine import machine  # noqa: E402
 
 from ipex_flash import distributed as ifd  # noqa: E402
-from ipex_flash.distributed import _ring_engine, ring  # noqa: E402
+from ipex_flash.distributed import _ring_engine, _ring_op  # noqa: E402
 from ipex_flash.distributed._comm import RingComm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +95,7 @@ def overlap_task(rank, world, args):
     q, k, v, _ = _shards(args, rank, world, seqlen)
     comm = RingComm(dist.group.WORLD)
     lengths = [q.shape[1]] * world
-    plans = ring._plans("zigzag", tuple(lengths), rank, False, (-1, -1))
+    plans = _ring_op._plans("zigzag", tuple(lengths), rank, False, (-1, -1))
     problem = _ring_engine.RingProblem(comm, [list(p) for p in plans], lengths,
                                        args.head_dim ** -0.5, 0.0)
     owner = (rank - 1) % world  # the step after the first: another rank's shard
@@ -162,7 +164,7 @@ def balance(args):
         for kind in ("zigzag", "contiguous"):
             for rank in range(world):
                 q, k, v, _ = _shards(args, rank, world, seqlen)
-                plans = ring._plans(kind, lengths, rank, True, (-1, -1))
+                plans = _ring_op._plans(kind, lengths, rank, True, (-1, -1))
                 problem = _ring_engine.RingProblem(None, [list(p) for p in plans], list(lengths),
                                                    args.head_dim ** -0.5, 0.0)
                 calls = [c for p in problem.plans for c in p]
@@ -198,7 +200,7 @@ def main():
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "distributed.json")
+    parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "distributed_ring.json")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The report's sections of the benchmarks that are not benchmark.py's passes: SDPA's contract
 (benchmark_sdpa.py), host cost (benchmark_host_cost.py), transformers' continuous batching
-(benchmark_generate_batch.py), context parallelism (benchmark_distributed.py) and vLLM's
-engine (benchmark_vllm_generate.py)."""
+(benchmark_generate_batch.py), context parallelism (benchmark_distributed.py's training
+steps, benchmark_ring_probes.py's zigzag ring) and vLLM's engine (benchmark_vllm_generate.py)."""
 from __future__ import annotations
 
 from report_tables import section, table
@@ -93,11 +93,45 @@ def generate_batch_section(data: dict) -> list[str]:
     return out
 
 
+def distributed_steps_section(data: dict) -> list[str]:
+    """Context parallelism's training steps against one process: time, traffic, memory."""
+    a = data["args"]
+    out = section("Context parallelism (ipex_flash.distributed): training steps against one "
+                  "process", "distributed.json", data)
+    out += table(["dtype", "method", "ranks", "tokens/rank", "step ms", "vs one process",
+                  "MiB sent per rank", "peak MiB per rank", "vs one process"],
+                 [[r["dtype"], r["method"], r["world"], r["local_tokens"],
+                   f"{1e3 * r['step_seconds']:.0f}", f"{r['step_vs_one']:.2f}x",
+                   f"{r['sent_bytes'] / 2**20:.2f}", f"{r['peak_bytes'] / 2**20:.1f}",
+                   f"{r['peak_vs_one']:.2f}x"] for r in data["summary"]])
+    load = data.get("load_average")
+    out += ["", f"Causal, N = {a['seq_len']} tokens (llama3 and flash_attn_varlen_func: a "
+            f"packed batch of {', '.join(map(str, data['packed_lengths']))}), H = "
+            f"{a['heads'][0]}/{a['heads'][1]}, D = {a['head_dim']}, heads_k_stride = "
+            f"{a['heads_k_stride']}; USP is Ulysses 2 x zigzag ring 2; ring_window is the ring "
+            f"with a causal window of {a['seq_len'] // 8} tokens (each rank exchanges only "
+            "with the ranks that window joins), flash_attn_func_window one process with it. "
+            "Forward + backward of the "
+            f"attention alone, median of {a['repeats']} warm steps, the slowest rank's; vs one "
+            "process: against flash_attn_func (ring, zigzag, USP), flash_attn_varlen_func "
+            "(llama3) or flash_attn_func_window (ring_window) on the whole batch in one "
+            "process. MiB sent: the payload a rank sends "
+            "in a step (wrapped torch.distributed calls). Peak: the rank's resident-set "
+            "high-water mark during a step above what it held before (its inputs). Every rank "
+            "is a process on this one machine over gloo and loopback, with one compute unit "
+            "of the SYCL CPU device and one torch thread: one process uses one core, 2 ranks "
+            "both cores, 4 ranks share the 2 cores (half a core each), so step times across "
+            "rank counts show the layer's overhead, not scaling."
+            + (f" 1-minute load average {load[0]:.1f} before the run, {load[1]:.1f} after "
+               f"(its own ranks included)." if load else "")]
+    return out
+
+
 def distributed_section(data: dict) -> list[str]:
     """Context parallelism: per-rank memory against one device, causal balance, overlap."""
     a = data["args"]
     out = section("Context parallelism (ipex_flash.distributed), zigzag causal ring",
-                  "distributed.json", data)
+                  "distributed_ring.json", data)
     longest = max(a["seq_lens"])
     rows = [r for r in data["memory"] if r["seqlen"] == longest]
     one = max(r["train_peak_bytes"] for r in rows if r["world"] == 1)

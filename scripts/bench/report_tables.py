@@ -17,6 +17,7 @@ RUNS = {
     "host_cost.json": "benchmark_host_cost.py",
     "generate_batch.json": "benchmark_generate_batch.py",
     "distributed.json": "benchmark_distributed.py",
+    "distributed_ring.json": "benchmark_ring_probes.py",
     "vllm_generate.json": "benchmark_vllm_generate.py",
 }
 
