@@ -44,7 +44,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     """Attention over a sequence sharded contiguously across the ranks of `group`: rank p
     holds tokens [n_0 + ... + n_{p-1}, ... + n_p) of q, k and v. Shards may differ in
     length (every rank learns the others' lengths from one small all_gather, the first
-    time it sees its arguments: see docs/distributed.md on IPEX_FLASH_DISTRIBUTED_CHECKS).
+    time it sees its arguments: see docs/distributed_internals.md on
+    IPEX_FLASH_DISTRIBUTED_CHECKS).
 
     Args:
         q: (batch, seqlen_local, nheads, headdim); k: (batch, seqlen_local, nheads_k,
@@ -58,7 +59,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
             work; zigzag_ring_flash_attn_func balances it.
         window_size: (left, right) in global positions: token p sees [p - left, p + right]
             (-1 unbounded; causal sets right to 0). Shards outside a rank's window are
-            skipped.
+            skipped, and when the window keeps some ranks apart, K/V go only to the ranks
+            whose queries see them (_window_exchange.py) rather than around the ring.
         alibi_slopes: must be None (NotImplementedError: see docs/distributed.md).
         deterministic: accepted; the result is always deterministic.
         return_attn_probs: also return the LSE (batch, nheads, seqlen_local) float32,
