@@ -28,6 +28,11 @@ struct OnlineSoftmaxRow {
   // exp2(score - max) of a score already covered by raise_max; the caller adds it to row_sum.
   inline float probability(float score) const { return sycl::exp2(score - exp_base(row_max)); }
 
+  // The same of the score dot * scale (scale > 0), the multiply fused into the subtraction.
+  inline float probability(float dot, float scale) const {
+    return sycl::exp2(sycl::fma(dot, scale, -exp_base(row_max)));
+  }
+
   // Folds a chunk of scores into the running state and turns them into unnormalised
   // probabilities exp2(score - new_max). Returns the rescale factor of raise_max.
   template <int N>

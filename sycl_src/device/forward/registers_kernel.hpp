@@ -29,6 +29,8 @@
 
 #include <sycl/sycl.hpp>
 
+#include <limits>
+
 #include "score/dropout.hpp"
 #include "forward/block_edges.hpp"
 #include "forward/pack_kv.hpp"
@@ -128,13 +130,27 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
   // in the scale's multiply.
   constexpr TanhForm TANH = TanhForm::FUSED;
-  const float score_scale = c.q_prescale * descale.k * tanh_input_scale(FEATURES, TANH);
+  const float scale = c.q_prescale * descale.k * tanh_input_scale(FEATURES, TANH);
+  // Without the score changes that read the scaled score (softcap, ALiBi, a float mask), the
+  // scale rides in the exponent's multiply-add: the max over the raw dot products, scaled once,
+  // and p = exp2(fma(dot, scale, -max)), an instruction a score fewer. Monotone for a positive
+  // scale, so the max is the scaled scores' own. A negative scale turns positive with Q loaded
+  // negated (exact); a zero one becomes the smallest normal float, which leaves a finite score's
+  // exponent 0, as zero does, and a hidden one -inf. Up to d = 64: past it the kernel spilled
+  // 1.4-1.5 KB in its edge loops (BMG, PVC; gpu-check).
+  constexpr bool SCALE_IN_EXP =
+      WIDEST <= 64 &&
+      (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | (FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL))) ==
+          0;
+  const float score_scale =
+      SCALE_IN_EXP ? sycl::fmax(sycl::fabs(scale), std::numeric_limits<float>::min()) : scale;
+  const uint32_t q_flip = SCALE_IN_EXP && scale < 0.f ? 0x80008000u : 0u;
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
   load_tile_packed<BLOCK_M, HEAD_DIM, Q_GROUP>(q_words, forward_operands<T>(p, block).q,
                                                p.q_stride.row, static_cast<int>(q_end - q_begin),
-                                               c.dims.head_dim, lid, BLOCK_M);
+                                               c.dims.head_dim, lid, BLOCK_M, q_flip);
   sycl::group_barrier(sg);
   const uint32_t* q_t = q_words + (TILED ? sub_group * (HEAD_DIM / 2 * R) : r0);  // (d/2, r)
 
@@ -208,8 +224,10 @@ IPEX_FLASH_TILE_LOOP
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float scores[MATRIX_KEY_CHUNK];
       chunk_of_columns<M>(sg, s, c0, scores);
+      if constexpr (!SCALE_IN_EXP) {
 IPEX_FLASH_TILE_LOOP
-      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
+        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
+      }
       if constexpr (FEATURES != 0) {
         float unused_grad[MATRIX_KEY_CHUNK];
         score_mod.apply_to_row<FEATURES, TANH, MASK_BITS>(scores, unused_grad, row,
@@ -224,7 +242,7 @@ IPEX_FLASH_TILE_LOOP
     }
 
     // Probabilities against the new max, row sum, dropout; P in the dtype.
-    const float rescale = softmax.raise_max(block_max);
+    const float rescale = softmax.raise_max(SCALE_IN_EXP ? block_max * score_scale : block_max);
     float block_sum = 0.f;
     T probs[BLOCK_N];
 IPEX_FLASH_TILE_LOOP
@@ -233,7 +251,8 @@ IPEX_FLASH_TILE_LOOP
       chunk_of_columns<M>(sg, s, c0, chunk);
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
-        chunk[j] = softmax.probability(chunk[j]);
+        chunk[j] = SCALE_IN_EXP ? softmax.probability(chunk[j], score_scale)
+                                : softmax.probability(chunk[j]);
         block_sum += chunk[j];
       }
       // After the row sum: dropout rescales P, not the softmax.

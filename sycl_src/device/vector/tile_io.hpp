@@ -116,16 +116,17 @@ inline void load_tile_transposed(T (&dst)[COLS][ROWS], const KvRows<KV>& src, in
 // Transposed and packed for the matrix engine's B operand (matrix/slm_tile.hpp): word [c / 2][r]
 // holds columns c and c + 1 of row r. With GROUP < ROWS, the rows in groups of GROUP, each
 // group's words [c / 2][r % GROUP] contiguous (a sub-group's B operands, one block per tile).
+// flip: bits XORed into each word (0x80008000: both 16-bit elements negated, exactly).
 template <int ROWS, int COLS, int GROUP = ROWS, typename T>
 inline void load_tile_packed(uint32_t* dst, const T* src, int64_t row_stride, int rows, int cols,
-                             int lid, int group_size) {
+                             int lid, int group_size, uint32_t flip = 0) {
   static_assert(ROWS % GROUP == 0, "whole groups of rows");
   for (int i = lid; i < ROWS * COLS / 2; i += group_size) {
     const int r = i % ROWS, c = i / ROWS * 2;
     const T* row = src + r * row_stride;
     const T even = (r < rows && c < cols) ? row[c] : tile_zero<T>();
     const T odd = (r < rows && c + 1 < cols) ? row[c + 1] : tile_zero<T>();
-    dst[r / GROUP * (COLS / 2 * GROUP) + c / 2 * GROUP + r % GROUP] = pack_pair(even, odd);
+    dst[r / GROUP * (COLS / 2 * GROUP) + c / 2 * GROUP + r % GROUP] = pack_pair(even, odd) ^ flip;
   }
 }
 
