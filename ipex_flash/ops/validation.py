@@ -5,12 +5,12 @@ exception (the *_error functions)."""
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Optional
 
 import torch
 
 from ipex_flash._runtime import C
+from ipex_flash.ops.checked_offsets import checked_offsets as _checked_offsets
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # meta: shape-only tensors, which the fake implementations serve.
@@ -226,29 +226,6 @@ def longest_sequence(cu_seqlens: torch.Tensor) -> int:
     return summary[1] if summary is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
 
 
-class _CheckedOffsets:
-    """(last offset, longest sequence) of offsets tensors whose values were checked, by tensor
-    object and its in-place-edit count: a call that passes the same cu_seqlens again (every
-    layer of a model, every block of a ring) reads nothing back from the device. A few dozen
-    kept, newest last."""
-
-    def __init__(self, size: int = 64):
-        self._size, self._entries = size, {}
-
-    def get(self, t: torch.Tensor) -> Optional[tuple]:
-        entry = self._entries.get(id(t))
-        if entry is None or entry[0]() is not t or entry[1] != (t._version, t.data_ptr()):
-            return None
-        return entry[2]
-
-    def put(self, t: torch.Tensor, summary: tuple) -> None:
-        self._entries.pop(id(t), None)
-        while len(self._entries) >= self._size:
-            del self._entries[next(iter(self._entries))]
-        self._entries[id(t)] = (weakref.ref(t), (t._version, t.data_ptr()), summary)
-
-
-_checked_offsets = _CheckedOffsets()
 
 
 def check_flash_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
