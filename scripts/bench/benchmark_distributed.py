@@ -23,19 +23,17 @@ smaller kernel calls), not scaling.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # read by glibc at process start
 os.environ.setdefault("DPCPP_CPU_NUM_CUS", "1")  # one compute unit per rank (2-core machine)
 import ipex_flash  # noqa: E402,F401  (before torch: its OpenMP settings)
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from distributed_steps import DTYPES, ONE_PROCESS, ORDER, measure, packed_lengths  # noqa: E402
 from machine import machine  # noqa: E402
+from rank_world import run_world  # noqa: E402
 
 from ipex_flash import distributed as ifd  # noqa: E402
 
@@ -50,33 +48,12 @@ def methods_for(world: int) -> list[str]:
     return names + (["usp"] if world == 4 else [])
 
 
-def _serve(rank, world, init_file, args, results):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=600))
-    try:
-        if world == 4:
-            ifd.set_seq_parallel_pg(2, 2, rank, world)  # Ulysses groups {0, 1}, {2, 3}
-        rows = [measure(method, args, dtype, rank, world)
-                for dtype in args.dtypes for method in methods_for(world)]
-        results.put((rank, rows))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_world(world: int, args) -> list[dict]:
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=_serve, args=(r, world, os.path.join(tmp, "init"),
-                                                      args, results)) for r in range(world)]
-        for proc in procs:
-            proc.start()
-        answers = dict(results.get(timeout=1800) for _ in range(world))
-        for proc in procs:
-            proc.join()
-    return [row for r in range(world) for row in answers[r]]
+def rank_rows(rank: int, world: int, args) -> list[dict]:
+    """Every method and dtype on this rank (USP's groups made first at 4 ranks)."""
+    if world == 4:
+        ifd.set_seq_parallel_pg(2, 2, rank, world)  # Ulysses groups {0, 1}, {2, 3}
+    return [measure(method, args, dtype, rank, world)
+            for dtype in args.dtypes for method in methods_for(world)]
 
 
 def summarize(rows: list[dict], args_dtypes: list[str]) -> list[dict]:
@@ -134,7 +111,8 @@ def main():
     load_before = os.getloadavg()[0]
     rows = []
     for world in args.worlds:
-        rows += run_world(world, args)
+        rows += [row for per_rank in run_world(world, rank_rows, args, 1800)
+                 for row in per_rank]
         print(f"{world} rank(s) done")
     lines = summarize(rows, args.dtypes)
     print_table(lines, args)

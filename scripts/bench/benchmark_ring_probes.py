@@ -21,12 +21,9 @@ Three measurements, printed as tables and written to benchmarks/distributed_ring
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +33,7 @@ import ipex_flash  # noqa: E402,F401  (before torch: its OpenMP settings)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from machine import machine  # noqa: E402
+from rank_world import peak_during, run_world  # noqa: E402
 
 from ipex_flash import distributed as ifd  # noqa: E402
 from ipex_flash.distributed import _ring_engine, _ring_op  # noqa: E402
@@ -43,20 +41,6 @@ from ipex_flash.distributed._comm import RingComm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
-
-
-def _peak_during(fn) -> int:
-    """Bytes of resident memory at the peak of fn() above the resident set before it."""
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM (the peak resident set) to the current one
-    fn()
-    return 1024 * (_status_kib("VmHWM") - before)
 
 
 def _shards(args, rank, world, seqlen, requires_grad=False):
@@ -80,9 +64,9 @@ def memory_task(rank, world, args):
         q.grad = k.grad = v.grad = None
         dist.barrier()
         with torch.no_grad():
-            forward = _peak_during(lambda: ifd.zigzag_ring_flash_attn_func(q, k, v, causal=True))
+            forward = peak_during(lambda: ifd.zigzag_ring_flash_attn_func(q, k, v, causal=True))
         dist.barrier()
-        training = _peak_during(train)
+        training = peak_during(train)
         rows.append(dict(seqlen=seqlen, world=world, rank=rank, local_tokens=q.shape[1],
                          input_bytes=sum(t.numel() * t.element_size() for t in (q, k, v, grad_out)),
                          forward_peak_bytes=forward, train_peak_bytes=training))
@@ -124,34 +108,6 @@ def overlap_task(rank, world, args):
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: min(t) for name, t in times.items()}
-
-
-def _serve(rank, world, init_file, task, args, results):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=600))
-    try:
-        results.put((rank, TASKS[task](rank, world, args)))
-    finally:
-        dist.destroy_process_group()
-
-
-TASKS = {"memory": memory_task, "overlap": overlap_task}
-
-
-def run_world(world, task, args):
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=_serve, args=(r, world, os.path.join(tmp, "init"), task,
-                                                      args, results)) for r in range(world)]
-        for proc in procs:
-            proc.start()
-        answers = dict(results.get(timeout=3600) for _ in range(world))
-        for proc in procs:
-            proc.join()
-    return [answers[r] for r in range(world)]
 
 
 def balance(args):
@@ -207,7 +163,7 @@ def main():
     print(f"B={args.batch}, H={args.heads}, D={args.head_dim}, {args.dtype}; ranks on "
           f"{machine()['cpu']} ({machine()['cores']} cores), gloo over loopback")
 
-    memory = [row for world in args.worlds for rank_rows in run_world(world, "memory", args)
+    memory = [row for world in args.worlds for rank_rows in run_world(world, memory_task, args, 3600)
               for row in rank_rows]
     print("\nPeak resident memory per rank above its inputs, zigzag causal (MiB; per local "
           "token in KiB)")
@@ -236,7 +192,7 @@ def main():
                   f"{_spread(pairs):>11.1%} {' '.join(f'{1e3 * s:.0f}' for s in secs):>30} "
                   f"{_spread(secs):>10.1%}")
 
-    overlap = run_world(2, "overlap", args)
+    overlap = run_world(2, overlap_task, args, 3600)
     print(f"\nOne ring step at 2 ranks, N={args.seq_lens[-1]}, not causal (ms, best of "
           f"{args.repeats})")
     print(f"{'rank':>4} {'kernel':>8} {'exchange':>9} {'step':>8} {'step/kernel':>12} "

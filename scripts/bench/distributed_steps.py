@@ -15,7 +15,6 @@ the ranks start), so the resident set follows the tensors alive.
 """
 from __future__ import annotations
 
-import re
 import statistics
 import time
 
@@ -25,6 +24,7 @@ import torch.distributed as dist
 import ipex_flash
 from ipex_flash import distributed as ifd
 from ipex_flash.distributed.usp import PROCESS_GROUPS
+from rank_world import peak_during
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ONE_PROCESS = {"ring": "flash_attn_func", "zigzag": "flash_attn_func", "usp": "flash_attn_func",
@@ -40,20 +40,6 @@ def packed_lengths(total: int) -> list[int]:
     parts = [5, 3, 6, 2]
     cuts = [total * sum(parts[:i]) // sum(parts) for i in range(len(parts) + 1)]
     return [b - a for a, b in zip(cuts, cuts[1:])]
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
-
-
-def peak_during(fn) -> int:
-    """Bytes of resident memory at the peak of fn() above the resident set before it."""
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM (the peak resident set) to the current one
-    fn()
-    return 1024 * (_status_kib("VmHWM") - before)
 
 
 class SentBytes:

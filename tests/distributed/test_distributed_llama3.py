@@ -9,16 +9,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ipex_flash
 from ipex_flash.distributed.llama3 import (
     llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func,
     llama3_flash_attn_varlen_kvpacked_func, llama3_flash_attn_varlen_qkvpacked_func)
 
 F32, BF16 = torch.float32, torch.bfloat16
-
-
-def _cu(lengths):
-    return torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+_cu = dc.cu_seqlens
 
 
 def test_prepare_cu_seqlens_by_hand():
@@ -53,14 +49,10 @@ def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, hea
                 window=(-1, -1), softcap=0.0, sinks=False, alibi=False, seed=0):
     """This rank's contiguous slice of the packed stream through llama3_flash_attn_varlen_func,
     against the whole batch in one process and in float64: distributed_cases' result dict."""
-    torch.manual_seed(seed)
-    hq, hkv = heads
-    cu, total = _cu(lengths), sum(lengths)
-    q = torch.randn(total, hq, head_dim, dtype=dtype)
-    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
-    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
-    sink = torch.randn(hq) if sinks else None
-    slopes = torch.rand(hq) * 0.3 if alibi else None
+    total = sum(lengths)
+    q, k, v, grad_out, sink = dc.draw((total,), heads, head_dim, dtype, sinks, seed)
+    slopes = torch.rand(heads[0]) * 0.3 if alibi else None
+    cu = _cu(lengths)
     per_rank = total // world
     cut = lambda t: t[rank * per_rank:(rank + 1) * per_rank]  # noqa: E731
     options = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
@@ -75,33 +67,15 @@ def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, hea
     got = [out, lse] + [t.grad for t in local if t is not None]
     if sinks:
         dist.all_reduce(got[-1])
-    single = dc._leaves(q, k, v, sink)
-    single_out, single_lse, _ = ipex_flash.flash_attn_varlen_func(
-        *single[:3], cu, cu, max(lengths), max(lengths), **options, return_attn_probs=True,
-        sinks=single[3])
-    single_out.backward(grad_out)
-    singles = [single_out, single_lse] + [t.grad for t in single if t is not None]
-    wants = {}
-    for precision in (torch.float64, dtype):
-        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
-        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal, window,
-                               softcap, ref[3], slopes, precision)[0]
-                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
-        torch.cat(pieces).backward(grad_out.to(precision))
+    singles, single_lse = dc.one_process_varlen(q, k, v, sink, grad_out, lengths,
+                                                with_lse=True, **options)
+    singles.insert(1, single_lse)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap, slopes, cu)
+    for want in wants.values():
         # The LSE's truth is one process's float32 LSE (no float64 reference computes it).
-        wants[precision] = ([torch.cat(pieces), single_lse]
-                            + [t.grad for t in ref if t is not None])
-    results = {}
-    names = ["out", "lse", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])
-    for i, name in enumerate(names):
-        part = {"dsinks": lambda t: t, "lse": lambda t: t[:, rank * per_rank:][:, :per_rank]
-                }.get(name, cut)
-        truth = part(wants[torch.float64][i])
-        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
-        assert got[i].dtype == (dtype if name in ("out", "dq", "dk", "dv") else F32), name
-        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
-                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
-    return results
+        want.insert(1, single_lse)
+    return dc.compare(got, singles, wants, dtype, cut, sinks, check_dtypes=True,
+                      lse_cut=lambda t: t[:, rank * per_rank:][:, :per_rank])
 
 
 @pytest.fixture(scope="module")

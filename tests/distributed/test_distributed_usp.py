@@ -36,12 +36,7 @@ def usp_case(rank, world, ring_impl, dtype, causal, heads, window=(-1, -1), soft
     ulysses, ring = _mesh_groups()
     ranks = (dist.get_rank(ulysses), dist.get_world_size(ulysses), dist.get_rank(ring),
              dist.get_world_size(ring))
-    torch.manual_seed(seed)
-    hq, hkv = heads
-    q = torch.randn(batch, seqlen, hq, head_dim, dtype=dtype)
-    k, v = (torch.randn(batch, seqlen, hkv, head_dim, dtype=dtype) for _ in range(2))
-    grad_out = torch.randn(batch, seqlen, hq, head_dim, dtype=dtype)
-    sink = torch.randn(hq) if sinks else None
+    q, k, v, grad_out, sink = dc.draw((batch, seqlen), heads, head_dim, dtype, sinks, seed)
     options = dict(causal=causal, window_size=window, softcap=softcap)
     cut = lambda t: usp_shard(t, *ranks, ring_impl)  # noqa: E731
 
@@ -52,24 +47,9 @@ def usp_case(rank, world, ring_impl, dtype, causal, heads, window=(-1, -1), soft
     got = [out] + [t.grad for t in local if t is not None]
     if sinks:  # each rank's part, over both groups
         dist.all_reduce(got[-1])
-    single = dc._leaves(q, k, v, sink)
-    single_out = ipex_flash.flash_attn_func(*single[:3], **options, sinks=single[3])
-    single_out.backward(grad_out)
-    singles = [single_out] + [t.grad for t in single if t is not None]
-    wants = {}
-    for precision in (torch.float64, dtype):
-        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
-        ref_out = dc.reference(*ref[:3], causal, window, softcap, ref[3], dtype=precision)
-        ref_out.backward(grad_out.to(precision))
-        wants[precision] = [ref_out] + [t.grad for t in ref if t is not None]
-    results = {}
-    for i, name in enumerate(["out", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])):
-        part = (lambda t: t) if name == "dsinks" else cut
-        truth = part(wants[torch.float64][i])
-        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
-        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
-                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
-    return results
+    singles = dc.one_process(q, k, v, sink, grad_out, **options)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap)
+    return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
 @pytest.fixture(scope="module")

@@ -7,74 +7,34 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ipex_flash
 from ipex_flash import distributed as ifd
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
-def _padded(t, rows):
-    """t with `rows` rows of NaN after it: packed padding past cu_seqlens[-1], which no result
-    may read."""
-    return torch.cat([t, t.new_full((rows, *t.shape[1:]), float("nan"))])
-
-
-def _check_padding(name, t, real_rows):
-    """Rows past the sequences: zero (the output's and every gradient's)."""
-    pad = t[real_rows:]
-    assert not pad.isnan().any() and not pad.any(), (
-        f"{name}: pad rows hold {int(pad.isnan().sum())} NaN and "
-        f"{int((pad != 0).sum())} nonzero values of {pad.numel()}")
-
-
 def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, softcap=0.0,
                 sinks=False, pad=0, seed=0):
     """pad: NaN rows after each rank's shard and after the one process's whole batch."""
-    torch.manual_seed(seed)
-    hq, hkv = heads
-    total = sum(lengths)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    q = torch.randn(total, hq, head_dim, dtype=dtype)
-    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
-    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
-    sink = torch.randn(hq) if sinks else None
+    q, k, v, grad_out, sink = dc.draw((sum(lengths),), heads, head_dim, dtype, sinks, seed)
+    cu = dc.cu_seqlens(lengths)
     cut = lambda t: ifd.varlen_shard(t, cu, rank, world)[0]  # noqa: E731
     _, cu_local, longest = ifd.varlen_shard(q, cu, rank, world)
 
     local_rows = int(cu_local[-1])
-    local = dc._leaves(*(_padded(cut(t), pad) for t in (q, k, v)), sink)
+    local = dc._leaves(*(dc.padded(cut(t), pad) for t in (q, k, v)), sink)
     out = ifd.ring_flash_attn_varlen_func(*local[:3], cu_local, longest, causal=causal,
                                           softcap=softcap, sinks=local[3])
-    out.backward(_padded(cut(grad_out), pad))
+    out.backward(dc.padded(cut(grad_out), pad))
     got = [out] + [t.grad for t in local if t is not None]
     for name, t in zip(["out", "dq", "dk", "dv"], got):
-        _check_padding(name, t, local_rows)
+        dc.check_padding(name, t[local_rows:])
     got[:4] = [t[:local_rows] for t in got[:4]]
     if sinks:
         dist.all_reduce(got[-1])
-    single = dc._leaves(*(_padded(t, pad * world) for t in (q, k, v)), sink)
-    single_out = ipex_flash.flash_attn_varlen_func(*single[:3], cu, cu, max(lengths),
-                                                   max(lengths), causal=causal,
-                                                   softcap=softcap, sinks=single[3])
-    single_out.backward(_padded(grad_out, pad * world))
-    singles = [t[:total] for t in [single_out] + [t.grad for t in single[:3]]]
-    singles += [single[3].grad] if sinks else []
-    wants = {}
-    for precision in (torch.float64, dtype):
-        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
-        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal,
-                               softcap=softcap, sinks=ref[3], dtype=precision)[0]
-                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
-        torch.cat(pieces).backward(grad_out.to(precision))
-        wants[precision] = [torch.cat(pieces)] + [t.grad for t in ref if t is not None]
-    results = {}
-    for i, name in enumerate(["out", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])):
-        part = (lambda t: t) if name == "dsinks" else cut
-        truth = part(wants[torch.float64][i])
-        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
-        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
-                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
-    return results
+    singles, _ = dc.one_process_varlen(q, k, v, sink, grad_out, lengths, pad * world,
+                                       causal=causal, softcap=softcap)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, softcap=softcap, cu=cu)
+    return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +69,7 @@ def _padding_lse(rank, world):
     """The LSE of pad rows: -inf, or the sink's logit, the only term of their denominator."""
     torch.manual_seed(3)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    q = _padded(torch.randn(10, 2, 16), 3)
+    q = dc.padded(torch.randn(10, 2, 16), 3)
     sink = torch.randn(2)
     lse = ifd.ring_flash_attn_varlen_func(q, q, q, cu, 6, return_attn_probs=True)[1]
     sink_lse = ifd.ring_flash_attn_varlen_func(q, q, q, cu, 6, sinks=sink,

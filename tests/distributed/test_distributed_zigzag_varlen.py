@@ -8,17 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ipex_flash
 from ipex_flash import distributed as ifd
 
 F32, BF16 = torch.float32, torch.bfloat16
-
-
-def _padded(t, rows, dim=0):
-    """t with `rows` NaN rows after it along dim: padding no result may read."""
-    shape = list(t.shape)
-    shape[dim] = rows
-    return torch.cat([t, t.new_full(shape, float("nan"))], dim=dim)
 
 
 def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32,
@@ -26,61 +18,37 @@ def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_d
     """{name: (error vs float64, vs one process, torch's error in dtype, size)} for out, lse,
     dq, dk, dv (and the sinks' gradient summed over the group); pad: NaN rows after this
     rank's shard and after the one process's batch, whose results must stay zero."""
-    torch.manual_seed(seed)
-    hq, hkv = heads
     total = sum(lengths)
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    q = torch.randn(total, hq, head_dim, dtype=dtype)
-    k, v = (torch.randn(total, hkv, head_dim, dtype=dtype) for _ in range(2))
-    grad_out = torch.randn(total, hq, head_dim, dtype=dtype)
-    sink = torch.randn(hq) if sinks else None
+    q, k, v, grad_out, sink = dc.draw((total,), heads, head_dim, dtype, sinks, seed)
+    cu = dc.cu_seqlens(lengths)
     cut = lambda t: ifd.zigzag_varlen_shard(t, cu, rank, world)[0]  # noqa: E731
     _, cu_local, longest = ifd.zigzag_varlen_shard(q, cu, rank, world)
     rows = int(cu_local[-1])
 
-    local = dc._leaves(*(_padded(cut(t), pad) for t in (q, k, v)), sink)
+    local = dc._leaves(*(dc.padded(cut(t), pad) for t in (q, k, v)), sink)
     out, lse, _ = ifd.zigzag_ring_flash_attn_varlen_func(
         *local[:3], cu_local, longest, causal=causal, softcap=softcap, sinks=local[3],
         return_attn_probs=True)
-    out.backward(_padded(cut(grad_out), pad))
+    out.backward(dc.padded(cut(grad_out), pad))
     got = [out, lse] + [t.grad for t in local if t is not None]
     for name, t in zip(["out", "lse", "dq", "dk", "dv"], got):
         padding = t[:, rows:] if name == "lse" else t[rows:]
-        fill = 0.0 if name != "lse" else (float("-inf") if sink is None else None)
-        if fill is None:
+        if name == "lse" and sink is not None:
             assert torch.allclose(padding, sink[:, None].expand_as(padding)), name
         else:
-            assert torch.equal(padding, torch.full_like(padding, fill)), (name, padding)
+            dc.check_padding(name, padding, float("-inf") if name == "lse" else 0.0)
     got = [got[0][:rows], got[1][:, :rows]] + [t[:rows] for t in got[2:5]] + got[5:]
     if sinks:
         dist.all_reduce(got[-1])
 
-    single = dc._leaves(*(_padded(t, pad * world) for t in (q, k, v)), sink)
-    single_out, single_lse, _ = ipex_flash.flash_attn_varlen_func(
-        *single[:3], cu, cu, max(lengths), max(lengths), causal=causal, softcap=softcap,
-        sinks=single[3], return_attn_probs=True)
-    single_out.backward(_padded(grad_out, pad * world))
-    singles = ([single_out[:total], single_lse[:, :total]]
-               + [t.grad[:total] for t in single[:3]] + ([single[3].grad] if sinks else []))
-    wants = {}
-    for precision in (torch.float64, dtype):
-        ref = dc._leaves(q.to(precision), k.to(precision), v.to(precision), sink)
-        pieces = [dc.reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), causal,
-                               softcap=softcap, sinks=ref[3], dtype=precision)[0]
-                  for a, b in zip(cu.tolist(), cu.tolist()[1:])]
-        torch.cat(pieces).backward(grad_out.to(precision))
+    singles, single_lse = dc.one_process_varlen(q, k, v, sink, grad_out, lengths, pad * world,
+                                                with_lse=True, causal=causal, softcap=softcap)
+    singles.insert(1, single_lse)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, softcap=softcap, cu=cu)
+    for want in wants.values():
         # The LSE has no float64 reference here: one process's float32 LSE stands in.
-        wants[precision] = ([torch.cat(pieces), single_lse[:, :total].double()]
-                            + [t.grad for t in ref if t is not None])
-    results = {}
-    names = ["out", "lse", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])
-    for i, name in enumerate(names):
-        part = {"dsinks": lambda t: t, "lse": lambda t: cut(t.T).T}.get(name, cut)
-        truth = part(wants[torch.float64][i])
-        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
-        results[name] = (dc.max_error(got[i], truth), dc.max_error(got[i], part(singles[i])),
-                         dc.max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
-    return results
+        want.insert(1, single_lse.double())
+    return dc.compare(got, singles, wants, dtype, cut, sinks, lse_cut=lambda t: cut(t.T).T)
 
 
 @pytest.fixture(scope="module")

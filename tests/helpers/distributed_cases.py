@@ -1,5 +1,6 @@
 """Shared by the distributed tests (test_distributed_*.py): a world of P ranks spawned once and
-reused by many cases, the float64 reference in flash-attn's layout, and the pass rule.
+reused by many cases, the float64 reference in flash-attn's layout, the pass rule, and a
+case's pieces (the batch, padding, one process's and the reference's results, comparison).
 
 Ranks are processes on this machine joined by gloo over loopback (GLOO_SOCKET_IFNAME=lo,
 init through a file), each with one torch thread and one SYCL CPU compute unit, since the
@@ -156,6 +157,105 @@ def check_errors(results: list, dtype) -> None:
                                                single_limit)
 
 
+# A case's pieces: the whole batch, its one-process and reference results, the comparison.
+
+def draw(prefix, heads, head_dim, dtype, sinks=False, seed=0):
+    """q, k, v, dO of shape (*prefix, H or Hkv, head_dim) and the sinks (or None), drawn in
+    that order after seeding: every rank (of a group) draws the same whole batch."""
+    torch.manual_seed(seed)
+    hq, hkv = heads
+    q = torch.randn(*prefix, hq, head_dim, dtype=dtype)
+    k, v = (torch.randn(*prefix, hkv, head_dim, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(*prefix, hq, head_dim, dtype=dtype)
+    return q, k, v, grad_out, (torch.randn(hq) if sinks else None)
+
+
+def cu_seqlens(lengths):
+    return torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def padded(t, rows, dim=0):
+    """t with `rows` NaN rows after it along dim: packed padding past cu_seqlens[-1], which no
+    result may read."""
+    shape = list(t.shape)
+    shape[dim] = rows
+    return torch.cat([t, t.new_full(shape, float("nan"))], dim=dim)
+
+
+def check_padding(name, pad, fill=0.0):
+    """The rows past the sequences hold `fill` and no NaN: zero in the output and every
+    gradient, -inf in the LSE without sinks."""
+    assert torch.equal(pad, torch.full_like(pad, fill)), (
+        f"{name}: pad rows hold {int(pad.isnan().sum())} NaN and "
+        f"{int((pad != fill).sum())} values other than {fill} of {pad.numel()}")
+
+
+def _leaves(*tensors):
+    return [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+
+
+def one_process(q, k, v, sink, grad_out, **options):
+    """The whole batch through flash_attn_func: [out, dq, dk, dv (, dsinks)]."""
+    single = _leaves(q, k, v, sink)
+    out = ipex_flash.flash_attn_func(*single[:3], **options, sinks=single[3])
+    out.backward(grad_out)
+    return [out] + [t.grad for t in single if t is not None]
+
+
+def one_process_varlen(q, k, v, sink, grad_out, lengths, pad=0, with_lse=False, **options):
+    """The packed batch (total, H, D) through flash_attn_varlen_func with `pad` NaN rows after
+    it: [out, dq, dk, dv (, dsinks)] of the real rows, and with_lse their LSE (else None)."""
+    total, cu, longest = q.shape[0], cu_seqlens(lengths), max(lengths)
+    single = _leaves(*(padded(t, pad) for t in (q, k, v)), sink)
+    if with_lse:
+        options["return_attn_probs"] = True
+    result = ipex_flash.flash_attn_varlen_func(*single[:3], cu, cu, longest, longest, **options,
+                                               sinks=single[3])
+    out, lse = (result[0], result[1][:, :total]) if with_lse else (result, None)
+    out.backward(padded(grad_out, pad))
+    singles = [out[:total]] + [t.grad[:total] for t in single[:3]]
+    return singles + ([single[3].grad] if sink is not None else []), lse
+
+
+def references(q, k, v, sink, grad_out, dtype, causal, window=(-1, -1), softcap=0.0,
+               slopes=None, cu=None):
+    """{precision: [out, dq, dk, dv (, dsinks)]} of `reference` in float64 (the truth) and in
+    dtype (the yardstick); with cu, a packed batch (total, H, D) one sequence at a time."""
+    wants = {}
+    for precision in (torch.float64, dtype):
+        ref = _leaves(q.to(precision), k.to(precision), v.to(precision), sink)
+        options = (causal, window, softcap, ref[3], slopes, precision)
+        if cu is None:
+            out = reference(*ref[:3], *options)
+        else:
+            out = torch.cat([reference(*(t[a:b].unsqueeze(0) for t in ref[:3]), *options)[0]
+                             for a, b in zip(cu.tolist(), cu.tolist()[1:])])
+        out.backward(grad_out.to(precision))
+        wants[precision] = [out] + [t.grad for t in ref if t is not None]
+    return wants
+
+
+def compare(got, singles, wants, dtype, cut, sinks, lse_cut=None, check_dtypes=False):
+    """This rank's out (, lse), dq, dk, dv (, dsinks) against its part (cut, lse_cut; the
+    sinks' gradient whole) of the one-process results and the references: {name: (error vs
+    float64, vs one process, torch's error in dtype, largest true value)} for check_errors.
+    check_dtypes: out and the gradients in dtype, the rest in float32."""
+    names = (["out"] + (["lse"] if lse_cut else []) + ["dq", "dk", "dv"]
+             + (["dsinks"] if sinks else []))
+    parts = {"lse": lse_cut, "dsinks": lambda t: t}
+    results = {}
+    for i, name in enumerate(names):
+        part = parts.get(name) or cut
+        truth = part(wants[torch.float64][i])
+        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
+        if check_dtypes:
+            assert got[i].dtype == (dtype if name in ("out", "dq", "dk", "dv")
+                                    else torch.float32), name
+        results[name] = (max_error(got[i], truth), max_error(got[i], part(singles[i])),
+                         max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
+    return results
+
+
 # Fixed-length cases: ring, zigzag and Ulysses.
 
 FUNCTIONS = {"ring": ifd.ring_flash_attn_func, "zigzag": ifd.zigzag_ring_flash_attn_func,
@@ -172,16 +272,11 @@ def shard(x, rank, world, api, lengths=None):
     return ifd.contiguous_shard(x, rank, world)
 
 
-def _leaves(*tensors):
-    return [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
-
-
 def fixed_length_case(rank, world, api, dtype, causal=False, window=(-1, -1), heads=(4, 2),
                       head_dim=32, seqlen=64, batch=2, softcap=0.0, sinks=False, alibi=False,
                       lengths=None, subgroup_size=None, seed=0):
     """Forward and gradients of this rank's shard through `api`, against the whole batch in
-    one process (flash_attn_func) and in float64: {name: (error vs float64, error vs one
-    process, torch's error at the inputs' precision, largest true value)}.
+    one process (flash_attn_func) and in float64: compare's result dict.
     subgroup_size: the world is cut into groups of that many consecutive ranks, each running
     its own batch through group=."""
     group = None
@@ -191,14 +286,8 @@ def fixed_length_case(rank, world, api, dtype, causal=False, window=(-1, -1), he
         group = groups[rank // subgroup_size]
         seed += rank // subgroup_size
         rank, world = dist.get_rank(group), subgroup_size
-    torch.manual_seed(seed)  # every rank (of the group) draws the same whole batch
-    hq, hkv = heads
-    q = torch.randn(batch, seqlen, hq, head_dim, dtype=dtype)
-    k = torch.randn(batch, seqlen, hkv, head_dim, dtype=dtype)
-    v = torch.randn(batch, seqlen, hkv, head_dim, dtype=dtype)
-    grad_out = torch.randn(batch, seqlen, hq, head_dim, dtype=dtype)
-    sink = torch.randn(hq) if sinks else None
-    slopes = torch.rand(hq) * 0.3 if alibi else None
+    q, k, v, grad_out, sink = draw((batch, seqlen), heads, head_dim, dtype, sinks, seed)
+    slopes = torch.rand(heads[0]) * 0.3 if alibi else None
     options = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
     cut = lambda t: shard(t, rank, world, api, lengths)  # noqa: E731
 
@@ -208,22 +297,6 @@ def fixed_length_case(rank, world, api, dtype, causal=False, window=(-1, -1), he
     got = [out] + [t.grad for t in local if t is not None]
     if sinks:  # each rank's part of the replicated parameter's gradient, summed
         dist.all_reduce(got[-1], group=group)
-    single = _leaves(q, k, v, sink)
-    single_out = ipex_flash.flash_attn_func(*single[:3], **options, sinks=single[3])
-    single_out.backward(grad_out)
-    singles = [single_out] + [t.grad for t in single if t is not None]
-    wants = {}
-    for precision in (torch.float64, dtype):
-        ref = _leaves(q.to(precision), k.to(precision), v.to(precision), sink)
-        ref_out = reference(*ref[:3], causal, window, softcap, ref[3], slopes, precision)
-        ref_out.backward(grad_out.to(precision))
-        wants[precision] = [ref_out] + [t.grad for t in ref if t is not None]
-    results = {}
-    for i, name in enumerate(["out", "dq", "dk", "dv"] + (["dsinks"] if sinks else [])):
-        part = (lambda t: t) if name == "dsinks" else cut
-        truth = part(wants[torch.float64][i])
-        assert got[i].shape == truth.shape, (name, got[i].shape, truth.shape)
-        assert got[i].dtype == (torch.float32 if name == "dsinks" else dtype)
-        results[name] = (max_error(got[i], truth), max_error(got[i], part(singles[i])),
-                         max_error(part(wants[dtype][i]), truth), truth.abs().max().item())
-    return results
+    singles = one_process(q, k, v, sink, grad_out, **options)
+    wants = references(q, k, v, sink, grad_out, dtype, causal, window, softcap, slopes)
+    return compare(got, singles, wants, dtype, cut, sinks, check_dtypes=True)
