@@ -98,7 +98,16 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // the pack (matrix/surface.hpp): they have no 2-D block loads.
   using Surface = PackedSurface<T, M, K, R>;
   constexpr bool TILED = Surface::Order::TILED;
-  constexpr bool WIDE = !TILED;
+  // A float mask past d = 64 is read in place beside O^T's 128 registers: split into lean and
+  // edge loops, or in 2-D blocks, the kernel spilled 4-9 KB (BMG, PVC; gpu-check), so there it
+  // keeps one loop over blocks read tile by tile, as before the split.
+  constexpr bool FLOAT_MASK_WIDE =
+      WIDEST > 64 && (FEATURES & FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL) != 0;
+  constexpr bool WIDE = !TILED && !FLOAT_MASK_WIDE;
+  // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
+  // in the scale's multiply. Beside a float mask past d = 64 (one loop) the library's, as
+  // before: the fused one spilled there beside ALiBi (BMG).
+  constexpr TanhForm TANH = FLOAT_MASK_WIDE ? default_tanh(FEATURES) : TanhForm::FUSED;
   static_assert(BLOCK_M % R == 0 && BLOCK_N % M == 0 && BLOCK_N % K == 0 &&
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),
@@ -127,9 +136,6 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
   const KvDescale descale = kv_descale<FEATURES>(c, block.batch, block.head_kv);
-  // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
-  // in the scale's multiply.
-  constexpr TanhForm TANH = TanhForm::FUSED;
   const float scale = c.q_prescale * descale.k * tanh_input_scale(FEATURES, TANH);
   // Without the score changes that read the scaled score (softcap, ALiBi, a float mask), the
   // scale rides in the exponent's multiply-add: the max over the raw dot products, scaled once,
@@ -292,8 +298,8 @@ IPEX_FLASH_TILE_LOOP
     k_tile += Packed::BLOCK_ELEMENTS;
   };
   // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
-  run_key_blocks<FEATURES, /*SPLIT=*/true>(mask, c.dropout.enabled, q_begin, q_end, kv_first,
-                                           kv_end, BLOCK_N, kv_block);
+  run_key_blocks<FEATURES, /*SPLIT=*/!FLOAT_MASK_WIDE>(mask, c.dropout.enabled, q_begin, q_end,
+                                                       kv_first, kv_end, BLOCK_N, kv_block);
 
   write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }
