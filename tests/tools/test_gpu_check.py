@@ -131,6 +131,33 @@ def report(**figures):
     return KernelReport(**base)
 
 
+def test_score_changes_held_to_the_plain_forward():
+    """The register forward with score changes against its plain kernel (same GPU, dtype and
+    head dims): each change alone at most 1.55x its lean loop per DPAS, all three 2.2x; its
+    spill beside softcap past d = 64 known only with none in the lean loop."""
+    from ipex_flash.tools.gpu_rules import check_rules
+    forward = dict(matrix=True, dpas=128, head_dim=128, large_grf=True, grf=256,
+                   kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
+    plain = report(loop_per_dpas=8.0, **forward)
+    alone = [report(loop_per_dpas=12.3, features=f, **forward) for f in (1, 2, 4)]
+    over = report(loop_per_dpas=12.5, features=2, **forward)
+    every = report(loop_per_dpas=17.5, features=7, **forward)
+    every_over = report(loop_per_dpas=17.7, features=7, **{**forward, "head_dim": 64})
+    plain_64 = report(loop_per_dpas=8.0, **{**forward, "head_dim": 64})
+    check_rules([plain, *alone, over, every, every_over, plain_64])
+    assert [r.violations for r in (plain, *alone, every)] == [[]] * 5
+    assert over.violations == ["main loop issues 12.5 instructions per DPAS, 1.56x the plain "
+                               "kernel's 8.0 (at most 1.55x)"]
+    assert every_over.violations == ["main loop issues 17.7 instructions per DPAS, 2.21x the "
+                                      "plain kernel's 8.0 (at most 2.2x)"]
+    spilled = dict(forward, features=7, spill=768)
+    assert kernel_violations(report(loop_per_dpas=12.0, **spilled)) == []
+    assert kernel_violations(report(loop_per_dpas=12.0, loop_spills=2, **spilled)) == [
+        "spills 768 bytes"]
+    assert kernel_violations(report(loop_per_dpas=12.0, **{**spilled, "spill": 832})) == [
+        "spills 832 bytes"]
+
+
 def test_rules_flag_each_defect():
     assert kernel_violations(report()) == []
     assert kernel_violations(report(built=False, error="IGC crashed")) == ["not built: IGC crashed"]
@@ -148,9 +175,9 @@ def test_rules_flag_each_defect():
     registers = dict(matrix=True, dpas=128, head_dim=128,
                      kernel="ipex_flash::flash_fwd_matrix_registers_kernel<...>")
     assert kernel_violations(report(loop_per_dpas=12.5, **registers)) == [
-        "main loop issues 12.5 instructions per DPAS (at most 12.0)"]
+        "main loop issues 12.5 instructions per DPAS (at most 11.5)"]
     assert kernel_violations(report(loop_per_dpas=30.5, **{**registers, "features": 7})) == []
-    assert kernel_violations(report(loop_per_dpas=11.6, **registers)) == []
+    assert kernel_violations(report(loop_per_dpas=11.4, **registers)) == []
     eight_wide = {**registers, "head_dim": 64, "simd": 8, "grf": 128}  # DG2, Arrow Lake-H
     assert kernel_violations(report(loop_per_dpas=27.2, **eight_wide)) == []
     assert kernel_violations(report(loop_per_dpas=28.5, **eight_wide)) == [
@@ -158,8 +185,8 @@ def test_rules_flag_each_defect():
     for kernel in ("flash_bwd_dq_matrix_registers_kernel", "flash_bwd_dkdv_matrix_registers_kernel"):
         backward = {**registers, "family": "backward", "kernel": f"ipex_flash::{kernel}<...>"}
         assert kernel_violations(report(loop_per_dpas=13.5, **backward)) == [
-            "main loop issues 13.5 instructions per DPAS (at most 13.0)"]
-        assert kernel_violations(report(loop_per_dpas=11.9, **backward)) == []
+            "main loop issues 13.5 instructions per DPAS (at most 11.0)"]
+        assert kernel_violations(report(loop_per_dpas=10.9, **backward)) == []
         assert kernel_violations(report(loop_per_dpas=75.7, **{**backward, "features": 7})) == []
     dq_eight_wide = {**eight_wide, "family": "backward",
                      "kernel": "ipex_flash::flash_bwd_dq_matrix_registers_kernel<...>"}
