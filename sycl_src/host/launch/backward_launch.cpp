@@ -49,13 +49,12 @@ int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
   return element * (keys + rows);
 }
 
-// The scratch's bytes: the packs', then the mask's bits from bits_offset (mask_bits_offset),
-// where the variant reads them (bwd_mask_bits), their layout set in `bits`.
-int64_t bwd_scratch(const AttentionDims& dims, const BwdPacks& packs, const KernelVariant& variant,
-                    const AttnMaskParams& mask, MaskBitsParams& bits, int64_t& bits_offset) {
-  bits_offset = mask_bits_offset(packed_bwd_bytes(dims, packs, variant));
-  return bits_offset +
-         (bwd_mask_bits(variant) ? mask_bits_layout(dims, variant.block_n, mask, bits) : 0);
+// The scratch: the packs, then the bool mask's bits where the variant reads them.
+MaskBitsScratch bwd_scratch(const AttentionDims& dims, const BwdPacks& packs,
+                            const KernelVariant& variant, const AttnMaskParams& mask,
+                            MaskBitsParams& bits) {
+  return mask_bits_scratch(packed_bwd_bytes(dims, packs, variant), bwd_mask_bits(variant), dims,
+                           variant.block_n, mask, bits);
 }
 
 struct BwdKernels {
@@ -146,9 +145,9 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
   }
   if (matrix) {  // the packed copies, before the kernels that read them (the queue is in order)
     const BwdPacks packs = bwd_packs(dims, t.q, t.k, options, variant);
-    int64_t bits_offset = 0;
-    const int64_t needed = bwd_scratch(dims, packs, variant, c.score_mod.attn_mask,
-                                       params.mask_bits, bits_offset);
+    const MaskBitsScratch layout =
+        bwd_scratch(dims, packs, variant, c.score_mod.attn_mask, params.mask_bits);
+    const int64_t needed = layout.total;
     const int64_t given = t.scratch.sizes.empty() ? 0 : t.scratch.size(0);
     if (t.scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
@@ -165,12 +164,9 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       submit_kernel(queue, kernels.pack[1], params,
                     block_range(dims.heads_q, packs.rows.blocks, variant.block_m),
                     "flash_bwd_pack_rows");
-    const int64_t bits_bytes = needed - bits_offset;
-    if (bits_bytes > 0) {
-      params.mask_bits.words = reinterpret_cast<uint32_t*>(t.scratch.data + bits_offset);
-      pack_mask_bits(queue, kernels.pack[2], dims, c.score_mod.attn_mask, params.mask_bits,
-                     bits_bytes);
-    }
+    if (layout.bytes() > 0)  // the program has the packing kernel
+      pack_mask_bits(queue, kernels.pack[2], dims, c.score_mod.attn_mask, layout, t.scratch.data,
+                     params.mask_bits);
   }
   // dK and dV run over every key even with no query rows (they are then zero).
   c.num_blocks = static_cast<int32_t>(ceil_div(dims.len_k, variant.block_n));
@@ -195,9 +191,9 @@ int64_t bwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
                                                dims.head_dim_max(), features_of(options, k));
   if (variant.matrix_m == 0) return 0;
   MaskBitsParams bits{};
-  int64_t bits_offset = 0;
   return bwd_scratch(dims, bwd_packs(dims, q, k, options, variant), variant,
-                     attn_mask_params(options), bits, bits_offset);
+                     attn_mask_params(options), bits)
+      .total;
 }
 
 KernelVariant warmup_bwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

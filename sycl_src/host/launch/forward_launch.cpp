@@ -27,14 +27,12 @@ int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
          (variant.head_dim + variant.value_head_dim()) * 2;
 }
 
-// The scratch's bytes: the packed K/V, then the mask's bits from bits_offset
-// (mask_bits_offset), where the variant reads them (fwd_mask_bits), their layout set in `bits`.
-int64_t fwd_scratch(const AttentionDims& dims, const PackRows& pack, const KernelVariant& variant,
-                    const AttnMaskParams& mask, MaskBitsParams& bits, int64_t& bits_offset) {
-  const int64_t packed = packed_kv_bytes(dims, pack, variant);
-  if (!fwd_mask_bits(variant) || mask.data == nullptr) return bits_offset = packed;
-  bits_offset = mask_bits_offset(packed);
-  return bits_offset + mask_bits_layout(dims, variant.block_n, mask, bits);
+// The scratch: the packed K/V, then the bool mask's bits where the variant reads them.
+MaskBitsScratch fwd_scratch(const AttentionDims& dims, const PackRows& pack,
+                            const KernelVariant& variant, const AttnMaskParams& mask,
+                            MaskBitsParams& bits) {
+  return mask_bits_scratch(packed_kv_bytes(dims, pack, variant), fwd_mask_bits(variant), dims,
+                           variant.block_n, mask, bits);
 }
 
 }  // namespace
@@ -76,9 +74,9 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
   const int64_t batch_heads = static_cast<int64_t>(c.dims.batch) * c.dims.heads_q;
   if (variant.matrix_m > 0) {
     params.kv_pack = key_pack_rows(c.dims, k, options, variant.block_n);
-    int64_t bits_offset = 0;
-    const int64_t needed = fwd_scratch(c.dims, params.kv_pack, variant, c.score_mod.attn_mask,
-                                       params.mask_bits, bits_offset);
+    const MaskBitsScratch layout =
+        fwd_scratch(c.dims, params.kv_pack, variant, c.score_mod.attn_mask, params.mask_bits);
+    const int64_t needed = layout.total;
     const int64_t given = scratch.sizes.empty() ? 0 : scratch.size(0);
     if (scratch.dtype != "uint8" || given < needed)
       throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
@@ -89,11 +87,9 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
       submit_kernel(queue, kernels[1], params,
                     block_range(c.dims.heads_kv(), params.kv_pack.blocks, variant.block_n),
                     "flash_fwd_pack_kv");  // the queue is in order: done before the next launch
-    if (needed > bits_offset) {
-      params.mask_bits.words = reinterpret_cast<uint32_t*>(scratch.data + bits_offset);
-      pack_mask_bits(queue, kernels[2], c.dims, c.score_mod.attn_mask, params.mask_bits,
-                     needed - bits_offset);
-    }
+    if (layout.bytes() > 0)  // the program has the packing kernel
+      pack_mask_bits(queue, kernels[2], c.dims, c.score_mod.attn_mask, layout, scratch.data,
+                     params.mask_bits);
   }
   sycl::event done = submit_kernel(queue, kernels[0], params,
                                    block_range(batch_heads, c.num_blocks,
@@ -110,9 +106,9 @@ int64_t fwd_scratch_bytes(const TensorView& q, const TensorView& k, const Tensor
                                                features_of(options, k));
   if (variant.matrix_m == 0) return 0;
   MaskBitsParams bits{};
-  int64_t bits_offset = 0;
   return fwd_scratch(dims, key_pack_rows(dims, k, options, variant.block_n), variant,
-                     attn_mask_params(options), bits, bits_offset);
+                     attn_mask_params(options), bits)
+      .total;
 }
 
 KernelVariant warmup_fwd(const std::string& dtype, int head_dim, std::uintptr_t queue_handle) {

@@ -14,9 +14,9 @@ constexpr int kWordsPerGroup = 64;
 
 }  // namespace
 
-int64_t mask_bits_layout(const AttentionDims& dims, int block_n, const AttnMaskParams& mask,
-                         MaskBitsParams& bits) {
-  if (mask.data == nullptr) return 0;
+MaskBitsScratch mask_bits_scratch(int64_t used, bool reads_bits, const AttentionDims& dims,
+                                  int block_n, const AttnMaskParams& mask, MaskBitsParams& bits) {
+  if (!reads_bits || mask.data == nullptr) return {used, used};
   bits.row = mask_bits_words(dims.len_k, block_n);
   if (dims.len_q * bits.row > INT32_MAX)  // the kernels index a plane in 32 bits
     throw std::invalid_argument(
@@ -26,15 +26,17 @@ int64_t mask_bits_layout(const AttentionDims& dims, int block_n, const AttnMaskP
   const int64_t heads = mask.head != 0 ? dims.heads_q : 1;
   bits.batch = mask.batch != 0 ? heads * dims.len_q * bits.row : 0;
   const int64_t batches = mask.batch != 0 ? dims.batch : 1;
-  return batches * heads * dims.len_q * bits.row * 4;
+  const int64_t offset = (used + 63) / 64 * 64;
+  return {offset, offset + batches * heads * dims.len_q * bits.row * 4};
 }
 
 void pack_mask_bits(sycl::queue& queue, const sycl::kernel& kernel, const AttentionDims& dims,
-                    const AttnMaskParams& mask, const MaskBitsParams& bits, int64_t bytes) {
-  if (bytes <= 0) return;
+                    const AttnMaskParams& mask, const MaskBitsScratch& layout,
+                    std::uintptr_t scratch, MaskBitsParams& bits) {
+  bits.words = reinterpret_cast<uint32_t*>(scratch + layout.bits_offset);
   const MaskBitsPackParams params{dims, mask, bits};
   submit_kernel(queue, kernel, params,
-                block_range(1, ceil_div(bytes / 4, kWordsPerGroup), kWordsPerGroup),
+                block_range(1, ceil_div(layout.bytes() / 4, kWordsPerGroup), kWordsPerGroup),
                 "flash_mask_bits");
 }
 
