@@ -27,22 +27,24 @@ struct DecodeRowScores {
   static constexpr bool MASK = (FEATURES & FEATURE_ATTN_MASK) != 0;
   // This lane's row's: softcap (every row's) and its head's ALiBi slope and mask plane.
   ScoreMod mod;
-  float scale;       // q_prescale: dot products to exp2-domain scores (score/softcap_alibi.hpp)
+  float scale;       // q_prescale (times an FP8 cache's K descale): dot products to exp2-domain
+                     // scores (score/softcap_alibi.hpp)
   int64_t position;  // the row's token + the sequence's diagonal (ALiBi distances from it)
   int64_t mask_row;  // bytes from the mask's data to the row's line
   // The mask's data and key stride, as one plane whose rows are the offsets above.
   AttnMaskPlane mask;
 
   // Row `lid` of the form's ROWS (a lane past them, or past the rows there are, takes row 0's
-  // values: its scores are hidden or never read).
+  // values: its scores are hidden or never read); key_scale: what the dot products are in
+  // units of beside q_prescale (an FP8 cache's K descale and unit, 1 otherwise).
   static inline DecodeRowScores of(const AttentionCommon& c, const DecodeRows& rows, int h_kv,
-                                   int rows_held, int lid) {
+                                   int rows_held, int lid, float key_scale) {
     const int r = lid < rows_held && lid < rows.count ? lid : 0;
     const int h = rows.query_head(h_kv, r);
     const ScoreMod mod = ScoreMod::of(c, rows.seq, rows.b, h);
     const int64_t token = rows.token(r);
     const AttnMaskParams& m = c.score_mod.attn_mask;
-    return DecodeRowScores{mod, c.q_prescale, token + rows.seq.diag,
+    return DecodeRowScores{mod, c.q_prescale * key_scale, token + rows.seq.diag,
                            MASK ? rows.b * m.batch + h * m.head + token * m.row : 0,
                            AttnMaskPlane{static_cast<const uint8_t*>(m.data), 0, m.col,
                                          rows.seq.len_q, rows.seq.len_k}};

@@ -160,9 +160,19 @@ inline float decode_row_finish(const DecodeRows& rows, int split, bool one_split
   return scale;
 }
 
+// Where column d of O lies in a row tile stored in groups of WORD_GROUP columns (or as it is).
+template <int WORD_GROUP>
+inline int stored_column(int d) {
+  if constexpr (WORD_GROUP == 0) return d;
+  constexpr int N = WORD_GROUP / 4;
+  return d / WORD_GROUP * WORD_GROUP + d % 4 * N + d % WORD_GROUP / 4;
+}
+
 // Rows r0 .. r0 + M - 1's outputs (O's row tile in SLM times each row's factor): into out with
 // one split, else into the split's partial buffer; the work-group's `items` items along d.
-template <typename T, int M, int HEAD_DIM_V, int ROWS>
+// WORD_GROUP > 0: the tile holds its columns in groups of WORD_GROUP (4 tiles of N), column
+// 4n + u of a group at u * N + n (decode/xmx_tiles.hpp: value_column).
+template <typename T, int M, int HEAD_DIM_V, int ROWS, int WORD_GROUP = 0>
 inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split, int r0,
                               const float (&o_rows)[M][HEAD_DIM_V], const float (&scale)[ROWS],
                               int head_dim_v, int item, int items) {
@@ -174,11 +184,12 @@ inline void decode_write_rows(const DecodeRows& rows, int split, bool one_split,
                rows.query_head(rows.head0, r) * p.out_stride.head +
                rows.token(r) * p.out_stride.row;
       for (int d = item; d < head_dim_v; d += items)
-        out[d] = from_float<T>(o_rows[i][d] * scale[r]);
+        out[d] = from_float<T>(o_rows[i][stored_column<WORD_GROUP>(d)] * scale[r]);
     } else {
       float* partial =
           p.partial_out + (rows.index(0, r) * p.common.num_blocks + split) * head_dim_v;
-      for (int d = item; d < head_dim_v; d += items) partial[d] = o_rows[i][d] * scale[r];
+      for (int d = item; d < head_dim_v; d += items)
+        partial[d] = o_rows[i][stored_column<WORD_GROUP>(d)] * scale[r];
     }
   }
 }

@@ -113,7 +113,7 @@ struct DecodeTraits {
 template <typename T_, int FEATURES_>
 struct DecodeXmxShape {
   using T = T_;
-  using KV = T_;
+  using KV = kv_storage_t<T_, FEATURES_>;
   using Cos = std::conditional_t<(FEATURES_ & FEATURE_ROTARY_F32) != 0, float, T_>;
   static constexpr bool ROTARY = (FEATURES_ & FEATURE_ROTARY) != 0;
   static constexpr int LANES = DECODE_LANES, FEATURES = FEATURES_;

@@ -28,6 +28,7 @@
 
 #include "common/block_schedule.hpp"
 #include "common/kernel_props.hpp"
+#include "common/kv_quant.hpp"
 #include "common/online_softmax.hpp"
 #include "common/params.hpp"
 #include "common/seq_info.hpp"
@@ -38,6 +39,7 @@
 #include "decode/rows.hpp"
 #include "decode/traits.hpp"
 #include "decode/xmx_output.hpp"
+#include "decode/xmx_tiles.hpp"
 #include "matrix/row_tiles.hpp"
 #include "score/block_mask.hpp"
 #include "vector/tile_io.hpp"
@@ -47,7 +49,7 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // FEATURES: softcap, ALiBi, the user's mask (decode/row_scores.hpp), the append and its rotary
-// embedding (the host sends FP8 caches to flash_decode_kernel). HEAD_DIM_V: V's and O's head
+// embedding, an FP8 cache (its tiles converted in registers: decode/xmx_tiles.hpp). HEAD_DIM_V: V's and O's head
 // dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS: where O would pass 64
 // registers in one sub-group (take_xmx_form, host/variants/decode_variant.cpp); the rows' block
 // maxima and sums meet in SLM.
@@ -68,8 +70,14 @@ void flash_decode_xmx_kernel(DecodeParams p) {
                     sizeof(T) == 2 && KEY_TILES >= 2,
                 "tile shape");
   static_assert((FEATURES & ~(FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK |
-                              FEATURE_APPEND | FEATURE_ROTARY | FEATURE_VALUE_DIM)) == 0,
+                              FEATURE_APPEND | FEATURE_ROTARY | FEATURE_VALUE_DIM |
+                              FEATURE_KV_FP8)) == 0,
                 "features this form serves");
+  // The cache's elements: T, or FP8 read lane by lane into T's tiles.
+  using KV = kv_storage_t<T, FEATURES>;
+  constexpr bool FP8 = sizeof(KV) == 1;
+  // O's columns in groups of four tiles, V's rows read a word per lane (value_column)
+  constexpr bool COLUMN_WORDS = FP8 && O_COLS % (4 * N) == 0;
   using Shape = DecodeXmxShape<T, FEATURES>;
   using Acc = MatrixAcc<M, N>;
   using QTile = RowsA<T, M, K>;
@@ -119,10 +127,13 @@ void flash_decode_xmx_kernel(DecodeParams p) {
       sg, c, p.bounds, b, split_begin, std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
   const int64_t kv_end =
       in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;
-  const KvRows<T> k_rows = kv_rows<T>(p.k, p.k_stride, c, seq, b, h_kv);
-  const KvRows<T> v_rows = kv_rows<T>(p.v, p.v_stride, c, seq, b, h_kv);
-  const DecodeRowScores<FEATURES> row_scores =
-      DecodeRowScores<FEATURES>::of(c, rows, h_kv, ROWS, lid);
+  const KvRows<KV> k_rows = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
+  const KvRows<KV> v_rows = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
+  // An FP8 cache's descales (1 otherwise), K's with the unit its elements are read in, folded
+  // into the scores' scale and the output's factor (common/kv_quant.hpp).
+  const KvDescale descale = kv_descale<FEATURES>(c, b, h_kv);
+  const DecodeRowScores<FEATURES> row_scores = DecodeRowScores<FEATURES>::of(
+      c, rows, h_kv, ROWS, lid, descale.k * FP8_TILE_UNIT<KV>);
 
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
     if (sg_id == 0)
@@ -166,7 +177,7 @@ IPEX_FLASH_TILE_LOOP
   // key: a partial tile's missing keys read that row again (finite, their probabilities 0), never
   // what lies past the keys. The tile's rows are evenly spaced where in_place holds.
   const int64_t last_key = kv_end - 1;
-  const auto tile_row = [&](const KvRows<T>& rows_of, const T* tile, int64_t key0, int64_t key)
+  const auto tile_row = [&](const KvRows<KV>& rows_of, const KV* tile, int64_t key0, int64_t key)
       __attribute__((always_inline)) {
     const int64_t clamped = std::min(key, last_key);
     if (!in_place || key0 > last_key) return rows_of.row(clamped);
@@ -182,8 +193,8 @@ IPEX_FLASH_TILE_LOOP
     // the general form finds its V tiles' where it reads them (an array of 16 of them, indexed
     // in its loop over the tiles, which IGC left rolled, went to private memory).
     const int64_t my_begin = kv_begin + sg_id * MY_KEY_TILES * N;
-    const T* k_tiles[MY_KEY_TILES];
-    const T* v_tiles[GENERAL ? 1 : KEY_TILES];
+    const KV* k_tiles[MY_KEY_TILES];
+    const KV* v_tiles[GENERAL ? 1 : KEY_TILES];
 IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < MY_KEY_TILES; ++t)
       k_tiles[t] = k_rows.row(std::min(my_begin + t * N, last_key));
@@ -218,19 +229,12 @@ IPEX_FLASH_TILE_LOOP
               rows_mad(sg, s[rt][t], q_step[rt], k_t);
           }
         };
-        if constexpr (GENERAL) {  // lane n reads key key0 + n's columns (clamped)
-          const T* row = tile_row(k_rows, k_tiles[t], key0, key0 + lid);
-          float column[K];
-IPEX_FLASH_TILE_LOOP
-          for (int i = 0; i < K; ++i) column[i] = to_float(row[step * K + i]);
-          MatrixBRegisters<T, K, N> k_t;
-          matrix_b_from_floats<K, T>(sg, k_t, column);
-          product(k_t);
-        } else {
-          KeysB<T, K, N> k_t;
-          keys_b_load(sg, k_t, k_tiles[t] + step * K, k_rows.row_stride);
-          product(k_t);
-        }
+        // (lane by lane: lane n reads key key0 + n's columns, clamped)
+        keys_tile_product<T, K, N, GENERAL || FP8>(
+            sg, k_tiles[t] + step * K, k_rows.row_stride,
+            (GENERAL ? tile_row(k_rows, k_tiles[t], key0, key0 + lid)
+                     : k_tiles[t] + lid * k_rows.row_stride) + step * K,
+            product);
       }
     }
 
@@ -282,7 +286,7 @@ IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < KEY_TILES; ++t) {
       const int64_t key0 = kv_begin + t * N;
       QTile p_tiles[ROW_TILES * 2];  // (arrays of one tile: see registers_xmx)
-      const T* v_tile[GENERAL ? K : 1];  // the tile's V rows, clamped
+      const KV* v_tile[GENERAL ? K : 1];  // the tile's V rows, clamped
       if constexpr (GENERAL) {
 IPEX_FLASH_TILE_LOOP
         for (int i = 0; i < K; ++i) v_tile[i] = v_rows.row(std::min(key0 + i, last_key));
@@ -290,24 +294,26 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
       for (int rt = 0; rt < ROW_TILES; ++rt)
         rows_a_load(sg, p_tiles[rt], &p_rows[rt * M][t * N], BLOCK_N);
+      const auto row_of = [&](int i) __attribute__((always_inline)) {
+        return GENERAL ? v_tile[i] : v_tiles[t] + i * v_rows.row_stride;
+      };
+      uint32_t v_words[COLUMN_WORDS && !GENERAL ? K : 1];  // a group of four tiles' words
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < O_TILES; ++j) {
-        const int col0 = o_col0 + j * N;
         const auto product = [&](auto& v_t) __attribute__((always_inline)) {
 IPEX_FLASH_TILE_LOOP
           for (int rt = 0; rt < ROW_TILES; ++rt) rows_mad(sg, o[rt][j], p_tiles[rt], v_t);
         };
-        if constexpr (GENERAL) {  // lane n reads column col0 + n of each key (clamped)
-          float column[K];
-IPEX_FLASH_TILE_LOOP
-          for (int i = 0; i < K; ++i) column[i] = to_float(v_tile[i][col0 + lid]);
+        if constexpr (COLUMN_WORDS && !GENERAL) {
+          load_value_words(sg, row_of, o_col0 + j / 4 * 4 * N, v_words);
           MatrixBRegisters<T, K, N> v_t;
-          matrix_b_from_floats<K, T>(sg, v_t, column);
+          values_b_from_words<T, KV>(sg, v_t, v_words, j % 4);
           product(v_t);
-        } else {
-          ValuesB<T, K, N> v_t;
-          values_b_load(sg, v_t, v_tiles[t] + col0, v_rows.row_stride);
-          product(v_t);
+        } else {  // (lane by lane: lane n reads its column of each key, clamped)
+          values_tile_product<T, K, N, GENERAL || FP8>(
+              sg, v_tiles[t] + o_col0 + j * N, v_rows.row_stride, row_of,
+              o_col0 + value_column<COLUMN_WORDS, N>(j, lid),
+              GENERAL ? static_cast<int>(std::min<int64_t>(K, last_key - key0 + 1)) : K, product);
         }
       }
     }
@@ -324,9 +330,10 @@ IPEX_FLASH_TILE_LOOP
 
   // Each row's sum, LSE and output (decode/xmx_output.hpp).
   const DecodeXmxOutput<T, ROWS, M, G, HEAD_DIM_V> output{
-      rows, split, DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1, staging.o, meet, row_scale,
-      group, sg, sg_id, lid};
-  output.template write<Acc, ROW_TILES, O_TILES, N>(o, lane_sum, max_lanes, o_col0, head_dim_v);
+      rows, split, DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1, descale.v * FP8_TILE_UNIT<KV>,
+      staging.o, meet, row_scale, group, sg, sg_id, lid};
+  output.template write<Acc, ROW_TILES, O_TILES, N, COLUMN_WORDS>(o, lane_sum, max_lanes, o_col0,
+                                                                  head_dim_v);
 }
 
 }  // namespace ipex_flash

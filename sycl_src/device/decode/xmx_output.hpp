@@ -22,6 +22,7 @@ struct DecodeXmxOutput {
   const DecodeRows& rows;
   int split;
   bool one_split;
+  float value_scale;  // an FP8 cache's V descale (1 otherwise), into every row's factor
   float (&o_rows)[M][HEAD_DIM_V];
   float (&meet)[SUBGROUPS][ROWS];
   float (&row_scale)[ROWS];
@@ -31,8 +32,9 @@ struct DecodeXmxOutput {
   int lid;    // lane
 
   // After the last block's barrier. o: this sub-group's O columns (o_col0 + j * N + lane);
-  // lane_sum: this lane's share of each row's sum; max_lanes: row r's running max in lane r.
-  template <class Acc, int ROW_TILES, int O_TILES, int N>
+  // lane_sum: this lane's share of each row's sum; max_lanes: row r's running max in lane r;
+  // COLUMN_WORDS: O's columns in groups of four tiles (decode/xmx_tiles.hpp: value_column).
+  template <class Acc, int ROW_TILES, int O_TILES, int N, bool COLUMN_WORDS>
   IPEX_FLASH_INLINE void write(Acc (&o)[ROW_TILES][O_TILES],
                                const float (&lane_sum)[ROW_TILES][M], float max_lanes,
                                int o_col0, int head_dim_v) const {
@@ -64,12 +66,13 @@ IPEX_FLASH_TILE_LOOP
           }
           const OnlineSoftmaxRow row{from_lane(sg, max_lanes, rt * M + i), sum};
           const float scale = decode_row_finish(rows, split, one_split, rt * M + i, row, lid);
-          if (lid == 0) row_scale[rt * M + i] = scale;
+          if (lid == 0) row_scale[rt * M + i] = scale * value_scale;
         }
       }
       sycl::group_barrier(group);
-      decode_write_rows<T>(rows, split, one_split, rt * M, o_rows, row_scale, head_dim_v,
-                           sg_id * N + lid, G * N);
+      // (O's columns as the tiles hold them: decode_write_rows puts them in order)
+      decode_write_rows<T, M, HEAD_DIM_V, ROWS, COLUMN_WORDS ? 4 * N : 0>(
+          rows, split, one_split, rt * M, o_rows, row_scale, head_dim_v, sg_id * N + lid, G * N);
       sycl::group_barrier(group);  // the row tile written before the next one's O lands
     }
   }

@@ -83,10 +83,11 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
 }
 
 // The matrix-engine form with every tile in registers (decode/xmx_kernel.hpp), where it serves
-// the call: 16-bit caches on an engine of 16-wide tiles in lane columns with 256 registers (XMX
+// the call: 16-bit queries on an engine of 16-wide tiles in lane columns with 256 registers (XMX
 // on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
 // of 16) up to MLA's 576 for Q and K and 512 for V (head_dim_v; 0: head_dim), every score change
-// (softcap, ALiBi, a user's mask), the append and its rotary embedding; no FP8 cache. O's
+// (softcap, ALiBi, a user's mask), the append and its rotary embedding, FP8 caches (converted
+// to the queries' type in registers: decode/xmx_tiles.hpp). O's
 // accumulators take ROWS x Dv / 16 registers: past 64, sub-groups share the work-group
 // (value_split), each with its share of O's columns and of a block's keys for S. Sets the
 // variant's tile, rows, key block and sub-groups and returns true; false (with the reason) where
@@ -95,8 +96,8 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
                    const MatrixTile& tile, const DeviceLimits& limits, SkipReasons* why) {
   constexpr int kTile = 16, kTileRows = 8, kORegisters = 64, kRegisterFloats = 16;
   const int served = FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK | FEATURE_APPEND |
-                     FEATURE_ROTARY | FEATURE_VALUE_DIM;
-  if (kv_bytes != 2 || tile.n != kTile ||
+                     FEATURE_ROTARY | FEATURE_VALUE_DIM | FEATURE_KV_FP8;
+  if (kv_bytes > 2 || tile.n != kTile ||
       !matrix_tiles_in_registers(tile, limits, head_dim, kMaxQkHeadDim, 0, why,
                                  "the decode kernel's register form"))
     return false;
@@ -177,17 +178,18 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   variant.block_n = decode_block_keys(kv_bytes, variant.head_dim);
   variant.features = features;
   const size_t elem_bytes = dtype == "float32" ? 4 : 2;
-  // FP8 caches (common/kv_quant.hpp) compute their scores on the vector units.
   if (kv_bytes == 1 && !limits.fp8_decode)
     throw std::invalid_argument("ipex_flash: FP8 caches on " + limits.name +
                                 " run the general kernel (flash_decode_supported)");
-  if (kv_bytes == 1 && why)
-    why->push_back("FP8 cache: the decode kernel computes FP8 scores on the vector units");
-  const MatrixTile tile = kv_bytes == 1
-                              ? MatrixTile{}
-                              : matrix_tile(limits, dtype, variant.head_dim, mode, why);
-  if (take_xmx_form(variant, head_dim, head_dim_v, rows, kv_bytes, tile, limits, why))
+  const MatrixTile engine_tile = matrix_tile(limits, dtype, variant.head_dim, mode, why);
+  if (take_xmx_form(variant, head_dim, head_dim_v, rows, kv_bytes, engine_tile, limits, why))
     return variant;
+  // FP8 caches (common/kv_quant.hpp) outside the register form compute their scores on the
+  // vector units.
+  if (kv_bytes == 1 && why)
+    why->push_back("FP8 cache: the decode kernel's vector form computes FP8 scores on the "
+                   "vector units");
+  const MatrixTile tile = kv_bytes == 1 ? MatrixTile{} : engine_tile;
   const size_t matrix_slm =
       decode_slm_bytes(variant.head_dim, variant.block_m, variant.block_n, elem_bytes,
                        variant.cpu_device, true, false, false);
