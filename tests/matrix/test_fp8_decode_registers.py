@@ -2,7 +2,8 @@
 converts K and V to the queries' 16-bit type in registers on their way into the tiles), run with
 joint_matrix emulated (IPEX_FLASH_MATRIX=emulate): e4m3 and e5m2 under float16 and bfloat16
 queries against the float64 reference of the dequantised cache; every bit pattern of V exact,
-every finite pattern of K, a NaN key; descales per tensor and per (sequence, K/V head);
+every finite pattern of K, a NaN key; bfloat16 queries beyond a half's range (their tiles are
+half, each row scaled); descales per tensor and per (sequence, K/V head);
 contiguous and paged caches; head dims whose V rows are read a word per lane (64, 128) and one
 read byte by byte (80); partial key blocks, splits, softcap and a window; the append quantising
 its tokens into the cache."""
@@ -35,8 +36,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", QUERY_DTYPES)
-@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", QUERY_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("case", CASES)
 def test_fp8_register_decode_matches_reference(matrix_mode, case, fp8, dtype):
     matrix_mode("emulate")
@@ -59,8 +60,8 @@ def test_fp8_register_decode_matches_reference(matrix_mode, case, fp8, dtype):
     check(out, q, k64, v64, lengths, dtype, **spec.get("options", {}))
 
 
-@pytest.mark.parametrize("dtype", QUERY_DTYPES)
-@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", QUERY_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 def test_every_value_pattern_exact(matrix_mode, fp8, dtype):
     """One key whose value row holds all 256 bit patterns, 8 query heads on it: every output
     row is that row, each value exact (NaN patterns NaN, e5m2's infinities infinite)."""
@@ -81,8 +82,8 @@ def finite_patterns(fp8):
     return values[values.float().isfinite()]
 
 
-@pytest.mark.parametrize("dtype", QUERY_DTYPES)
-@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", QUERY_DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 def test_every_finite_key_pattern(matrix_mode, fp8, dtype):
     """Keys made of every finite pattern, the largest of each format included, with a descale
     that brings them near 1: the scores' dequantisation against the reference."""
@@ -100,7 +101,7 @@ def test_every_finite_key_pattern(matrix_mode, fp8, dtype):
     check(out, q, k_cache.double() * float(k_descale), v_cache.double(), [keys], dtype)
 
 
-@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 def test_a_nan_key_makes_its_rows_nan(matrix_mode, fp8):
     """A NaN element in one key: that key's score is NaN for every row, and IEEE arithmetic
     carries it into every output row of its sequence (the reference instead zeroes the
@@ -116,7 +117,25 @@ def test_a_nan_key_makes_its_rows_nan(matrix_mode, fp8):
     check(out[1:], q[1:], k_cache[1:].double(), v_cache[1:].double(), [80], dtype)
 
 
-@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("magnitude", [3e5, 1e-6, 1e-30])
+def test_bfloat16_queries_outside_a_halfs_range(matrix_mode, magnitude):
+    """bfloat16 queries go to half tiles scaled per row by a power of two: rows far above a
+    half's largest value (65504) or below its smallest normal, beside an ordinary row, against
+    the reference."""
+    matrix_mode("emulate")
+    torch.manual_seed(4)
+    head_dim, keys, dtype = 128, 90, torch.bfloat16
+    (k_cache, v_cache), (k_descale, v_descale), (k64, v64) = quantised_cache(
+        1, keys, 1, head_dim, torch.float8_e4m3fn, True)
+    q = torch.randn(1, 1, 8, head_dim) / head_dim ** 0.5
+    q[:, :, :4] *= magnitude / q[:, :, :4].abs().amax()
+    q = q.to(dtype)
+    out = ipex_flash.flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=k_descale,
+                                             v_descale=v_descale, softmax_scale=1.0)
+    check(out, q, k64, v64, [keys], dtype, scale=1.0)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 def test_append_quantises_into_the_cache(matrix_mode, fp8):
     """bfloat16 tokens appended by the register form: quantised with their descales (the
     cache's bytes those of torch's cast), then read back with the cache."""

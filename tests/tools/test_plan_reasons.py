@@ -71,6 +71,10 @@ KNOWN_REASONS = [
      ["8-wide matrix engine: the decode kernel's matrix scores need tiles 16 wide, its "
       "sub-group's width"]),
     (("decode", "bmg", "bfloat16", 128, KV_E4M3, 4, "auto", 0), []),  # FP8: the register form
+    (("decode", "bmg", "bfloat16", 128, KV_E4M3, 16, "auto", 0),
+     ["decode kernel's register form: FP8 cache with 16 rows per K/V head: the 16-row form "
+      "spills 1-14 KB beside the conversions (gpu-check; 8 rows do not)",
+      "FP8 cache: the decode kernel's vector form computes FP8 scores on the vector units"]),
     (("decode", "bmg", "bfloat16", 72, KV_E4M3, 4, "auto", 0),
      ["decode kernel's register form: head dim 72 is not a multiple of 16",
       "FP8 cache: the decode kernel's vector form computes FP8 scores on the vector units"]),

@@ -9,13 +9,15 @@
 // broadcasts the probabilities from SLM. Each split writes its normalised partial output and LSE,
 // which flash_decode_merge_kernel combines (decode/merge_kernel.hpp):
 // out = sum_s exp2(lse_s - lse) * out_s, lse = log2 sum_s exp2(lse_s); where registers allow, a
-// call of one split writes out and lse itself, one launch fewer. Shape and dimension legend:
-// decode/traits.hpp; rows and Q: decode/rows.hpp; reads ahead (GPUs: a step's V rows during its
-// scores; the CPU device: every head step by step, DECODE_STEP_MAJOR, a burst of reads per step,
-// or for caches of interleaved heads key streams, decode/key_streams.hpp) and 16-bit scores on a
-// matrix engine (MATRIX_M > 0): decode/scores.hpp. The vector scores, softmax, P.V and partial
-// results stay here: as functions taking the local memory by reference they made the kernel spill
-// more on DG2, Meteor Lake and Arrow Lake-H (gpu-check's record).
+// call of one split writes out and lse itself, one launch fewer (decode/vector_output.hpp). Shape
+// and dimension legend: decode/traits.hpp; rows and Q: decode/rows.hpp; reads ahead (GPUs: a
+// step's V rows during its scores; the CPU device: every head step by step, DECODE_STEP_MAJOR, a
+// burst of reads per step, or for caches of interleaved heads key streams,
+// decode/key_streams.hpp) and 16-bit scores on a matrix engine (MATRIX_M > 0): decode/scores.hpp.
+// The vector scores, softmax and P.V stay here:
+// as functions taking the local memory by reference they made the kernel spill more on DG2,
+// Meteor Lake and Arrow Lake-H (gpu-check's record); the output, written once, moved out with
+// the same figures.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -30,6 +32,7 @@
 #include "decode/scores.hpp"
 #include "decode/key_streams.hpp"
 #include "decode/traits.hpp"
+#include "decode/vector_output.hpp"
 #include "common/kernel_props.hpp"
 #include "common/kv_quant.hpp"
 #include "score/block_mask.hpp"
@@ -294,47 +297,8 @@ void flash_decode_kernel(DecodeParams p) {
   // Never true (heads_per_group >= 1), but the compiler cannot know: keeps the reads of
   // RowVectors::touch from being dropped as dead.
   if (p.heads_per_group < 0) p.partial_lse[lid] = static_cast<float>(touched);
-  // Row statistics live in the row's lanes; the output is written with lanes along d. With one
-  // split (DECODE_ONE_SPLIT_WRITES) the work-group holds every key of its rows: it does the merge
-  // kernel's part itself (decode/merge_kernel.hpp: the head's sink as one more term of the
-  // denominator) and writes the output and LSE, and the host launches no merge.
-  const bool one_split = DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1;
-  for (int hk = 0; hk < group_heads; ++hk) {
-    const int h_kv = head0 + hk;
-    const OnlineSoftmaxRow softmax{row_max[hk][lid], row_sum[hk][lid]};
-    const float lse = softmax.log2_sum_exp();
-    float share = 1.f;  // of the final denominator, with one split
-    if (one_split) {
-      const int h = rows.query_head(h_kv, valid_row ? my_row : 0);
-      const SplitShare total = split_share(c.score_mod.sinks, h, lse);
-      share = total.share;
-      if (valid_row && my_key == 0)
-        p.lse[lse_index(c, seq, b, h, rows.token(my_row))] = total.lse;
-    } else if (valid_row && my_key == 0) {
-      p.partial_lse[rows.index(hk, my_row) * c.num_blocks + split] = lse;
-    }
-    row_factor[0][lid] =
-        softmax.inverse_sum() * (kv_descale<FEATURES>(c, b, h_kv).v * Row::UNIT) * share;
-    sycl::group_barrier(group);
-    for (int r = 0; r < GROUP_ROWS && r < rows.count; ++r) {
-      if (one_split) {
-        T* out = static_cast<T*>(p.out) + b * p.out_stride.batch +
-                 rows.query_head(h_kv, r) * p.out_stride.head + rows.token(r) * p.out_stride.row;
-        for (int i = lid; i < HEAD_DIM; i += LANES) {
-          const int d = Row::column(i / LANES, lid);
-          if (d < head_dim_v)
-            out[d] = from_float<T>(acc_all[hk][r][i] * row_factor[0][r * KEYS_PER_STEP]);
-        }
-        continue;
-      }
-      float* partial = p.partial_out + (rows.index(hk, r) * c.num_blocks + split) * head_dim_v;
-      for (int i = lid; i < HEAD_DIM; i += LANES) {
-        const int d = Row::column(i / LANES, lid);
-        if (d < head_dim_v) partial[d] = acc_all[hk][r][i] * row_factor[0][r * KEYS_PER_STEP];
-      }
-    }
-    sycl::group_barrier(group);  // before the next head overwrites row_factor
-  }
+  decode_vector_write<Tr>(group, rows, DecodeRowState<Tr>{q_all, acc_all, row_max, row_sum, q_t},
+                          row_factor, group_heads, split, head_dim_v, lid);
 }
 
 }  // namespace ipex_flash

@@ -21,7 +21,9 @@
 
 namespace ipex_flash {
 
-template <int FEATURES>
+// ROW_SCALES: each row's scores in a unit of its own (`scale` per row, lane r's: an FP8 cache
+// under bfloat16 queries, decode_stage_queries_in_half), else one for all.
+template <int FEATURES, bool ROW_SCALES = false>
 struct DecodeRowScores {
   static constexpr bool ALIBI = (FEATURES & FEATURE_ALIBI) != 0;
   static constexpr bool MASK = (FEATURES & FEATURE_ATTN_MASK) != 0;
@@ -96,7 +98,8 @@ struct DecodeRowScores {
   IPEX_FLASH_INLINE void apply(sycl::sub_group sg, float (&column)[M], const Block& block,
                                int rt, int key_in_block) const {
 #pragma unroll
-    for (int i = 0; i < M; ++i) column[i] *= scale;
+    for (int i = 0; i < M; ++i)
+      column[i] *= ROW_SCALES ? sycl::group_broadcast(sg, scale, rt * M + i) : scale;
     if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
       // The short tanh (tanh_complement) beside ALiBi and a mask too: its spills were the
       // forward's and the 8-wide backward's (softcap_beside_score_changes); this kernel does

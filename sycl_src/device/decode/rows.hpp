@@ -125,10 +125,19 @@ union DecodeXmxStaging {
   float o[M][HEAD_DIM_V];
 };
 
+// Where column d of Q goes in the register form's staged rows: in place, or with PAIRED (an FP8
+// cache's) columns 1 and 2 of every four swapped, the order in which decode/xmx_tiles.hpp pairs
+// a K word's elements (0 and 2, 1 and 3: fp8_word_halves).
+template <bool PAIRED>
+inline int staged_column(int d) {
+  return PAIRED ? (d & ~3) | (d & 1) << 1 | (d >> 1 & 1) : d;
+}
+
 // The register form's rows of one K/V head (rows.head0), staged and written by the work-group's
 // `items` items along d (`item`: this one's). Q of ROWS rows into SLM as T, rotated with the
-// append's rotary (Shape: DecodeXmxShape); padding rows and columns zero.
-template <class Shape, int ROWS, int HEAD_DIM>
+// append's rotary (Shape: DecodeXmxShape), columns placed by staged_column; padding rows and
+// columns zero.
+template <class Shape, bool PAIRED, int ROWS, int HEAD_DIM>
 inline void decode_stage_queries(const DecodeRows& rows,
                                  typename Shape::T (&q_rows)[ROWS][HEAD_DIM], int head_dim,
                                  int item, int items) {
@@ -137,7 +146,50 @@ inline void decode_stage_queries(const DecodeRows& rows,
     const bool row_ok = r < rows.count;
     const T* q = rows.q<T>(0, r, row_ok);
     for (int d = item; d < HEAD_DIM; d += items)
-      q_rows[r][d] = row_ok && d < head_dim ? rows.q_element<Shape>(q, r, d) : tile_zero<T>();
+      q_rows[r][staged_column<PAIRED>(d)] =
+          row_ok && d < head_dim ? rows.q_element<Shape>(q, r, d) : tile_zero<T>();
+  }
+}
+
+// The same, PAIRED, into half tiles from bfloat16 queries (an FP8 cache's: xmx_tiles.hpp), each
+// row times the power of two 2^s that brings its largest magnitude into [2^13, 2^14): there a
+// half holds every bfloat16 element exactly down to 2^-27 of the largest (the rest keep 2^-24 of
+// absolute precision), where one unscaled would overflow past 65504. row_unit[r] = 2^-s, what
+// the row's scores are in (1 for a row of zeros, infinities or NaNs). The sub-groups' maxima
+// meet in `meet` (a work-group reduction took 4 KiB of SLM of its own on BMG and PVC).
+template <class Shape, int ROWS, int HEAD_DIM, int G>
+inline void decode_stage_queries_in_half(sycl::group<1> group, sycl::sub_group sg, int sg_id,
+                                         const DecodeRows& rows,
+                                         sycl::half (&q_rows)[ROWS][HEAD_DIM],
+                                         float (&row_unit)[ROWS], float (&meet)[G][ROWS],
+                                         int head_dim, int item, int items) {
+  using T = typename Shape::T;
+  for (int r = 0; r < ROWS; ++r) {
+    const bool row_ok = r < rows.count;
+    const T* q = rows.q<T>(0, r, row_ok);
+    float largest = 0.f;
+    for (int d = item; row_ok && d < head_dim; d += items)
+      largest = sycl::fmax(largest, sycl::fabs(to_float(rows.q_element<Shape>(q, r, d))));
+    largest = sycl::reduce_over_group(sg, largest, sycl::maximum<float>());
+    if (sg.get_local_linear_id() == 0) meet[sg_id][r] = largest;
+  }
+  sycl::group_barrier(group);
+  for (int r = 0; r < ROWS; ++r) {
+    const bool row_ok = r < rows.count;
+    const T* q = rows.q<T>(0, r, row_ok);
+    float largest = meet[0][r];
+    for (int g = 1; g < G; ++g) largest = sycl::fmax(largest, meet[g][r]);
+    // largest's binary exponent (largest = m * 2^e, m in [1, 2)), the shift held to +-100
+    const int e = static_cast<int>((sycl::bit_cast<uint32_t>(largest) >> 23) & 0xffu) - 127;
+    const int shift =
+        largest > 0.f && sycl::isfinite(largest) ? sycl::clamp(13 - e, -100, 100) : 0;
+    for (int d = item; d < HEAD_DIM; d += items)
+      q_rows[r][staged_column<true>(d)] =
+          row_ok && d < head_dim
+              ? static_cast<sycl::half>(
+                    sycl::ldexp(to_float(rows.q_element<Shape>(q, r, d)), shift))
+              : sycl::half(0.f);
+    if (item == 0) row_unit[r] = sycl::ldexp(1.f, -shift);
   }
 }
 

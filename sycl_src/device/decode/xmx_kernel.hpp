@@ -1,5 +1,5 @@
 // Decoding on the matrix engine with every tile in registers: the decode kernel's form for the
-// 16-wide XMX GPUs (PVC, BMG, Lunar Lake) and 16-bit caches, in sycl-tla's orientation
+// 16-wide XMX GPUs (PVC, BMG, Lunar Lake), 16-bit and FP8 caches, in sycl-tla's orientation
 // (matrix/row_tiles.hpp). The query rows of one K/V head (GQA group x new tokens, 8 or 16:
 // ROWS) are the DPAS tiles' M rows, so each K/V element read feeds all of them on XMX:
 //   S (rows, keys) = Q (rows, d) . K^T (d, keys)    K^T's tiles loaded from K's rows in place
@@ -7,17 +7,17 @@
 //   O (rows, dv) = rescale * O + P (rows, keys) . V (keys, dv)   V's tiles from its rows
 // Q is staged once in SLM and read as A tiles (in registers where they fit); S and O stay in
 // registers through the keys; P goes to A tiles through SLM, O through SLM once at the end
-// (decode/xmx_output.hpp; what IGC made of the other forms: docs/matrix_kernels.md). A
-// work-group per (batch, K/V head, split of the keys, slice of ROWS rows), of SUBGROUPS
-// sub-groups where O would not fit one (head dims past 128, MLA's 512 latent columns): each
-// computes S for its share of a block's key tiles and O for its share of the columns. A split
-// writes its partial output and LSE for flash_decode_merge_kernel, or with one split the output.
-// Key blocks walk as the forward's (run_blocks): the fully visible ones in a loop of in-place
-// loads without the mask's code; a window's edge and a split's partial last block with each
-// lane reading its own column of a tile, a key past the split's last reading that key's row
-// again (probability 0): what lies past the keys, a NaN perhaps, never reaches a product.
-// Dimension legend: r = the group's rows (M per row tile), d / dv = head dims, n = keys of a
-// tile (the sub-group's lanes).
+// (decode/xmx_output.hpp; what IGC made of the other forms: docs/matrix_kernels.md); K's and V's
+// tiles as decode/xmx_tiles.hpp reads them. A work-group per (batch, K/V head, split of the
+// keys, slice of ROWS rows), of SUBGROUPS sub-groups where O would not fit one (head dims past
+// 128, MLA's 512 latent columns): each computes S for its share of a block's key tiles and O for
+// its share of the columns. A split writes its partial output and LSE for
+// flash_decode_merge_kernel, or with one split the output. Key blocks walk as the forward's
+// (run_blocks): the fully visible ones in a loop of in-place loads without the mask's code; a
+// window's edge and a split's partial last block with each lane reading its own column of a
+// tile, a key past the split's last reading that key's row again (probability 0): what lies past
+// the keys, a NaN perhaps, never reaches a product. Legend: r = the group's rows (M per row
+// tile), d / dv = head dims, n = keys of a tile (the sub-group's lanes).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -49,10 +49,10 @@ namespace ipex_flash {
 namespace syclexp = sycl::ext::oneapi::experimental;
 
 // FEATURES: softcap, ALiBi, the user's mask (decode/row_scores.hpp), the append and its rotary
-// embedding, an FP8 cache (its tiles converted in registers: decode/xmx_tiles.hpp). HEAD_DIM_V: V's and O's head
-// dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS: where O would pass 64
-// registers in one sub-group (take_xmx_form, host/variants/decode_variant.cpp); the rows' block
-// maxima and sums meet in SLM.
+// embedding, an FP8 cache (its tiles converted in registers: decode/xmx_tiles.hpp). HEAD_DIM_V:
+// V's and O's head dim (MLA's 512 latent columns of its 576-column K rows). SUBGROUPS: where O
+// would pass 64 registers in one sub-group (take_xmx_form, host/variants/decode_variant.cpp);
+// the rows' block maxima and sums meet in SLM.
 template <typename T, int HEAD_DIM, int ROWS, int BLOCK_N, int FEATURES, int MATRIX_M,
           int MATRIX_K, int MATRIX_N, int HEAD_DIM_V = HEAD_DIM, int SUBGROUPS = 1>
 SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
@@ -73,28 +73,32 @@ void flash_decode_xmx_kernel(DecodeParams p) {
                               FEATURE_APPEND | FEATURE_ROTARY | FEATURE_VALUE_DIM |
                               FEATURE_KV_FP8)) == 0,
                 "features this form serves");
-  // The cache's elements: T, or FP8 read lane by lane into T's tiles.
+  // The cache's elements: T, or FP8 read lane by lane into half tiles (TT), bfloat16 queries'
+  // rows scaled into a half's range (SCALED_Q: decode_stage_queries_in_half).
   using KV = kv_storage_t<T, FEATURES>;
-  constexpr bool FP8 = sizeof(KV) == 1;
+  constexpr bool FP8 = sizeof(KV) == 1, SCALED_Q = FP8 && !std::is_same_v<T, sycl::half>;
+  using TT = std::conditional_t<FP8, sycl::half, T>;
   // O's columns in groups of four tiles, V's rows read a word per lane (value_column)
   constexpr bool COLUMN_WORDS = FP8 && O_COLS % (4 * N) == 0;
   using Shape = DecodeXmxShape<T, FEATURES>;
   using Acc = MatrixAcc<M, N>;
-  using QTile = RowsA<T, M, K>;
+  using QTile = RowsA<TT, M, K>;
   // Q, then at the end O's rows (one row tile at a time, as float) in the same bytes; P of a key
   // block on its way from S's accumulators to A tiles (an accumulator's elements copied into an
   // A tile one by one, joint_matrix_copy, went through private memory on BMG: 74 KB, 160k
   // instructions a block); the sub-groups' block maxima and sums; the rows' output scales.
-  using Staging = DecodeXmxStaging<T, ROWS, HEAD_DIM, M, HEAD_DIM_V>;
+  using Staging = DecodeXmxStaging<TT, ROWS, HEAD_DIM, M, HEAD_DIM_V>;
   static syclexp::work_group_static<Staging> staging_slm;
-  static syclexp::work_group_static<T[ROWS][BLOCK_N]> p_slm;
+  static syclexp::work_group_static<TT[ROWS][BLOCK_N]> p_slm;
   static syclexp::work_group_static<float[G][ROWS]> meet_slm;
   static syclexp::work_group_static<float[ROWS]> scale_slm;
+  static syclexp::work_group_static<float[SCALED_Q ? ROWS : 1]> q_unit_slm;  // (SCALED_Q)
   Staging& staging = staging_slm;
-  T(&q_rows)[ROWS][HEAD_DIM] = staging.q;
-  T(&p_rows)[ROWS][BLOCK_N] = p_slm;
+  TT(&q_rows)[ROWS][HEAD_DIM] = staging.q;
+  TT(&p_rows)[ROWS][BLOCK_N] = p_slm;
   float(&meet)[G][ROWS] = meet_slm;
   float(&row_scale)[ROWS] = scale_slm;
+  float(&q_unit)[SCALED_Q ? ROWS : 1] = q_unit_slm;
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -104,10 +108,7 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   const int sg_id = G == 1 ? 0 : static_cast<int>(sg.get_group_linear_id());
   const int local_id = sg_id * N + lid;
   const auto barrier = [&]() __attribute__((always_inline)) {
-    if constexpr (G == 1)
-      sycl::group_barrier(sg);
-    else
-      sycl::group_barrier(group);
+    G == 1 ? sycl::group_barrier(sg) : sycl::group_barrier(group);
   };
   const int heads_kv = c.dims.heads_kv();
   const BlockCoord coord = block_coord(static_cast<int64_t>(item.get_group(0)), c.num_blocks,
@@ -115,9 +116,8 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   const int b = coord.batch, split = coord.block;
   const int h_kv = coord.head / p.row_slices;
   const SeqInfo seq = bounded_seq_info(c, p.bounds, b);
-  const int len_q = seq.len_q;
   const int row0 = coord.head % p.row_slices * ROWS;
-  const DecodeRows rows{p, seq, b, h_kv, row0, c.dims.heads_per_kv * len_q - row0};
+  const DecodeRows rows{p, seq, b, h_kv, row0, c.dims.heads_per_kv * seq.len_q - row0};
   if (rows.count <= 0) return;  // past a shorter sequence's rows
   const int head_dim = c.dims.head_dim, head_dim_v = c.dims.head_dim_v;
   const BlockMask mask = BlockMask::of(c.mask, seq);
@@ -126,14 +126,10 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   const bool in_pool = split_pages_in_pool(
       sg, c, p.bounds, b, split_begin, std::min<int64_t>(split_begin + p.split_keys, seq.len_k));
   const int64_t kv_end =
-      in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(len_q)) : kv_first;
+      in_pool ? std::min<int64_t>(split_begin + p.split_keys, mask.end_key(seq.len_q)) : kv_first;
   const KvRows<KV> k_rows = kv_rows<KV>(p.k, p.k_stride, c, seq, b, h_kv);
   const KvRows<KV> v_rows = kv_rows<KV>(p.v, p.v_stride, c, seq, b, h_kv);
-  // An FP8 cache's descales (1 otherwise), K's with the unit its elements are read in, folded
-  // into the scores' scale and the output's factor (common/kv_quant.hpp).
-  const KvDescale descale = kv_descale<FEATURES>(c, b, h_kv);
-  const DecodeRowScores<FEATURES> row_scores = DecodeRowScores<FEATURES>::of(
-      c, rows, h_kv, ROWS, lid, descale.k * FP8_TILE_UNIT<KV>);
+  const KvDescale descale = kv_descale<FEATURES>(c, b, h_kv);  // 1 but for FP8 caches
 
   if constexpr ((FEATURES & FEATURE_APPEND) != 0) {
     if (sg_id == 0)
@@ -141,10 +137,16 @@ void flash_decode_xmx_kernel(DecodeParams p) {
                            split_begin, lid);
     sycl::group_barrier(group);  // the new rows written before any lane reads them
   }
-  // Q of the group's rows into SLM (rotated with the append's rotary), the work-group's items
-  // along d; padding rows and columns zero.
-  decode_stage_queries<Shape>(rows, q_rows, head_dim, local_id, G * N);
+  // Q of the group's rows into SLM, the work-group's items along d (decode/rows.hpp).
+  if constexpr (SCALED_Q)
+    decode_stage_queries_in_half<Shape>(group, sg, sg_id, rows, q_rows, q_unit, meet, head_dim,
+                                        local_id, G * N);
+  else
+    decode_stage_queries<Shape, FP8>(rows, q_rows, head_dim, local_id, G * N);
   sycl::group_barrier(group);
+  const DecodeRowScores<FEATURES, SCALED_Q> row_scores = DecodeRowScores<FEATURES, SCALED_Q>::of(
+      c, rows, h_kv, ROWS, lid,
+      descale.k * FP8_TILE_UNIT<KV> * (SCALED_Q ? q_unit[std::min(lid, ROWS - 1)] : 1.f));
   QTile q_tiles[Q_IN_REGISTERS ? ROW_TILES * D_STEPS : 2];
   if constexpr (Q_IN_REGISTERS) {
 IPEX_FLASH_TILE_LOOP
@@ -154,20 +156,13 @@ IPEX_FLASH_TILE_LOOP
         rows_a_load(sg, q_tiles[rt * D_STEPS + s], &q_rows[rt * M][s * K], HEAD_DIM);
   }
 
-  Acc o[ROW_TILES][O_TILES];  // this sub-group's columns of O: o_col0 + j * N + lane
+  Acc o[ROW_TILES][O_TILES];  // this sub-group's columns of O (o_col0 + value_column(j, lane))
   const int o_col0 = sg_id * O_COLS;
-IPEX_FLASH_TILE_LOOP
-  for (int rt = 0; rt < ROW_TILES; ++rt)
-IPEX_FLASH_TILE_LOOP
-    for (int t = 0; t < O_TILES; ++t) matrix_fill(sg, o[rt][t], 0.f);
+  rows_fill(sg, o, 0.f);
   // The running max of row r in lane r (the same in every sub-group; rows_max_into_lanes), and
   // per row this lane's share of the sum over its sub-group's keys.
   float max_lanes = NEG_INF;
-  float lane_sum[ROW_TILES][M];
-IPEX_FLASH_TILE_LOOP
-  for (int rt = 0; rt < ROW_TILES; ++rt)
-IPEX_FLASH_TILE_LOOP
-    for (int i = 0; i < M; ++i) lane_sum[rt][i] = 0.f;
+  float lane_sum[ROW_TILES][M] = {};
   // Tiles straight from the cache where a tile's 16 rows are evenly spaced (no pages, or pages
   // of whole tiles) and whole (the compiled head dims).
   const bool in_place = head_dim == HEAD_DIM && head_dim_v == HEAD_DIM_V &&
@@ -230,7 +225,7 @@ IPEX_FLASH_TILE_LOOP
           }
         };
         // (lane by lane: lane n reads key key0 + n's columns, clamped)
-        keys_tile_product<T, K, N, GENERAL || FP8>(
+        keys_tile_product<TT, K, N, GENERAL || FP8>(
             sg, k_tiles[t] + step * K, k_rows.row_stride,
             (GENERAL ? tile_row(k_rows, k_tiles[t], key0, key0 + lid)
                      : k_tiles[t] + lid * k_rows.row_stride) + step * K,
@@ -240,7 +235,7 @@ IPEX_FLASH_TILE_LOOP
 
     // Scores, the online softmax (the block max over the sub-groups' keys), P; O rescaled,
     // then O += P . V tile by tile.
-    const typename DecodeRowScores<FEATURES>::Block score_block = row_scores.at(kv_begin);
+    const auto score_block = row_scores.at(kv_begin);
     float block_lanes = NEG_INF;  // lane r: row r's max over the block's keys
 IPEX_FLASH_TILE_LOOP
     for (int rt = 0; rt < ROW_TILES; ++rt) {
@@ -275,7 +270,7 @@ IPEX_FLASH_TILE_LOOP
         for (int i = 0; i < M; ++i) {
           const float prob = sycl::exp2(column[i] - from_lane(sg, base_lanes, rt * M + i));
           lane_sum[rt][i] += prob;
-          p_rows[rt * M + i][(sg_id * MY_KEY_TILES + t) * N + lid] = from_float<T>(prob);
+          p_rows[rt * M + i][(sg_id * MY_KEY_TILES + t) * N + lid] = from_float<TT>(prob);
         }
       }
 IPEX_FLASH_TILE_LOOP
@@ -297,33 +292,19 @@ IPEX_FLASH_TILE_LOOP
       const auto row_of = [&](int i) __attribute__((always_inline)) {
         return GENERAL ? v_tile[i] : v_tiles[t] + i * v_rows.row_stride;
       };
-      uint32_t v_words[COLUMN_WORDS && !GENERAL ? K : 1];  // a group of four tiles' words
+      for_value_tiles<TT, K, N, O_TILES, GENERAL || FP8, COLUMN_WORDS, COLUMN_WORDS && !GENERAL>(
+          sg, v_tiles[t] + o_col0, v_rows.row_stride, row_of, o_col0,
+          GENERAL ? static_cast<int>(std::min<int64_t>(K, last_key - key0 + 1)) : K, lid,
+          [&](int j, auto& v_t) __attribute__((always_inline)) {
 IPEX_FLASH_TILE_LOOP
-      for (int j = 0; j < O_TILES; ++j) {
-        const auto product = [&](auto& v_t) __attribute__((always_inline)) {
-IPEX_FLASH_TILE_LOOP
-          for (int rt = 0; rt < ROW_TILES; ++rt) rows_mad(sg, o[rt][j], p_tiles[rt], v_t);
-        };
-        if constexpr (COLUMN_WORDS && !GENERAL) {
-          load_value_words(sg, row_of, o_col0 + j / 4 * 4 * N, v_words);
-          MatrixBRegisters<T, K, N> v_t;
-          values_b_from_words<T, KV>(sg, v_t, v_words, j % 4);
-          product(v_t);
-        } else {  // (lane by lane: lane n reads its column of each key, clamped)
-          values_tile_product<T, K, N, GENERAL || FP8>(
-              sg, v_tiles[t] + o_col0 + j * N, v_rows.row_stride, row_of,
-              o_col0 + value_column<COLUMN_WORDS, N>(j, lid),
-              GENERAL ? static_cast<int>(std::min<int64_t>(K, last_key - key0 + 1)) : K, product);
-        }
-      }
+            for (int rt = 0; rt < ROW_TILES; ++rt) rows_mad(sg, o[rt][j], p_tiles[rt], v_t);
+          });
     }
     barrier();  // P read before the next block writes it
   };
-  // Rows span every new token: the mask's run is the one all of them see whole. Split with
-  // score changes too, as the register forward: here the general form is also the
-  // lane-by-lane K/V reads, which cost the loop 9x its instructions (gpu-check, BMG d = 64),
-  // and the changes' code is the same in both forms (decode/row_scores.hpp).
-  const BlockRun lean = in_place ? mask.fully_visible_key_blocks(0, len_q, kv_first, kv_end,
+  // Rows span every new token: the mask's run is the one all of them see whole. Split with score
+  // changes too: the general form is also the lane-by-lane reads (9x the loop, BMG d = 64).
+  const BlockRun lean = in_place ? mask.fully_visible_key_blocks(0, seq.len_q, kv_first, kv_end,
                                                                  BLOCK_N)
                                  : BlockRun::none(kv_first);
   run_blocks</*SPLIT=*/true>(kv_first, kv_end, BLOCK_N, lean, kv_block);

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "common/dtypes.hpp"
+#include "common/kernel_props.hpp"
 #include "matrix/registers.hpp"
 #include "matrix/row_tiles.hpp"
 #include "vector/tile_io.hpp"
@@ -86,7 +87,8 @@ __attribute__((always_inline)) inline void keys_b_from_lane_row(sycl::sub_group 
       uint32_t even, odd;
       fp8_word_halves<KV>(words[w], even, odd);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) column[4 * w + u] = fp8_half_to_tile<T>(even, odd, u);
+      for (int u = 0; u < 4; ++u)  // (Q's columns in this order: staged_column)
+        column[4 * w + u] = fp8_half_to_tile<T>(even, odd, u == 1 ? 2 : u == 2 ? 1 : u);
     }
     matrix_b_from_column<K>(sg, b, column);
   } else {
@@ -179,23 +181,36 @@ __attribute__((always_inline)) inline void keys_tile_product(sycl::sub_group sg,
   }
 }
 
-// product(tile) with V's tile of N columns: read in place from `tile` (rows `stride` apart), or
-// LANE_BY_LANE from row_of(i)'s element `column` for each of its K rows, those from `rows` on
-// zero.
-template <typename T, int K, int N, bool LANE_BY_LANE, typename KV, typename RowOf,
-          typename Product>
-__attribute__((always_inline)) inline void values_tile_product(sycl::sub_group sg, const KV* tile,
-                                                               int64_t stride, RowOf row_of,
-                                                               int column, int rows,
-                                                               Product product) {
-  if constexpr (LANE_BY_LANE) {
-    MatrixBRegisters<T, K, N> v_t;
-    values_b_from_rows<T, K>(sg, v_t, row_of, column, rows);
-    product(v_t);
-  } else {
-    ValuesB<T, K, N> v_t;
-    values_b_load(sg, v_t, tile, stride);
-    product(v_t);
+// product(j, tile) for each of a sub-group's O_TILES column tiles j with V's tile j of one key
+// tile: in place from `tile` (the sub-group's first column of the key tile's first row, rows
+// `stride` apart), or LANE_BY_LANE from row_of(i), the rows from `rows` on zero for FP8; its
+// columns from `column0` (the sub-group's first) as value_column places them, with WORD_LOADS
+// the sub-group reading a word of each row per group of four tiles.
+template <typename T, int K, int N, int O_TILES, bool LANE_BY_LANE, bool COLUMN_WORDS,
+          bool WORD_LOADS, typename KV, typename RowOf, typename Product>
+__attribute__((always_inline)) inline void for_value_tiles(sycl::sub_group sg, const KV* tile,
+                                                           int64_t stride, RowOf row_of,
+                                                           int column0, int rows, int lane,
+                                                           Product product) {
+  uint32_t words[WORD_LOADS ? K : 1];  // a group of four tiles' words
+IPEX_FLASH_TILE_LOOP
+  for (int j = 0; j < O_TILES; ++j) {
+    const auto product_j = [&](auto& v_t) __attribute__((always_inline)) { product(j, v_t); };
+    if constexpr (WORD_LOADS) {
+      load_value_words(sg, row_of, column0 + j / 4 * 4 * N, words);
+      MatrixBRegisters<T, K, N> v_t;
+      values_b_from_words<T, KV>(sg, v_t, words, j % 4);
+      product_j(v_t);
+    } else if constexpr (LANE_BY_LANE) {
+      MatrixBRegisters<T, K, N> v_t;
+      const int column = column0 + value_column<COLUMN_WORDS, N>(j, lane);
+      values_b_from_rows<T, K>(sg, v_t, row_of, column, rows);
+      product_j(v_t);
+    } else {  // in place
+      ValuesB<T, K, N> v_t;
+      values_b_load(sg, v_t, tile + j * N, stride);
+      product_j(v_t);
+    }
   }
 }
 

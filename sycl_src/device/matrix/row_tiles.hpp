@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "common/dtypes.hpp"
+#include "common/kernel_props.hpp"
 #include "matrix/registers.hpp"
 #include "matrix/slm_tile.hpp"
 
@@ -111,6 +112,16 @@ inline void rows_mad(sycl::sub_group sg, MatrixAcc<M, N>& c, RowsA<T, M, K>& a,
 }
 
 #endif  // IPEX_FLASH_MATRIX_EMULATE
+
+// Every element of every accumulator of `tiles` set to `value`.
+template <typename Acc, int ROW_TILES, int TILES>
+__attribute__((always_inline)) inline void rows_fill(sycl::sub_group sg,
+                                                     Acc (&tiles)[ROW_TILES][TILES], float value) {
+IPEX_FLASH_TILE_LOOP
+  for (int rt = 0; rt < ROW_TILES; ++rt)
+IPEX_FLASH_TILE_LOOP
+    for (int t = 0; t < TILES; ++t) matrix_fill(sg, tiles[rt][t], value);
+}
 
 // The row maxima of `tiles` accumulators (lane columns), into lanes: lane row0 + i of `lanes`
 // becomes the max over their row i (other lanes keep theirs). A row's statistics held so, one

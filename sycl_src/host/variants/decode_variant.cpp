@@ -86,8 +86,8 @@ size_t decode_vector_slm_bytes(const std::string& dtype, int head_dim, int rows,
 // the call: 16-bit queries on an engine of 16-wide tiles in lane columns with 256 registers (XMX
 // on PVC, BMG, Lunar Lake; or its emulation), 8x16x16 tiles; head dims of whole tiles (multiples
 // of 16) up to MLA's 576 for Q and K and 512 for V (head_dim_v; 0: head_dim), every score change
-// (softcap, ALiBi, a user's mask), the append and its rotary embedding, FP8 caches (converted
-// to the queries' type in registers: decode/xmx_tiles.hpp). O's
+// (softcap, ALiBi, a user's mask), the append and its rotary embedding, FP8 caches up to 8 rows
+// (converted to half in registers: decode/xmx_tiles.hpp). O's
 // accumulators take ROWS x Dv / 16 registers: past 64, sub-groups share the work-group
 // (value_split), each with its share of O's columns and of a block's keys for S. Sets the
 // variant's tile, rows, key block and sub-groups and returns true; false (with the reason) where
@@ -109,6 +109,9 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
   std::string reason;
   if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
     reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
+  else if (kv_bytes == 1 && block_m > kTileRows)
+    reason = "FP8 cache with " + std::to_string(rows) + " rows per K/V head: the 16-row form "
+             "spills 1-14 KB beside the conversions (gpu-check; 8 rows do not)";
   else if ((variant.features & ~served) != 0)
     reason = "feature bits " + std::to_string(variant.features & ~served) + " are not its";
   else if (head_dim % kTile != 0 || dv % kTile != 0)
@@ -139,9 +142,10 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
   variant.matrix_emulated = tile.emulated;
   variant.matrix_registers = true;
   // Q as T, in the same bytes O's row tile as float; a block's P as T; the sub-groups' maxima
-  // and sums, the rows' scales (decode/xmx_kernel.hpp)
+  // and sums, the rows' scales, and with an FP8 cache Q's rows' units (decode/xmx_kernel.hpp)
   variant.slm_bytes = std::max<size_t>(2 * block_m * head_dim, 4 * kTileRows * dv) +
-                      2 * block_m * variant.block_n + 4 * block_m * (subgroups + 1);
+                      2 * block_m * variant.block_n +
+                      4 * block_m * (subgroups + (kv_bytes == 1 ? 2 : 1));
   return true;
 }
 
@@ -181,7 +185,13 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
   if (kv_bytes == 1 && !limits.fp8_decode)
     throw std::invalid_argument("ipex_flash: FP8 caches on " + limits.name +
                                 " run the general kernel (flash_decode_supported)");
-  const MatrixTile engine_tile = matrix_tile(limits, dtype, variant.head_dim, mode, why);
+  // (an FP8 cache under a tile shape asked for by name, IPEX_FLASH_MATRIX=8 or 16, keeps the
+  // vector form, as before the register form took FP8: such a shape is an error for the
+  // engine's missing dtypes, which FP8 decodes never asked it for)
+  const MatrixTile engine_tile =
+      kv_bytes == 1 && (mode == "8" || mode == "16")
+          ? MatrixTile{}
+          : matrix_tile(limits, dtype, variant.head_dim, mode, why);
   if (take_xmx_form(variant, head_dim, head_dim_v, rows, kv_bytes, engine_tile, limits, why))
     return variant;
   // FP8 caches (common/kv_quant.hpp) outside the register form compute their scores on the
