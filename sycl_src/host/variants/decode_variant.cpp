@@ -107,8 +107,9 @@ bool take_xmx_form(KernelVariant& variant, int head_dim, int head_dim_v, int row
   int subgroups = 1;
   while (block_m * dv / kRegisterFloats / subgroups > kORegisters) subgroups *= 2;
   std::string reason;
-  if (!tile.emulated && !limits.takes_matrix_tile(variant.dtype, kTileRows, kTile, kTile))
-    reason = limits.name + " takes no " + variant.dtype + " tiles of 8x16x16";
+  const std::string tile_dtype = kv_bytes == 1 ? "float16" : variant.dtype;  // FP8: half tiles
+  if (!tile.emulated && !limits.takes_matrix_tile(tile_dtype, kTileRows, kTile, kTile))
+    reason = limits.name + " takes no " + tile_dtype + " tiles of 8x16x16";
   else if (kv_bytes == 1 && block_m > kTileRows)
     reason = "FP8 cache with " + std::to_string(rows) + " rows per K/V head: the 16-row form "
              "spills 1-14 KB beside the conversions (gpu-check; 8 rows do not)";
