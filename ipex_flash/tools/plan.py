@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
@@ -22,6 +23,9 @@ from ipex_flash.ops import launch
 DTYPES = ("float32", "float16", "bfloat16")
 MATRIX_MODES = ("auto", "0", "1", "8", "16", "emulate", "emulate8")
 MASK_DTYPES = ("bool", "float32", "float16", "bfloat16")
+# The KV cache's element type: q's, or FP8 (FEATURE_KV_E4M3, _E5M2: common/features.hpp)
+KV_DTYPES = {"same": 0, "float8_e4m3fn": 64, "float8_e5m2": 128}
+FP8_CACHE = 64 | 128
 
 
 def add_arguments(parser) -> None:
@@ -47,6 +51,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-heads", type=int, default=8, help="K/V heads (decode)")
     parser.add_argument("--new-tokens", type=int, default=1, help="query tokens per sequence "
                         "of a decode step")
+    parser.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="same",
+                        help="the KV cache's dtype (forward and decode): q's, or FP8 with a "
+                             "16-bit q")
     parser.add_argument("--matrix", choices=MATRIX_MODES, default=None,
                         help="IPEX_FLASH_MATRIX for this call (default: the environment's, "
                              "else auto)")
@@ -61,7 +68,13 @@ def call_features(args) -> int:
         options.alibi_slopes = C.TensorView(0, "float32", [1], [1])
     if args.mask:
         options.attn_mask = C.TensorView(0, args.mask, [1, 1, 1, 1], [0, 0, 0, 0])
-    return C.features_of(options, C.TensorView(0, args.dtype, [1, 1, 1, 1], [1, 1, 1, 1]))
+    kv_bits = KV_DTYPES[getattr(args, "kv_dtype", "same")]
+    if kv_bits and (args.dtype == "float32" or args.direction == "backward"):
+        raise ValueError(f"--kv-dtype {args.kv_dtype}: FP8 caches take float16 or bfloat16 "
+                         f"queries, forward or decode (no backward), not {args.dtype} "
+                         f"{args.direction}")
+    return C.features_of(options, C.TensorView(0, args.dtype, [1, 1, 1, 1], [1, 1, 1, 1])) | \
+        kv_bits
 
 
 def make_plan(args) -> dict:
@@ -81,6 +94,11 @@ def make_plan(args) -> dict:
             served, reasons = C.decode_fits(
                 args.dtype, widest, rows, features, "" if on_device else target,
                 launch.queue_handle(torch.device(target)) if on_device else 0)
+        if served and features & FP8_CACHE and not on_device and \
+                not C.profile_limits(target)["large_grf"]:
+            served, reasons = False, [f"FP8 cache on {target}: its decode kernel's conversions "
+                                      "spilled the 128 registers (docs/gpus.md): the general "
+                                      "forward kernel serves it"]
         if not served:
             family = "forward"
         elif head_dim_v != args.head_dim:
@@ -139,7 +157,11 @@ def _tiles(v) -> str:
 
 
 def main(args) -> int:
-    plan = make_plan(args)
+    try:
+        plan = make_plan(args)
+    except ValueError as e:  # a call the options cannot describe (FP8 with float32 q)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         v = plan["variant"]
         variant = {name: getattr(v, name) for name in dir(v) if not name.startswith("_")}
@@ -147,6 +169,7 @@ def main(args) -> int:
         return 0
     options = [name for name in ("causal", "softcap", "alibi") if getattr(args, name)]
     options += [f"{args.mask} mask"] if args.mask else []
+    options += [f"{args.kv_dtype} cache"] if getattr(args, "kv_dtype", "same") != "same" else []
     head_dims = f"head dim {args.head_dim}" + (
         f", v's {args.head_dim_v}" if args.head_dim_v not in (0, args.head_dim) else "")
     call = ", ".join([args.direction, args.dtype, head_dims] + options)

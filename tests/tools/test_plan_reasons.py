@@ -134,7 +134,7 @@ def test_the_decode_or_general_choice_says_why():
 def cli_args(**given):
     args = dict(target="bmg", direction="forward", dtype="bfloat16", head_dim=128, head_dim_v=0,
                 causal=False, softcap=False, alibi=False, mask=None, gqa=1, kv_heads=8,
-                new_tokens=1, matrix=None, json=False)
+                new_tokens=1, kv_dtype="same", matrix=None, json=False)
     args.update(given)
     return argparse.Namespace(**args)
 
@@ -233,3 +233,22 @@ def test_layout_probe_fallback_gives_the_reason_its_warning_gives():
     assert f"  - {reason}\n" in out
     warning = [line for line in err.splitlines() if "RuntimeWarning" in line]
     assert len(warning) == 1 and reason in warning[0], err
+
+
+def test_cli_kv_dtype_reaches_the_decode_choice(capsys, monkeypatch):
+    """--kv-dtype: an FP8 decode of 8 rows takes the register form on BMG, 16 rows the vector
+    form, and on DG2 (128 registers) the general kernel, each with its reason; FP8 with a
+    float32 q or a backward is refused with a message, not a traceback."""
+    monkeypatch.delenv("IPEX_FLASH_MATRIX", raising=False)
+    out = printed(capsys, direction="decode", gqa=8, kv_dtype="float8_e4m3fn")
+    assert "float8_e4m3fn cache" in out and "register form" in out
+    assert "faster forms skipped: none" in out
+    out = printed(capsys, direction="decode", gqa=16, kv_dtype="float8_e5m2")
+    assert "vector scores" in out and "FP8 cache with 16 rows per K/V head" in out
+    out = printed(capsys, target="dg2", direction="decode", gqa=8, kv_dtype="float8_e5m2")
+    assert "kernel: general forward kernel" in out
+    assert "  - FP8 cache on dg2: its decode kernel's conversions spilled" in out
+    for given in (dict(dtype="float32"), dict(direction="backward")):
+        assert plan.main(cli_args(kv_dtype="float8_e4m3fn", **given)) == 2
+        assert "error: --kv-dtype float8_e4m3fn: FP8 caches take float16 or bfloat16" in \
+            capsys.readouterr().err
