@@ -136,8 +136,8 @@ def plan_target(target: str, full: bool, families=None, dtypes=None) -> list:
     limits = C.profile_limits(target)
     programs, seen = [], set()
     for family, dtype, head_dim, features, rows, mode, head_dim_v in _calls(full):
-        if family == "fp8_decode":  # C.flash_decode_supported: large register files only
-            if not limits["large_grf"]:
+        if family == "fp8_decode":  # C.flash_decode_supported (DeviceLimits::fp8_decode)
+            if not limits["fp8_decode"]:
                 continue
             family = "decode"
         if (families and family not in families) or (dtypes and dtype not in dtypes):

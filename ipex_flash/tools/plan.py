@@ -68,7 +68,7 @@ def call_features(args) -> int:
         options.alibi_slopes = C.TensorView(0, "float32", [1], [1])
     if args.mask:
         options.attn_mask = C.TensorView(0, args.mask, [1, 1, 1, 1], [0, 0, 0, 0])
-    kv_bits = KV_DTYPES[getattr(args, "kv_dtype", "same")]
+    kv_bits = KV_DTYPES[args.kv_dtype]
     if kv_bits and (args.dtype == "float32" or args.direction == "backward"):
         raise ValueError(f"--kv-dtype {args.kv_dtype}: FP8 caches take float16 or bfloat16 "
                          f"queries, forward or decode (no backward), not {args.dtype} "
@@ -95,7 +95,7 @@ def make_plan(args) -> dict:
                 args.dtype, widest, rows, features, "" if on_device else target,
                 launch.queue_handle(torch.device(target)) if on_device else 0)
         if served and features & FP8_CACHE and not on_device and \
-                not C.profile_limits(target)["large_grf"]:
+                not C.profile_limits(target)["fp8_decode"]:
             served, reasons = False, [f"FP8 cache on {target}: its decode kernel's conversions "
                                       "spilled the 128 registers (docs/gpus.md): the general "
                                       "forward kernel serves it"]
@@ -169,7 +169,7 @@ def main(args) -> int:
         return 0
     options = [name for name in ("causal", "softcap", "alibi") if getattr(args, name)]
     options += [f"{args.mask} mask"] if args.mask else []
-    options += [f"{args.kv_dtype} cache"] if getattr(args, "kv_dtype", "same") != "same" else []
+    options += [f"{args.kv_dtype} cache"] if args.kv_dtype != "same" else []
     head_dims = f"head dim {args.head_dim}" + (
         f", v's {args.head_dim_v}" if args.head_dim_v not in (0, args.head_dim) else "")
     call = ", ".join([args.direction, args.dtype, head_dims] + options)

@@ -33,7 +33,7 @@ def test_every_bit_pattern_dequantises_exactly(fp8, dtype, seqlen_q):
 # GPUs whose FP8 decode is the decode kernel (large register files: DeviceLimits::fp8_decode), whose
 # conversion of a word keeps a compare per element for e4m3's NaN where the CPU device's
 # carries it into the exponent (dtypes.hpp): run here with the GPU's profile.
-FP8_DECODE_GPUS = [name for name in C.profile_names() if C.profile_limits(name)["large_grf"]]
+FP8_DECODE_GPUS = [name for name in C.profile_names() if C.profile_limits(name)["fp8_decode"]]
 
 
 @pytest.mark.parametrize("profile", FP8_DECODE_GPUS)

@@ -5,6 +5,7 @@
 #include <sycl/sycl.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__SYCL_DEVICE_ONLY__)
 // SPV_INTEL_bfloat16_conversion: one native instruction on Intel GPUs (and taken by the CPU
@@ -93,25 +94,43 @@ inline void halves_to_float(uint32_t even, uint32_t odd, float (&out)[4]) {
   out[3] = static_cast<float>(sycl::bit_cast<sycl::half>(static_cast<uint16_t>(odd >> 16)));
 }
 
+// The four FP8 elements of a word as half bit patterns, two to a word: `even` holds bytes 0 and
+// 2, `odd` 1 and 3 (low half first), in FP8_WORD_UNIT. e5m2 is a half's upper byte. e4m3 two
+// bytes at a time, in the high bytes of the two halves (bytes 0 and 2 once shifted, 1 and 3 as
+// they are): the sign stays at a half's bit 15, exponent and mantissa move to bits 13..7.
+// S.1111.111, the only NaN, is the one magnitude whose carry from an added bit 7 reaches bit 14,
+// which then makes the half's exponent all ones: a NaN without a compare per element.
+template <typename KV>
+inline void fp8_word_halves(uint32_t word, uint32_t& even, uint32_t& odd) {
+  if constexpr (std::is_same_v<KV, float8_e5m2_bits>) {
+    even = (word << 8) & 0xff00ff00u;
+    odd = word & 0xff00ff00u;
+  } else {
+    const auto halves = [](uint32_t high_bytes) {
+      const uint32_t magnitude = (high_bytes >> 1) & 0x3f803f80u;
+      const uint32_t nan_exponent = (magnitude + 0x00800080u) & 0x40004000u;
+      return (high_bytes & 0x80008000u) | magnitude | nan_exponent;
+    };
+    even = halves(word << 8);
+    odd = halves(word);
+  }
+}
+
 inline void fp8_word_to_float(float8_e5m2_bits, uint32_t word, float (&out)[4]) {
-  halves_to_float((word << 8) & 0xff00ff00u, word & 0xff00ff00u, out);
+  uint32_t even, odd;
+  fp8_word_halves<float8_e5m2_bits>(word, even, odd);
+  halves_to_float(even, odd, out);
 }
 
 inline void fp8_word_to_float(float8_e4m3_bits, uint32_t word, float (&out)[4]) {
 #if defined(IPEX_FLASH_CPU_LOOPS)
-  // Two bytes at a time, in the high bytes of the two halves (bytes 0 and 2 once shifted, 1 and
-  // 3 as they are): the sign stays at a half's bit 15, exponent and mantissa move to bits
-  // 13..7. S.1111.111, the only NaN, is the one magnitude whose carry from an added bit 7
-  // reaches bit 14, which then makes the half's exponent all ones: a NaN without a compare
-  // per element (fewer vector instructions a word, and a faster e4m3 decode on the CPU device:
-  // docs/api.md). GPUs keep the compares: with this form their one-row decode grew to several
-  // times the instructions (docs/cpu_device.md; gpu-check's record), unmeasured on hardware.
-  const auto halves = [](uint32_t high_bytes) {
-    const uint32_t magnitude = (high_bytes >> 1) & 0x3f803f80u;
-    const uint32_t nan_exponent = (magnitude + 0x00800080u) & 0x40004000u;
-    return (high_bytes & 0x80008000u) | magnitude | nan_exponent;
-  };
-  halves_to_float(halves(word << 8), halves(word), out);
+  // The carry's form (fp8_word_halves): fewer vector instructions a word, and a faster e4m3
+  // decode on the CPU device (docs/api.md). GPUs' vector kernels keep the compares: with this
+  // form their one-row decode grew to several times the instructions (docs/cpu_device.md;
+  // gpu-check's record), unmeasured on hardware.
+  uint32_t even, odd;
+  fp8_word_halves<float8_e4m3_bits>(word, even, odd);
+  halves_to_float(even, odd, out);
 #else
   // Bytes 0 and 2 (even) and 1 and 3 (odd) in the low bytes of the two halves; the sign to a
   // half's bit 15, exponent and mantissa to bits 13..7.

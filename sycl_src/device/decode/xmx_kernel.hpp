@@ -146,7 +146,7 @@ void flash_decode_xmx_kernel(DecodeParams p) {
   sycl::group_barrier(group);
   const DecodeRowScores<FEATURES, SCALED_Q> row_scores = DecodeRowScores<FEATURES, SCALED_Q>::of(
       c, rows, h_kv, ROWS, lid,
-      descale.k * FP8_TILE_UNIT<KV> * (SCALED_Q ? q_unit[std::min(lid, ROWS - 1)] : 1.f));
+      descale.k * FP8_WORD_UNIT<KV> * (SCALED_Q ? q_unit[std::min(lid, ROWS - 1)] : 1.f));
   QTile q_tiles[Q_IN_REGISTERS ? ROW_TILES * D_STEPS : 2];
   if constexpr (Q_IN_REGISTERS) {
 IPEX_FLASH_TILE_LOOP
@@ -311,7 +311,7 @@ IPEX_FLASH_TILE_LOOP
 
   // Each row's sum, LSE and output (decode/xmx_output.hpp).
   const DecodeXmxOutput<T, ROWS, M, G, HEAD_DIM_V> output{
-      rows, split, DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1, descale.v * FP8_TILE_UNIT<KV>,
+      rows, split, DECODE_ONE_SPLIT_WRITES && c.num_blocks == 1, descale.v * FP8_WORD_UNIT<KV>,
       staging.o, meet, row_scale, group, sg, sg_id, lid};
   output.template write<Acc, ROW_TILES, O_TILES, N, COLUMN_WORDS>(o, lane_sum, max_lanes, o_col0,
                                                                   head_dim_v);

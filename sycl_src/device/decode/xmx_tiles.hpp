@@ -5,13 +5,12 @@
 // Xe's DPAS takes no FP8 operand, so the elements are converted to T in registers on their way
 // into the tile (whole 16-bit tiles are read in place: keys_b_load, values_b_load).
 //
-// FP8 elements are exact in float16 and bfloat16, so the conversion rounds nothing. Each is
-// moved by a few integer operations into a half's bit fields (fp8_tile_element), which is the
-// tile's element for float16 and goes to bfloat16 through float32 (two conversions the engines
-// do in one instruction each). e4m3's fields in a half's give its value times 2^-8 (FP8_TILE_UNIT):
-// the kernel folds the unit, with k_descale and v_descale, into the scores' scale and the rows'
-// output factor. K's rows are read a 32-bit word at a time (rows start on a word: the launcher
-// checks).
+// An FP8 cache's tiles are half whatever the queries' type (the kernel stages bfloat16 queries'
+// rows in half): every e4m3 and e5m2 value is exact in half, so the conversion rounds nothing.
+// Four elements of a word are moved by whole-word operations into half bit fields
+// (fp8_word_halves, common/dtypes.hpp); e4m3's give its value times 2^-8 (FP8_WORD_UNIT), a unit
+// the kernel folds, with k_descale and v_descale, into the scores' scale and the rows' output
+// factor. K's rows are read a 32-bit word at a time (rows start on a word: the launcher checks).
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -27,50 +26,19 @@
 
 namespace ipex_flash {
 
-// What a tile's element read from a KV cache is in units of: 2^8 for e4m3, else 1.
-template <typename KV>
-inline constexpr float FP8_TILE_UNIT = std::is_same_v<KV, float8_e4m3_bits> ? 256.f : 1.f;
-
-// The four FP8 elements of a 32-bit word (element u in byte u) as half bit patterns, in
-// FP8_TILE_UNIT, two to a word: even holds elements 0 and 2, odd 1 and 3 (low half first), each
-// made by whole-word operations, a few for four elements where one element at a time took
-// eight (gpu-check, BMG). e5m2 is the upper byte of a half (infinities and NaNs kept). e4m3's
-// sign goes to a half's bit 15, exponent and mantissa to bits 13..7; its NaN, S.1111.111, is
-// the one magnitude whose low bit's carry reaches bit 14, which then makes the half a NaN.
-template <typename KV>
-__attribute__((always_inline)) inline void fp8_word_halves(uint32_t word, uint32_t& even,
-                                                           uint32_t& odd) {
-  if constexpr (std::is_same_v<KV, float8_e5m2_bits>) {
-    even = (word << 8) & 0xff00ff00u;
-    odd = word & 0xff00ff00u;
-  } else {
-    const auto halves = [](uint32_t high_bytes) {  // the bytes in each half's upper byte
-      const uint32_t magnitude = (high_bytes >> 1) & 0x3f803f80u;
-      return (high_bytes & 0x80008000u) | magnitude | ((magnitude + 0x00800080u) & 0x40004000u);
-    };
-    even = halves(word << 8);
-    odd = halves(word);
-  }
-}
-
-// Element u of the word fp8_word_halves split, as T (exact: through float for bfloat16).
-template <typename T>
-__attribute__((always_inline)) inline T fp8_half_to_tile(uint32_t even, uint32_t odd, int u) {
+// Element u of a word fp8_word_halves split (common/dtypes.hpp), as a half.
+__attribute__((always_inline)) inline sycl::half fp8_word_half(uint32_t even, uint32_t odd,
+                                                               int u) {
   const uint32_t pair = u % 2 == 0 ? even : odd;
-  const sycl::half half =
-      sycl::bit_cast<sycl::half>(static_cast<uint16_t>(u < 2 ? pair : pair >> 16));
-  if constexpr (std::is_same_v<T, sycl::half>)
-    return half;
-  else
-    return from_float<T>(static_cast<float>(half));
+  return sycl::bit_cast<sycl::half>(static_cast<uint16_t>(u < 2 ? pair : pair >> 16));
 }
 
-// The FP8 element in the low byte of `byte` (higher bits ignored) as T, in FP8_TILE_UNIT.
-template <typename T, typename KV>
-__attribute__((always_inline)) inline T fp8_tile_element(uint32_t byte) {
+// The FP8 element in the low byte of `byte` (higher bits ignored) as a half, in FP8_WORD_UNIT.
+template <typename KV>
+__attribute__((always_inline)) inline sycl::half fp8_half(uint32_t byte) {
   uint32_t even, odd;
   fp8_word_halves<KV>(byte, even, odd);
-  return fp8_half_to_tile<T>(even, odd, 0);
+  return fp8_word_half(even, odd, 0);
 }
 
 // The K x N tile of K^T whose column `lane` is the K elements from `lane_row` (this lane's key
@@ -79,16 +47,16 @@ template <typename T, int K, typename B, typename KV>
 __attribute__((always_inline)) inline void keys_b_from_lane_row(sycl::sub_group sg, B& b,
                                                                 const KV* lane_row) {
   if constexpr (sizeof(KV) == 1) {
-    static_assert(K % 4 == 0, "whole words");
+    static_assert(K % 4 == 0 && std::is_same_v<T, sycl::half>, "whole words, half tiles");
     const uint32_t* words = reinterpret_cast<const uint32_t*>(lane_row);
-    T column[K];
+    sycl::half column[K];
 #pragma unroll
     for (int w = 0; w < K / 4; ++w) {
       uint32_t even, odd;
       fp8_word_halves<KV>(words[w], even, odd);
 #pragma unroll
       for (int u = 0; u < 4; ++u)  // (Q's columns in this order: staged_column)
-        column[4 * w + u] = fp8_half_to_tile<T>(even, odd, u == 1 ? 2 : u == 2 ? 1 : u);
+        column[4 * w + u] = fp8_word_half(even, odd, u == 1 ? 2 : u == 2 ? 1 : u);
     }
     matrix_b_from_column<K>(sg, b, column);
   } else {
@@ -110,10 +78,10 @@ __attribute__((always_inline)) inline void values_b_from_rows(sycl::sub_group sg
                                                               int rows) {
   using KV = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(0))>>;
   if constexpr (sizeof(KV) == 1) {
-    T column[K];
+    static_assert(std::is_same_v<T, sycl::half>, "half tiles");
+    sycl::half column[K];
 #pragma unroll
-    for (int i = 0; i < K; ++i)
-      column[i] = fp8_tile_element<T, KV>(i < rows ? row_of(i)[column0].bits : 0u);
+    for (int i = 0; i < K; ++i) column[i] = fp8_half<KV>(i < rows ? row_of(i)[column0].bits : 0u);
     matrix_b_from_column<K>(sg, b, column);
   } else {
     float column[K];
@@ -148,17 +116,17 @@ __attribute__((always_inline)) inline void load_value_words(sycl::sub_group sg, 
         Rows::FULL_GROUP);
 }
 
-// The K x N tile of V whose row i is byte `byte` of words[i] (load_value_words), as T.
-template <typename T, typename KV, int K, typename B>
+// The K x N half tile of V whose row i is byte `byte` of words[i] (load_value_words).
+template <typename KV, int K, typename B>
 __attribute__((always_inline)) inline void values_b_from_words(sycl::sub_group sg, B& b,
                                                                const uint32_t (&words)[K],
                                                                int byte) {
-  T column[K];
+  sycl::half column[K];
 #pragma unroll
   for (int i = 0; i < K; ++i) {  // (each word's split shared by its four tiles once inlined)
     uint32_t even, odd;
     fp8_word_halves<KV>(words[i], even, odd);
-    column[i] = fp8_half_to_tile<T>(even, odd, byte);
+    column[i] = fp8_word_half(even, odd, byte);
   }
   matrix_b_from_column<K>(sg, b, column);
 }
@@ -197,9 +165,9 @@ IPEX_FLASH_TILE_LOOP
   for (int j = 0; j < O_TILES; ++j) {
     const auto product_j = [&](auto& v_t) __attribute__((always_inline)) { product(j, v_t); };
     if constexpr (WORD_LOADS) {
-      load_value_words(sg, row_of, column0 + j / 4 * 4 * N, words);
+      if (j % 4 == 0) load_value_words(sg, row_of, column0 + j * N, words);
       MatrixBRegisters<T, K, N> v_t;
-      values_b_from_words<T, KV>(sg, v_t, words, j % 4);
+      values_b_from_words<KV>(sg, v_t, words, j % 4);
       product_j(v_t);
     } else if constexpr (LANE_BY_LANE) {
       MatrixBRegisters<T, K, N> v_t;

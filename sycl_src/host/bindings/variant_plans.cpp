@@ -35,7 +35,8 @@ py::dict limits_dict(const DeviceLimits& limits) {
                   "sub_group_sizes"_a = limits.sub_group_sizes,
                   "compute_units"_a = limits.compute_units, "matrix"_a = matrix,
                   "matrix_by_default"_a = limits.matrix_by_default,
-                  "large_grf"_a = limits.large_grf, "clock_mhz"_a = limits.clock_mhz,
+                  "large_grf"_a = limits.large_grf, "fp8_decode"_a = limits.fp8_decode,
+                  "clock_mhz"_a = limits.clock_mhz,
                   "vector_lanes"_a = limits.vector_lanes,
                   "memory_gb_per_s"_a = limits.memory_gb_per_s);
 }
