@@ -18,7 +18,7 @@ segment pair), e.g. zigzag's own-shard step is one causal call.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 INF = math.inf
@@ -35,6 +35,9 @@ class BlockCall:
     q_rows: tuple[int, int]   # [start, stop) of this rank's local queries
     k_rows: tuple[int, int]   # [start, stop) of the visited shard's local keys
     window: tuple[int, int]   # the kernel's (left, right) around the call's diagonal, -1 unbounded
+    # Global positions of the call's first query and first key, when its rows and keys are
+    # runs of consecutive positions (plan_pair with placed): dropout and ALiBi read them.
+    starts: Optional[tuple[int, int]] = field(default=None, compare=False)
 
     def visible_pairs(self) -> int:
         """(query, key) pairs the call attends to: the work it does."""
@@ -78,7 +81,7 @@ def rectangle_call(q_rows: tuple[int, int], q_start: int, k_rows: tuple[int, int
     right = -1 if b >= n_k - 1 else int(b - diag)
     assert left >= -1 and right >= -1, (left, right)  # trimming puts the diagonal in the band
     return BlockCall((q_rows[0] + i0, q_rows[0] + i1 + 1), (k_rows[0] + j0, k_rows[0] + j1 + 1),
-                     (left, right))
+                     (left, right), (q_start + i0, k_start + j0))
 
 
 def _local_ranges(segments: Sequence[Segment]) -> list[tuple[int, int]]:
@@ -105,7 +108,9 @@ def _combined(q_segs, q_ranges, k_segs, k_ranges, low, high):
                for qs, qr, qp in zip(q_segs, q_ranges, q_pre)
                for ks, kr, kp in zip(k_segs, k_ranges, k_pre)):
             whole_q, whole_k = (q_ranges[0][0], q_ranges[-1][1]), (k_ranges[0][0], k_ranges[-1][1])
-            return True, rectangle_call(whole_q, q_pre[0], whole_k, k_pre[0], low, high)
+            call = rectangle_call(whole_q, q_pre[0], whole_k, k_pre[0], low, high)
+            # Positions read as consecutive across segments: no global starts.
+            return True, None if call is None else replace(call, starts=None)
     return False, None
 
 
@@ -126,10 +131,16 @@ def _group_calls(outer, outer_ranges, inner, inner_ranges, low, high, q_outer):
 
 
 def plan_pair(q_segs: Sequence[Segment], k_segs: Sequence[Segment], causal: bool,
-              window: tuple[int, int]) -> list[BlockCall]:
-    """The fewest calls found for this rank's queries against one K/V shard."""
+              window: tuple[int, int], placed: bool = False) -> list[BlockCall]:
+    """The fewest calls found for this rank's queries against one K/V shard; placed: one
+    call per pair of segments, so that each call's rows and keys are runs of consecutive
+    global positions (its starts are then the global ones)."""
     low, high = band(causal, window)
     q_ranges, k_ranges = _local_ranges(q_segs), _local_ranges(k_segs)
+    if placed:
+        calls = (rectangle_call(qr, qs.start, kr, ks.start, low, high)
+                 for qs, qr in zip(q_segs, q_ranges) for ks, kr in zip(k_segs, k_ranges))
+        return [c for c in calls if c is not None]
     ok, call = _combined(q_segs, q_ranges, k_segs, k_ranges, low, high)
     if ok:
         return [] if call is None else [call]
@@ -173,4 +184,4 @@ def stripe_pair(q_len: int, rank: int, k_len: int, owner: int, world_size: int, 
     local_low = low if low == -INF else math.ceil((low - shift) / world_size)
     local_high = high if high == INF else math.floor((high - shift) / world_size)
     call = rectangle_call((0, q_len), 0, (0, k_len), 0, local_low, local_high)
-    return [] if call is None else [call]
+    return [] if call is None else [replace(call, starts=None)]  # strided: no global starts

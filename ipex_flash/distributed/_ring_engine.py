@@ -26,8 +26,9 @@ import torch
 
 from ipex_flash.distributed._blocks import BlockCall
 from ipex_flash.distributed._comm import RingComm
-from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
 from ipex_flash.ops import score_grads
+from ipex_flash.ops.flash_attn import attend, attend_backward
+from ipex_flash.ops.flash_attn_args import BlockPositions
 from ipex_flash.ops.launch import LN2
 
 Tensor = torch.Tensor
@@ -51,6 +52,12 @@ class RingProblem:
     # With a window that keeps some ranks from seeing each other: the direct exchanges
     # between the ranks it joins (_window_exchange.py) instead of the whole ring.
     peer_steps: Optional[list] = None
+    # With dropout or ALiBi: where each call of plans sits globally (placed_calls), which
+    # the kernels draw dropout and measure ALiBi at.
+    positions: Optional[list[list[BlockPositions]]] = None
+    alibi_slopes: Optional[Tensor] = None
+    dropout_p: float = 0.0
+    dropout_seed: Optional[Tensor] = None   # one draw for the whole call, every block's
 
     @property
     def token_dim(self) -> int:  # (B, N, H, D), or (total, H, D) packed
@@ -71,22 +78,36 @@ def _per_row(w: Tensor) -> Tensor:
     return w.movedim(-1, -2).unsqueeze(-1)
 
 
+def placed_calls(plans: list[list[BlockCall]], device: torch.device
+                 ) -> list[list[BlockPositions]]:
+    """The global positions of every call of plans whose rows and keys are runs of
+    consecutive positions (plan_pair with placed), one table each, made once per plan."""
+    return [[BlockPositions(torch.tensor([[0, *call.starts]], dtype=torch.int64, device=device))
+             for call in calls] for calls in plans]
+
+
 def _kernel_args(problem: RingProblem, call: BlockCall):
     cu, longest = problem.varlen if problem.varlen is not None else (None, 0)
-    return (cu, cu, longest, longest, problem.scale, False, *call.window, problem.softcap, None,
-            0.0, None)
+    return (cu, cu, longest, longest, problem.scale, False, *call.window, problem.softcap,
+            problem.alibi_slopes, problem.dropout_p, problem.dropout_seed)
 
 
-def _block_forward(problem, q, k, v, call, backward_follows):
+def _calls(problem: RingProblem, owner: int):
+    """(call, its BlockPositions or None) of this rank against owner's shard."""
+    calls = problem.plans[owner]
+    placed = problem.positions[owner] if problem.positions is not None else [None] * len(calls)
+    return zip(calls, placed)
+
+
+def _block_forward(problem, q, k, v, call, positions, backward_follows):
     dim = problem.token_dim
     q_block = _rows(q, call.q_rows, dim)
     if backward_follows:
         # The op runs the general kernel, whose arithmetic the backward kernels mirror,
         # for inputs that need gradients (small blocks would take the decode kernel).
         q_block = q_block.detach().requires_grad_()
-    return torch.ops.ipex_flash.flash_attn_forward(
-        q_block, _rows(k, call.k_rows, dim), _rows(v, call.k_rows, dim),
-        *_kernel_args(problem, call), None)
+    return attend(q_block, _rows(k, call.k_rows, dim), _rows(v, call.k_rows, dim),
+                  *_kernel_args(problem, call), None, positions)
 
 
 def merge_into(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor,
@@ -123,8 +144,9 @@ def accumulators(problem: RingProblem, q: Tensor, v: Tensor) -> tuple[Tensor, Te
 def forward_calls(problem: RingProblem, q: Tensor, shard: list[Tensor], owner: int,
                   out: Tensor, lse: Tensor, backward_follows: bool) -> None:
     """This rank's calls against the K/V shard of `owner`, merged into out and lse."""
-    for call in problem.plans[owner]:
-        block_out, block_lse = _block_forward(problem, q, *shard, call, backward_follows)
+    for call, positions in _calls(problem, owner):
+        block_out, block_lse = _block_forward(problem, q, *shard, call, positions,
+                                              backward_follows)
         merge_into(out, lse, block_out, block_lse, call.q_rows, problem.token_dim)
 
 
@@ -154,12 +176,12 @@ def backward_calls(problem: RingProblem, grad_out: Tensor, q: Tensor, shard: lis
     their dK and dV returned (float32, the shard's shape)."""
     dim = problem.token_dim
     dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in shard)
-    for call in problem.plans[owner]:
+    for call, positions in _calls(problem, owner):
         q_rows = lambda t: _rows(t, call.q_rows, dim)  # noqa: E731
         k_rows = lambda t: _rows(t, call.k_rows, dim)  # noqa: E731
-        dq_b, dk_b, dv_b = torch.ops.ipex_flash.flash_attn_backward(
+        dq_b, dk_b, dv_b = attend_backward(
             q_rows(grad_out), q_rows(q), k_rows(shard[0]), k_rows(shard[1]), q_rows(out),
-            _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call))
+            _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call), positions)
         q_rows(dq).add_(dq_b)
         k_rows(dk).add_(dk_b)
         k_rows(dv).add_(dv_b)

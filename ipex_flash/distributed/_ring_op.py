@@ -17,22 +17,24 @@ from ipex_flash.distributed import _blocks
 from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, shape_signature
 from ipex_flash.distributed._comm import RingComm, check_same, gather_ints
-from ipex_flash.distributed._ring_engine import RingProblem, ring_backward, ring_forward, sinks_grad
+from ipex_flash.distributed._ring_engine import (
+    RingProblem, placed_calls, ring_backward, ring_forward, sinks_grad)
 from ipex_flash.distributed._window_exchange import peer_steps, window_backward, window_forward
 
 Tensor = torch.Tensor
 
 
 def _plans(kind: str, lengths: tuple[int, ...], rank: int, causal: bool,
-           window: tuple[int, int]) -> list[list[_blocks.BlockCall]]:
-    """This rank's calls against each rank's K/V shard."""
+           window: tuple[int, int], placed: bool = False) -> list[list[_blocks.BlockCall]]:
+    """This rank's calls against each rank's K/V shard; placed: each call a run of
+    consecutive global positions on both sides (dropout, ALiBi)."""
     world = len(lengths)
     if kind == "stripe":
         return [_blocks.stripe_pair(lengths[rank], rank, lengths[owner], owner, world, causal,
                                     window) for owner in range(world)]
     layout = (_blocks.contiguous_layout(lengths) if kind == "contiguous"
               else _blocks.zigzag_layout(sum(lengths), world))
-    return [_blocks.plan_pair(layout[rank], layout[owner], causal, window)
+    return [_blocks.plan_pair(layout[rank], layout[owner], causal, window, placed)
             for owner in range(world)]
 
 
@@ -56,7 +58,7 @@ def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
 
 
 def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
-           group: dist.ProcessGroup, causal: bool, window: tuple[int, int]):
+           group: dist.ProcessGroup, causal: bool, window: tuple[int, int], placed: bool):
     """Every rank's arguments, checked to agree, this rank's plan and, with a window, its
     direct exchanges (from every rank's plan): once per key (_agreement.py)."""
     gathered = gather_ints(signature, device, group)
@@ -65,55 +67,64 @@ def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
     if kind != "contiguous":
         _check_lengths(fn, kind, lengths)
     comm = RingComm(group)
-    plans = _plans(kind, tuple(lengths), comm.rank, causal, window)
+    plans = _plans(kind, tuple(lengths), comm.rank, causal, window, placed)
+    positions = placed_calls(plans, device) if placed else None
     steps = None
     if window[0] >= 0 or (window[1] >= 0 and not causal):  # a window: some ranks may not meet
         needs = [[bool(calls) for calls in _plans(kind, tuple(lengths), x, causal, window)]
                  for x in range(comm.size)]
         steps = peer_steps(needs, comm.rank)
-    return comm, lengths, plans, steps
+    return comm, lengths, plans, steps, positions
 
 
 def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
-             group_name: str, causal: bool, window: tuple[int, int], scale: float,
-             softcap: float) -> RingProblem:
+             alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor], group_name: str,
+             causal: bool, window: tuple[int, int], scale: float, softcap: float,
+             dropout_p: float) -> RingProblem:
     group = _resolve_process_group(group_name)
-    signature = shape_signature(q, k, v, causal, window, softcap, sinks, False)
-    comm, lengths, plans, steps = agreed(
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, False, dropout_p,
+                                alibi_slopes)
+    placed = dropout_p > 0.0 or alibi_slopes is not None
+    comm, lengths, plans, steps, positions = agreed(
         group, (fn, *signature), (),
-        lambda: _learn(fn, kind, signature, q.device, group, causal, window))
-    return RingProblem(comm, plans, lengths, scale, softcap, peer_steps=steps)
+        lambda: _learn(fn, kind, signature, q.device, group, causal, window, placed))
+    return RingProblem(comm, plans, lengths, scale, softcap, peer_steps=steps,
+                       positions=positions, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                       dropout_seed=dropout_seed)
 
 
 @torch.library.custom_op("ipex_flash::ring_attention", mutates_args=())
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], group_name: str,
-                   fn: str, kind: str, causal: bool, window_left: int, window_right: int,
-                   scale: float, softcap: float, backward_follows: bool
-                   ) -> tuple[Tensor, Tensor]:
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
+                   alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
+                   group_name: str, fn: str, kind: str, causal: bool, window_left: int,
+                   window_right: int, scale: float, softcap: float, dropout_p: float,
+                   backward_follows: bool) -> tuple[Tensor, Tensor]:
     """(out, lse in the kernels' exp2 domain (B, H, N)) of this rank's queries; the
     arguments already checked on this rank (ring.py)."""
-    problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
-                       (window_left, window_right), scale, softcap)
+    problem = _problem(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, group_name,
+                       causal, (window_left, window_right), scale, softcap, dropout_p)
     forward = ring_forward if problem.peer_steps is None else window_forward
     return forward(problem, q, k, v, sinks, backward_follows)
 
 
 @ring_attention.register_fake
-def _ring_attention_fake(q, k, v, sinks, group_name, fn, kind, causal, window_left,
-                         window_right, scale, softcap, backward_follows):
+def _ring_attention_fake(q, k, v, sinks, alibi_slopes, dropout_seed, group_name, fn, kind,
+                         causal, window_left, window_right, scale, softcap, dropout_p,
+                         backward_follows):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 @torch.library.custom_op("ipex_flash::ring_attention_backward", mutates_args=())
 def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                            lse: Tensor, sinks: Optional[Tensor], group_name: str, fn: str,
+                            lse: Tensor, sinks: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                            dropout_seed: Optional[Tensor], group_name: str, fn: str,
                             kind: str, causal: bool, window_left: int, window_right: int,
-                            scale: float, softcap: float, wants_sinks: bool
+                            scale: float, softcap: float, dropout_p: float, wants_sinks: bool
                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, this rank's part of d sinks, or an empty tensor without wants_sinks)."""
-    problem = _problem(fn, kind, q, k, v, sinks, group_name, causal,
-                       (window_left, window_right), scale, softcap)
+    problem = _problem(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, group_name,
+                       causal, (window_left, window_right), scale, softcap, dropout_p)
     backward = ring_backward if problem.peer_steps is None else window_backward
     dq, dk, dv = backward(problem, grad_out, q, k, v, out, lse)
     d_sinks = (sinks_grad(problem, sinks, grad_out, out, lse) if wants_sinks
@@ -122,9 +133,9 @@ def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
 
 
 @ring_attention_backward.register_fake
-def _ring_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, group_name, fn, kind,
-                                  causal, window_left, window_right, scale, softcap,
-                                  wants_sinks):
+def _ring_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, alibi_slopes,
+                                  dropout_seed, group_name, fn, kind, causal, window_left,
+                                  window_right, scale, softcap, dropout_p, wants_sinks):
     d_sinks = (sinks.new_empty(sinks.shape, dtype=torch.float32) if wants_sinks
                else q.new_empty(0, dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
@@ -134,7 +145,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, sinks, *args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.args = tuple(args[:-1])  # group_name .. softcap (backward_follows is the forward's)
+    ctx.args = tuple(args[:-1])  # alibi_slopes .. dropout_p (backward_follows: the forward's)
     ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.mark_non_differentiable(lse)
 
@@ -143,7 +154,7 @@ def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_attention_backward(
         grad_out, q, k, v, out, lse, sinks, *ctx.args, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 9
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 12
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ipex_flash.distributed import _ring_op  # noqa: F401  (registers ipex_flash::ring_attention)
 from ipex_flash.distributed._checks import check_local
 from ipex_flash.distributed._comm import resolve_group
-from ipex_flash.ops.launch import natural_lse
+from ipex_flash.ops.launch import draw_dropout_seed, natural_lse
 
 Tensor = torch.Tensor
 
@@ -29,12 +29,14 @@ def _ring_attention(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, dropout
     kind: "contiguous", "zigzag" or "stripe", the shards' layout."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                                alibi_slopes, sinks, packed=False)
+                                alibi_slopes, sinks, packed=False, placed=kind != "stripe")
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
+    # One draw per call, as flash_attn_func makes: ranks seeded alike keep what it keeps.
+    seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = torch.ops.ipex_flash.ring_attention(
-        q, k, v, sinks, group.group_name, fn, kind, bool(causal), window[0], window[1], scale,
-        float(softcap), backward_follows)
+        q, k, v, sinks, alibi_slopes, seed, group.group_name, fn, kind, bool(causal), window[0],
+        window[1], scale, float(softcap), float(dropout_p), backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 

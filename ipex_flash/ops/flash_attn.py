@@ -16,20 +16,20 @@ import torch
 
 from ipex_flash.ops import launch, score_grads, varlen_decode
 from ipex_flash.ops.flash_attn_args import (
-    bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
+    BlockPositions, bhnd, check_call, contiguous_extras, flash_options, forward_outputs)
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("ipex_flash::flash_attn_forward", mutates_args=(),
-                         device_types=("cpu", "xpu"))
-def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                       softmax_scale: Optional[float], causal: bool, window_left: int,
-                       window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                       dropout_p: float, dropout_seed: Optional[Tensor],
-                       sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def attend(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+           cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+           softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+           softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+           dropout_seed: Optional[Tensor], sinks: Optional[Tensor] = None,
+           positions: Optional[BlockPositions] = None) -> tuple[Tensor, Tensor]:
+    """flash_attn_forward's work; positions: the call is a block of a larger attention
+    (a ring's), whose dropout and ALiBi are drawn and measured at global positions."""
     fn = "ipex_flash.flash_attn_func"
     check_call(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, dropout_p, dropout_seed, sinks)
@@ -42,10 +42,10 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     scale = resolve_scale(softmax_scale, q.shape[-1], fn)
     options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                             causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                            dropout_seed, sinks32)
+                            dropout_seed, sinks32, positions)
     if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
         launch.fill_unattended(out, lse, sinks32)
-    elif packed and varlen_decode.run(
+    elif packed and positions is None and varlen_decode.run(
             q, k, v, out, lse, flash_options(None, None, 0, 0, scale, causal, window_left,
                                              window_right, softcap, alibi_slopes, dropout_p,
                                              dropout_seed, sinks32),
@@ -55,10 +55,23 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     elif packed:
         launch.flash_fwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out)), launch.view(lse),
                       options, q.device)
-    else:  # few query rows per K/V head take the decode kernel
+    else:  # few query rows per K/V head take the decode kernel (never a block: positions)
         launch.run_forward(*(bhnd(t, packed) for t in (q, k, v, out)), lse, options,
                            backward_follows=launch.wants_backward(q, k, v))
     return out, lse
+
+
+@torch.library.custom_op("ipex_flash::flash_attn_forward", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                       softmax_scale: Optional[float], causal: bool, window_left: int,
+                       window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                       dropout_p: float, dropout_seed: Optional[Tensor],
+                       sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    return attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                  dropout_p, dropout_seed, sinks)
 
 
 @flash_attn_forward.register_fake
@@ -71,15 +84,14 @@ def _flash_attn_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return forward_outputs(q, v, cu_seqlens_q is not None)
 
 
-@torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
-                         device_types=("cpu", "xpu"))
-def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                        lse: Tensor, cu_seqlens_q: Optional[Tensor],
-                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                        softmax_scale: Optional[float], causal: bool, window_left: int,
-                        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                        dropout_p: float, dropout_seed: Optional[Tensor]
-                        ) -> tuple[Tensor, Tensor, Tensor]:
+def attend_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
+                    causal: bool, window_left: int, window_right: int, softcap: float,
+                    alibi_slopes: Optional[Tensor], dropout_p: float,
+                    dropout_seed: Optional[Tensor], positions: Optional[BlockPositions] = None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """flash_attn_backward's work; positions as attend's."""
     packed = cu_seqlens_q is not None
     _check_grad_out(grad_out, out)
     q, k, v, out, grad_out = (launch.with_contiguous_last_dim(t) for t in (q, k, v, out, grad_out))
@@ -90,7 +102,8 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     delta = torch.empty_like(lse)
     options = flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              resolve_scale(softmax_scale, q.shape[-1]), causal, window_left,
-                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed,
+                             positions=positions)
     if launch.nothing_to_attend(bhnd(q, packed), bhnd(k, packed)):
         return dq, dk, dv  # no row saw a key: nothing depends on q, k or v
     launch.flash_bwd(*(launch.view(bhnd(t, packed)) for t in (q, k, v, out, grad_out)),
@@ -98,6 +111,20 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
                   *(launch.view(bhnd(t, packed)) for t in (dq, dk, dv)), launch.view(delta), options,
                   q.device)
     return dq, dk, dv
+
+
+@torch.library.custom_op("ipex_flash::flash_attn_backward", mutates_args=(),
+                         device_types=("cpu", "xpu"))
+def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                        lse: Tensor, cu_seqlens_q: Optional[Tensor],
+                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                        softmax_scale: Optional[float], causal: bool, window_left: int,
+                        window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                        dropout_p: float, dropout_seed: Optional[Tensor]
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    return attend_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                           window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
 
 
 def _check_grad_out(grad_out: Tensor, out: Tensor) -> None:

@@ -2,6 +2,7 @@
 call, the kernels' options, and the outputs' shapes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,9 +21,24 @@ def bhnd(t: Tensor, packed: bool) -> Tensor:
     return (t.unsqueeze(0) if packed else t).transpose(1, 2)
 
 
+@dataclass(frozen=True)
+class BlockPositions:
+    """Where a call's sequences, heads, rows and keys sit in a larger attention, of which it is
+    one block (a rank's queries against one K/V shard of a ring): dropout draws its keep-mask
+    and ALiBi measures its distances at these global positions (GlobalPositions in sycl_src),
+    so that the blocks together keep and bias exactly what one call over the whole would."""
+    # (B, 3) or (1, 3) int64 on the call's device, per sequence b: {its global sequence
+    # minus b, the global position of its query row 0, that of its key 0}; referenced by the
+    # launch.
+    table: Tensor
+    head_offset: int = 0   # global query head of the call's head 0
+    heads_total: int = 0   # query heads of the whole problem (0: the call's)
+
+
 def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
                    causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                   dropout_seed, sinks=None) -> "C.AttentionOptions":
+                   dropout_seed, sinks=None,
+                   positions: Optional[BlockPositions] = None) -> "C.AttentionOptions":
     """The kernels' options. Tensors are passed by address: the caller keeps them alive (and
     contiguous, see contiguous_extras) until the launch has returned."""
     options = C.AttentionOptions()
@@ -41,6 +57,9 @@ def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softma
         options.cu_seqlens_q = launch.view(cu_seqlens_q)
         options.cu_seqlens_k = launch.view(cu_seqlens_k)
         options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
+    if positions is not None:
+        options.positions = launch.view(positions.table)
+        options.head_offset, options.heads_total = positions.head_offset, positions.heads_total
     return options
 
 

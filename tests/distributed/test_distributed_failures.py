@@ -76,8 +76,11 @@ def _call(rank, world, api="ring_flash_attn_func", lengths=(8, 8), heads=None, *
 
 
 @pytest.mark.parametrize("kwargs,kind,words", [
-    (dict(dropout_p=0.1), "NotImplementedError", "dropout_p"),
-    (dict(alibi_slopes=torch.ones(2)), "NotImplementedError", "alibi_slopes"),
+    # Stripe's keys are world_size apart: no run of consecutive positions to place them at.
+    (dict(api="stripe_flash_attn_func", causal=True, dropout_p=0.1), "NotImplementedError",
+     "dropout_p > 0 is not supported"),
+    (dict(api="stripe_flash_attn_func", causal=True, alibi_slopes=torch.ones(2)),
+     "NotImplementedError", "alibi_slopes is not supported"),
     (dict(window_size=(3,)), "ValueError", "window_size"),
     (dict(softcap=-1.0), "ValueError", "softcap"),
     (dict(sinks=torch.ones(3)), "ValueError", "sinks"),

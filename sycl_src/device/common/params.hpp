@@ -128,6 +128,20 @@ struct DropoutParams {
   int32_t enabled;     // p > 0
 };
 
+// Where a call's sequences, heads, rows and keys sit in a larger attention, of which the call
+// is one block (a rank's queries against one K/V shard of a ring): dropout draws its
+// keep-mask, and ALiBi measures its distances, at these global positions, so that the blocks
+// together keep and bias exactly what one call over the whole problem would.
+struct GlobalPositions {
+  // Per sequence b of the call, at table[b * table_stride]: {its global sequence minus b, the
+  // global position of its query row 0, that of its key 0}. nullptr: the call is the whole
+  // problem.
+  const int64_t* table;
+  int32_t table_stride;  // 3, or 0: one entry for every sequence
+  int32_t head_offset;   // global query head of the call's head 0
+  int32_t heads;         // query heads of the whole problem
+};
+
 // Problem sizes shared by every attention kernel. With variable lengths, len_q and len_k
 // are the maxima over the batch (they size the launch).
 struct AttentionDims {
@@ -163,6 +177,7 @@ struct AttentionCommon {
   MaskParams mask;
   ScoreModParams score_mod;
   DropoutParams dropout;
+  GlobalPositions positions;
   LseStrides lse_stride;
   KvDescaleParams kv_descale;
   float scale;          // softmax scale

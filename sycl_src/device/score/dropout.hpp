@@ -1,8 +1,8 @@
 // Dropout on attention probabilities from a counter-based generator (Philox 4x32-10,
 // Salmon et al. 2011): the keep decision for (batch*head, row, key) is a pure function of
-// the seed, the offset and those indices, so the backward pass regenerates exactly the
-// forward's mask without storing it. One Philox call yields four 32-bit values, used for four
-// consecutive keys of one row.
+// the seed, the offset and those indices (global ones for a block of a larger attention), so
+// the backward pass regenerates exactly the forward's mask without storing it. One Philox call
+// yields four 32-bit values, used for four consecutive (global) keys of one row.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -31,77 +31,146 @@ inline void philox4x32_10(uint32_t (&counter)[4], uint32_t key0, uint32_t key1) 
   }
 }
 
-// The four random words for keys [key4 * 4, key4 * 4 + 4) of `row` in `batch_head`.
-inline void dropout_words(const DropoutParams& dropout, int64_t batch_head, int64_t row,
-                          int64_t key4, uint32_t (&words)[4]) {
+// One (batch, head)'s draw: the counter's (batch, head) word and where the call's row 0 and
+// key 0 sit globally (GlobalPositions), so that a block of a larger attention draws the very
+// decisions one call over the whole of it draws.
+struct DropoutDraw {
+  DropoutParams params;
+  int64_t batch_head;  // global: sequence * heads + head
+  int64_t row_shift;   // global position of the call's row 0 (0 for a whole call)
+  int64_t key_shift;   // ... of its key 0
+};
+
+inline DropoutDraw dropout_draw(const DropoutParams& dropout, const GlobalPositions& where,
+                                int heads_q, int64_t batch_head) {
+  DropoutDraw draw{dropout, batch_head, 0, 0};
+  if (where.table != nullptr) {  // a block: a division, once per row or key, never per element
+    const int64_t b = batch_head / heads_q, h = batch_head - b * heads_q;
+    const int64_t* entry = where.table + b * where.table_stride;
+    draw.batch_head = (b + entry[0]) * where.heads + where.head_offset + h;
+    draw.row_shift = entry[1];
+    draw.key_shift = entry[2];
+  }
+  return draw;
+}
+
+inline DropoutDraw dropout_draw(const AttentionCommon& c, int64_t batch_head) {
+  return dropout_draw(c.dropout, c.positions, c.dims.heads_q, batch_head);
+}
+
+// The four random words for global keys [key4 * 4, key4 * 4 + 4) of global `row`.
+inline void dropout_words(const DropoutDraw& draw, int64_t row, int64_t key4,
+                          uint32_t (&words)[4]) {
   words[0] = static_cast<uint32_t>(key4);
   words[1] = static_cast<uint32_t>(row);
-  words[2] = static_cast<uint32_t>(batch_head);
-  words[3] = static_cast<uint32_t>(dropout.offset) ^ static_cast<uint32_t>(key4 >> 32);
-  philox4x32_10(words, static_cast<uint32_t>(dropout.seed),
-                static_cast<uint32_t>(dropout.seed >> 32));
+  words[2] = static_cast<uint32_t>(draw.batch_head);
+  words[3] = static_cast<uint32_t>(draw.params.offset) ^ static_cast<uint32_t>(key4 >> 32);
+  philox4x32_10(words, static_cast<uint32_t>(draw.params.seed),
+                static_cast<uint32_t>(draw.params.seed >> 32));
+}
+
+// Word t (0-7) of two consecutive calls' words: selected, not indexed, because a private array
+// indexed at run time lives in scratch memory on GPUs.
+inline uint32_t dropout_word_at(const uint32_t (&first)[4], const uint32_t (&second)[4], int t) {
+  const uint32_t low = (t & 2) != 0 ? ((t & 1) != 0 ? first[3] : first[2])
+                                    : ((t & 1) != 0 ? first[1] : first[0]);
+  const uint32_t high = (t & 2) != 0 ? ((t & 1) != 0 ? second[3] : second[2])
+                                     : ((t & 1) != 0 ? second[1] : second[0]);
+  return t < 4 ? low : high;
 }
 
 // factor[j] for keys key0 + j of one row (key0 a multiple of 4): 1/(1-p) if kept, else 0.
+// Keys whose global positions do not start a word group (a block of a ring) take one more
+// Philox call per row and read their words across two calls.
 template <int N>
-inline void dropout_factors_for_keys(const DropoutParams& dropout, int64_t batch_head,
-                                     int64_t row, int64_t key0, float (&factor)[N]) {
+inline void dropout_factors_for_keys(const DropoutDraw& draw, int64_t row, int64_t key0,
+                                     float (&factor)[N]) {
   static_assert(N % 4 == 0, "one Philox call serves four keys");
+  const int64_t global_row = row + draw.row_shift, first = key0 + draw.key_shift;
+  const int misalign = static_cast<int>(first & 3);
+  const auto keep = [&](uint32_t word) {
+    return word >= draw.params.threshold ? draw.params.keep_scale : 0.f;
+  };
+  if (misalign == 0) {
+#pragma unroll
+    for (int j4 = 0; j4 < N; j4 += 4) {
+      uint32_t words[4];
+      dropout_words(draw, global_row, first / 4 + j4 / 4, words);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) factor[j4 + u] = keep(words[u]);
+    }
+    return;
+  }
+  uint32_t before[4];
+  dropout_words(draw, global_row, first / 4, before);
 #pragma unroll
   for (int j4 = 0; j4 < N; j4 += 4) {
-    uint32_t words[4];
-    dropout_words(dropout, batch_head, row, (key0 + j4) / 4, words);
+    uint32_t after[4];
+    dropout_words(draw, global_row, first / 4 + j4 / 4 + 1, after);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) factor[j4 + u] = words[u] >= dropout.threshold ? dropout.keep_scale : 0.f;
+    for (int u = 0; u < 4; ++u) factor[j4 + u] = keep(dropout_word_at(before, after, misalign + u));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) before[u] = after[u];
   }
 }
 
 // factor[i] for rows row0 + i and one key.
 template <int N>
-inline void dropout_factors_for_rows(const DropoutParams& dropout, int64_t batch_head,
-                                     int64_t row0, int64_t key, float (&factor)[N]) {
+inline void dropout_factors_for_rows(const DropoutDraw& draw, int64_t row0, int64_t key,
+                                     float (&factor)[N]) {
+  const int64_t global_key = key + draw.key_shift;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     uint32_t words[4];
-    dropout_words(dropout, batch_head, row0 + i, key / 4, words);
-    // Selected, not indexed: a private array indexed at run time lives in scratch memory on
-    // GPUs.
-    const uint32_t word = (key & 2) != 0 ? ((key & 1) != 0 ? words[3] : words[2])
-                                         : ((key & 1) != 0 ? words[1] : words[0]);
-    factor[i] = word >= dropout.threshold ? dropout.keep_scale : 0.f;
+    dropout_words(draw, row0 + i + draw.row_shift, global_key / 4, words);
+    const uint32_t word = dropout_word_at(words, words, static_cast<int>(global_key & 3));
+    factor[i] = word >= draw.params.threshold ? draw.params.keep_scale : 0.f;
   }
 }
 
 // The same decisions as a mask for the register dK/dV kernel, whose sub-group's lanes hold
 // consecutive keys from a multiple of 4 (`key`: the lane's): bit i of lane j's mask is row
 // row0 + i against lane j's key. The lanes share the Philox calls: for each run of LANES rows,
-// lane l draws row l's words for all the sub-group's keys (LANES / 4 calls, four keys each)
-// and the bits are transposed across the lanes. A quarter of the calls of each lane drawing
-// its own key row by row, and no per-lane value of the key lives through the caller's loops:
-// those values spilled beside the kernel's resident dK^T at d = 128 (with softcap).
+// lane l draws row l's words for all the sub-group's keys (LANES / 4 calls, four keys each,
+// one more when the keys' global positions do not start a word group) and the bits are
+// transposed across the lanes. A quarter of the calls of each lane drawing its own key row by
+// row, and no per-lane value of the key lives through the caller's loops: those values spilled
+// beside the kernel's resident dK^T at d = 128 (with softcap).
 template <int ROWS, int LANES>
-inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutParams& dropout,
-                                  int64_t batch_head, int64_t row0, int64_t key) {
+inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutDraw& draw, int64_t row0,
+                                  int64_t key) {
   static_assert(ROWS % LANES == 0 && ROWS <= 32 && LANES % 4 == 0 && LANES <= 32,
                 "whole runs of rows, one bit per row, whole Philox calls per sub-group");
   const int lane = static_cast<int>(sg.get_local_id()[0]);
-  const int64_t first_key4 = sycl::group_broadcast(sg, key, 0) / 4;
+  const int64_t first_key = sycl::group_broadcast(sg, key, 0) + draw.key_shift;
+  const int misalign = static_cast<int>(first_key & 3);
   // The seed through a broadcast too, which IGC does not hoist: Philox's key schedule derived
   // from it outside the caller's loops stayed live through its lean loop (run_blocks), where
   // the 8-wide engines' dK/dV issued more (DG2, Arrow Lake-H at d = 64).
-  DropoutParams local = dropout;
-  local.seed = sycl::group_broadcast(sg, dropout.seed, 0);
+  DropoutDraw local = draw;
+  local.params.seed = sycl::group_broadcast(sg, draw.params.seed, 0);
+  const auto kept_bits = [&](const uint32_t (&words)[4]) {
+    uint32_t bits = 0;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      bits |= static_cast<uint32_t>(words[u] >= draw.params.threshold) << u;
+    return bits;
+  };
   uint32_t kept = 0;
 #pragma unroll 1
   for (int run = 0; run < ROWS; run += LANES) {
+    const int64_t row = row0 + run + lane + draw.row_shift;
     uint32_t row_keys = 0;  // bit k: row row0 + run + lane against the sub-group's key k
 #pragma unroll 1
     for (int k4 = 0; k4 < LANES / 4; ++k4) {
       uint32_t words[4];
-      dropout_words(local, batch_head, row0 + run + lane, first_key4 + k4, words);
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        row_keys |= static_cast<uint32_t>(words[u] >= dropout.threshold) << (4 * k4 + u);
+      dropout_words(local, row, first_key / 4 + k4, words);
+      row_keys |= kept_bits(words) << (4 * k4);
+    }
+    if (misalign != 0) {  // the group past the last: the keys' bits move down by misalign
+      uint32_t words[4];
+      dropout_words(local, row, first_key / 4 + LANES / 4, words);
+      row_keys = row_keys >> misalign | kept_bits(words) << (LANES - misalign);
     }
 #pragma unroll
     for (int i = 0; i < LANES; ++i)

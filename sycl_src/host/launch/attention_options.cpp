@@ -79,6 +79,21 @@ AttnMaskParams attn_mask_params(const AttentionOptions& o) {
                         m.strides[2] * bytes, m.strides[3] * bytes};
 }
 
+// The table's shape and type are checked here: the kernels read it by address.
+static GlobalPositions global_positions(const AttentionOptions& o, const AttentionDims& dims) {
+  if (!o.positions) return GlobalPositions{nullptr, 0, 0, 0};
+  const TensorView& t = *o.positions;
+  if (t.dtype != "int64" || t.sizes.size() != 2 || t.size(1) != 3 ||
+      (t.size(0) != 1 && t.size(0) != dims.batch) || t.strides[1] != 1 || t.strides[0] != 3)
+    throw std::invalid_argument(
+        "ipex_flash: positions must be a contiguous (B, 3) or (1, 3) int64 tensor");
+  const int32_t heads = o.heads_total > 0 ? o.heads_total : dims.heads_q;
+  if (o.head_offset < 0 || o.head_offset + dims.heads_q > heads)
+    throw std::invalid_argument("ipex_flash: head_offset + heads must be within heads_total");
+  return GlobalPositions{data_of<int64_t>(o.positions), t.size(0) == 1 ? 0 : 3, o.head_offset,
+                         heads};
+}
+
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& lse, const AttentionOptions& o) {
   AttentionCommon c{};
@@ -105,6 +120,7 @@ AttentionCommon make_common(const TensorView& q, const TensorView& k, const Tens
   if (o.alibi_slopes && o.alibi_slopes->sizes.size() == 2)
     c.score_mod.alibi_batch_stride = o.alibi_slopes->strides[0];
   c.dropout = o.dropout;
+  c.positions = global_positions(o, c.dims);
   c.kv_descale = KvDescaleParams{data_of<float>(o.k_descale), data_of<float>(o.v_descale)};
   c.lse_stride = lse.sizes.size() == 3 ? LseStrides{lse.strides[0], lse.strides[1]}
                                         : LseStrides{0, lse.strides.at(0)};

@@ -55,7 +55,10 @@ bool flash_decode_supported(const TensorView& q, const TensorView& k, const Tens
 bool takes_decode_kernel(const TensorView& q, const TensorView& k, const TensorView& v,
                          const AttentionOptions& options, bool backward_follows,
                          std::uintptr_t queue_handle) {
-  return !options.dropout.enabled && !options.cu_seqlens_q && !backward_follows &&
+  // A block of a larger attention (positions) measures ALiBi from global positions, which the
+  // decode kernel does not read.
+  return !options.dropout.enabled && !options.cu_seqlens_q && !options.positions &&
+         !backward_follows &&
          flash_decode_supported(q, k, v, queue_handle);
 }
 

@@ -1,0 +1,114 @@
+"""Dropout and ALiBi on the rings, at 2 and 4 gloo ranks on the SYCL CPU device. The kernels
+draw each block's keep-mask and measure its ALiBi distances at the block's global positions,
+so a sharded call keeps exactly the probabilities one process keeps: every rank's output and
+gradients are checked against float64 attention with the keep-mask one flash_attn_func call
+draws for the same seed (dropout_mask), and against that call itself. A block drawn at its
+local positions keeps another mask, and its error is of the size of the output."""
+from helpers import distributed_cases as dc
+import pytest
+import torch
+
+from ipex_flash.ops import launch
+from ipex_flash.reference import flash_visibility
+
+F32, BF16 = torch.float32, torch.bfloat16
+SEED = 1234
+P = 0.25
+
+
+@pytest.fixture(scope="module")
+def world2():
+    world = dc.World(2)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def world4():
+    world = dc.World(4)
+    yield world
+    world.close()
+
+
+def _reference(q, k, v, keep, causal, window, slopes, dtype):
+    """dc.reference with the keep-mask applied to the probabilities (scaled by 1 / (1 - P))."""
+    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    distance, visible = flash_visibility(q.shape[2], k.shape[2], causal, window)
+    if slopes is not None:
+        scores = scores - slopes.to(dtype).view(1, -1, 1, 1) * distance.abs().to(dtype)
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return (probs * keep.to(dtype) / (1 - P) @ v).transpose(1, 2)
+
+
+def _references(q, k, v, keep, grad_out, dtype, causal, window, slopes):
+    wants = {}
+    for precision in (torch.float64, dtype):
+        ref = dc._leaves(*(t.to(precision) for t in (q, k, v)))
+        out = _reference(*ref, keep, causal, window, slopes, precision)
+        out.backward(grad_out.to(precision))
+        wants[precision] = [out] + [t.grad for t in ref]
+    return wants
+
+
+def _fixed_length_case(rank, world, api, dtype, causal, window=(-1, -1), alibi=False,
+                       seqlen=64, heads=(4, 2)):
+    """This rank's out, dq, dk, dv with dropout (and ALiBi) against one process and float64."""
+    batch = 2
+    q, k, v, grad_out, _ = dc.draw((batch, seqlen), heads, 32, dtype)
+    slopes = torch.rand(heads[0]) * 0.3 if alibi else None
+    options = dict(dropout_p=P, causal=causal, window_size=window, alibi_slopes=slopes)
+    cut = lambda t: dc.shard(t, rank, world, api)  # noqa: E731
+    local = dc._leaves(*(cut(t) for t in (q, k, v)))
+    torch.manual_seed(SEED)  # every rank draws the seed one process draws
+    out = dc.FUNCTIONS[api](*local, **options)
+    out.backward(cut(grad_out))
+    got = [out] + [t.grad for t in local]
+    torch.manual_seed(SEED)
+    singles = dc.one_process(q, k, v, None, grad_out, **options)
+    torch.manual_seed(SEED)
+    seed = launch.draw_dropout_seed(q.device)
+    keep = torch.ops.ipex_flash.dropout_mask(seed, [batch, heads[0], seqlen, seqlen], P)
+    assert 0.6 < keep.float().mean().item() < 0.9  # the mask drops about P of the pairs
+    wants = _references(q, k, v, keep, grad_out, dtype, causal, window, slopes)
+    return dc.compare(got, singles, wants, dtype, cut, False, check_dtypes=True)
+
+
+@pytest.mark.parametrize("api,causal,window", [
+    ("ring", False, (-1, -1)),
+    ("ring", True, (-1, -1)),
+    ("zigzag", True, (-1, -1)),
+    ("zigzag", False, (-1, -1)),
+    ("zigzag", True, (19, -1)),
+    ("ring", False, (7, 11)),
+])
+def test_dropout_two_ranks(world2, api, causal, window):
+    dc.check_errors(world2.run(_fixed_length_case, api=api, dtype=F32, causal=causal,
+                               window=window), F32)
+
+
+@pytest.mark.parametrize("api", ["ring", "zigzag"])
+def test_dropout_with_alibi_four_ranks(world4, api):
+    """Shards of 15 and (zigzag) chunks of 7 and 8: no block starts on a multiple of 4, where
+    the keep-mask's words are drawn four keys at a time."""
+    dc.check_errors(world4.run(_fixed_length_case, api=api, dtype=F32, causal=True, alibi=True,
+                               seqlen=61, heads=(4, 1)), F32)
+
+
+@pytest.mark.parametrize("api,dtype,causal,window", [
+    ("ring", F32, False, (-1, -1)),
+    ("ring", F32, True, (-1, -1)),
+    ("zigzag", F32, True, (-1, -1)),
+    ("zigzag", F32, False, (9, 5)),
+    ("zigzag", BF16, True, (-1, -1)),
+])
+def test_alibi_two_ranks(world2, api, dtype, causal, window):
+    dc.check_errors(world2.run(dc.fixed_length_case, api=api, dtype=dtype, causal=causal,
+                               window=window, alibi=True), dtype)
+
+
+def test_alibi_multi_query(world2):
+    dc.check_errors(world2.run(dc.fixed_length_case, api="zigzag", dtype=F32, causal=True,
+                               alibi=True, heads=(4, 1)), F32)
