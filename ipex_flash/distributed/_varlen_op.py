@@ -27,6 +27,7 @@ from ipex_flash.distributed._checks import AGREED, shape_signature
 from ipex_flash.distributed._comm import RingComm, check_same, gather_ints
 from ipex_flash.distributed._ring_engine import (
     LOG2E, RingProblem, ring_backward, ring_forward, sinks_grad)
+from ipex_flash.ops.flash_attn_args import BlockPositions
 from ipex_flash.ops.validation import check_cu_seqlens
 
 Tensor = torch.Tensor
@@ -66,10 +67,16 @@ def _contiguous_plans(rank: int, world: int, rows: int, causal: bool) -> list[li
     return plans
 
 
-def _zigzag_plans(rank: int, world: int, rows: int) -> list[list[BlockCall]]:
-    """Causal calls over [fronts | backs] rows (rows: the real rows, cu_seqlens[-1])."""
+def _zigzag_plans(rank: int, world: int, rows: int, causal_mask: bool = True
+                  ) -> list[list[BlockCall]]:
+    """Causal calls over [fronts | backs] rows (rows: the real rows, cu_seqlens[-1]);
+    without causal_mask every half against every half, each a run of consecutive global
+    positions per sequence (dropout, ALiBi)."""
     front, back = (0, rows // 2), (rows // 2, rows)
     full, causal = (-1, -1), (-1, 0)
+    if not causal_mask:
+        return [[BlockCall(mine, theirs, full) for mine in (front, back)
+                 for theirs in (front, back)] for _ in range(world)]
     plans = []
     for owner in range(world):
         if owner == rank:
@@ -102,35 +109,72 @@ def _halves(fn: str, learned: dict, device: torch.device) -> dict:
     return learned["halves"]
 
 
-def _setup(fn, kind, q, k, v, sinks, cu_seqlens, max_seqlen, group_name, causal, scale,
-           softcap):
+def _placed(learned: dict, problem: RingProblem, kind: str, causal: bool,
+            device: torch.device) -> list[list[BlockPositions]]:
+    """Every call's global positions, per sequence (_blocks.BlockCall.starts' packed form):
+    slice p of a sequence of local length L starts at p L; zigzag's front chunk of rank r at
+    r L/2 and its back chunk at (2P-1-r) L/2. Made once per plan, kept with what the group
+    agreed on."""
+    key = ("placed", kind, causal)  # the plan's calls follow from these
+    if key not in learned:
+        offsets, (rank, world) = learned["offsets"], (problem.comm.rank, problem.comm.size)
+        lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+        rows = offsets[-1]
+
+        def chunk(owner: int, call_rows: tuple[int, int], length: int) -> int:
+            if kind != "zigzag":
+                return owner * length
+            back = call_rows != (0, rows // 2)
+            return (2 * world - 1 - owner if back else owner) * (length // 2)
+
+        learned[key] = [[BlockPositions(torch.tensor(
+            [[0, chunk(rank, call.q_rows, n), chunk(owner, call.k_rows, n)] for n in lengths],
+            dtype=torch.int64, device=device)) for call in calls]
+            for owner, calls in enumerate(problem.plans)]
+    return learned[key]
+
+
+def _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens, max_seqlen,
+           group_name, causal, scale, softcap, dropout_p):
     """(the problem, the [fronts | backs] order or None)."""
     group = _resolve_process_group(group_name)
     batch = cu_seqlens.shape[0] - 1
-    signature = shape_signature(q, k, v, causal, (-1, -1), softcap, sinks, True)
+    signature = shape_signature(q, k, v, causal, (-1, -1), softcap, sinks, True, dropout_p,
+                                alibi_slopes)
     learned = agreed(group, (fn, *signature, batch, max_seqlen), (cu_seqlens,),
                      lambda: _learn(fn, signature, batch, cu_seqlens, max_seqlen, q.shape[0],
                                     group))
     comm, rows = learned["comm"], learned["offsets"][-1]
-    if kind == "zigzag" and causal:
+    placed = dropout_p > 0.0 or alibi_slopes is not None
+    extras = dict(alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    if kind == "zigzag" and (causal or placed):
         halves = _halves(fn, learned, q.device)
-        return RingProblem(comm, _zigzag_plans(comm.rank, comm.size, rows), [rows] * comm.size,
-                           scale, softcap, varlen=(halves["cu"], max_seqlen // 2)
-                           ), halves["order"]
-    return RingProblem(comm, _contiguous_plans(comm.rank, comm.size, rows, causal),
-                       [q.shape[0]] * comm.size, scale, softcap,
-                       varlen=(cu_seqlens.contiguous(), max_seqlen), packed_rows=rows), None
+        problem = RingProblem(comm, _zigzag_plans(comm.rank, comm.size, rows, causal),
+                              [rows] * comm.size, scale, softcap,
+                              varlen=(halves["cu"], max_seqlen // 2), **extras)
+        order = halves["order"]
+    else:
+        problem = RingProblem(comm, _contiguous_plans(comm.rank, comm.size, rows, causal),
+                              [q.shape[0]] * comm.size, scale, softcap,
+                              varlen=(cu_seqlens.contiguous(), max_seqlen), packed_rows=rows,
+                              **extras)
+        order = None
+    if placed:
+        problem.positions = _placed(learned, problem, "zigzag" if order is not None else "",
+                                    causal, q.device)
+    return problem, order
 
 
 @torch.library.custom_op("ipex_flash::ring_varlen_attention", mutates_args=())
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
+                          alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
                           cu_seqlens: Tensor, max_seqlen: int, group_name: str, fn: str,
                           kind: str, causal: bool, scale: float, softcap: float,
-                          backward_follows: bool) -> tuple[Tensor, Tensor]:
+                          dropout_p: float, backward_follows: bool) -> tuple[Tensor, Tensor]:
     """(out, lse in the kernels' exp2 domain (H, total_local)); rows past cu_seqlens[-1]:
     out 0, lse -inf (or the sink's logit)."""
-    problem, order = _setup(fn, kind, q, k, v, sinks, cu_seqlens, max_seqlen, group_name,
-                            causal, scale, softcap)
+    problem, order = _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
+                            max_seqlen, group_name, causal, scale, softcap, dropout_p)
     if order is None:
         return ring_forward(problem, q, k, v, sinks, backward_follows)
     # Only the real rows are gathered: padding past cu_seqlens[-1] is never read.
@@ -144,8 +188,9 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
 
 
 @ring_varlen_attention.register_fake
-def _ring_varlen_attention_fake(q, k, v, sinks, cu_seqlens, max_seqlen, group_name, fn, kind,
-                                causal, scale, softcap, backward_follows):
+def _ring_varlen_attention_fake(q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
+                                max_seqlen, group_name, fn, kind, causal, scale, softcap,
+                                dropout_p, backward_follows):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -153,12 +198,13 @@ def _ring_varlen_attention_fake(q, k, v, sinks, cu_seqlens, max_seqlen, group_na
 @torch.library.custom_op("ipex_flash::ring_varlen_attention_backward", mutates_args=())
 def ring_varlen_attention_backward(
         grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-        sinks: Optional[Tensor], cu_seqlens: Tensor, max_seqlen: int, group_name: str, fn: str,
-        kind: str, causal: bool, scale: float, softcap: float, wants_sinks: bool
+        sinks: Optional[Tensor], alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
+        cu_seqlens: Tensor, max_seqlen: int, group_name: str, fn: str, kind: str, causal: bool,
+        scale: float, softcap: float, dropout_p: float, wants_sinks: bool
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, this rank's part of d sinks or an empty tensor); padding rows' 0."""
-    problem, order = _setup(fn, kind, q, k, v, sinks, cu_seqlens, max_seqlen, group_name,
-                            causal, scale, softcap)
+    problem, order = _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
+                            max_seqlen, group_name, causal, scale, softcap, dropout_p)
     if order is not None:
         rows = [t.index_select(0, order) for t in (grad_out, q, k, v, out)]
         grad_out, q_h, k_h, v_h, out = rows
@@ -181,19 +227,20 @@ def _ring_varlen_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, *ar
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, cu_seqlens, *args = inputs
+    q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens, *args = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks, cu_seqlens)
-    ctx.args = tuple(args[:-1])  # max_seqlen .. softcap (backward_follows is the forward's)
+    ctx.save_for_backward(q, k, v, out, lse, sinks, alibi_slopes, dropout_seed, cu_seqlens)
+    ctx.args = tuple(args[:-1])  # max_seqlen .. dropout_p (backward_follows: the forward's)
     ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, sinks, cu_seqlens = ctx.saved_tensors
+    q, k, v, out, lse, sinks, alibi_slopes, dropout_seed, cu_seqlens = ctx.saved_tensors
     dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_varlen_attention_backward(
-        grad_out, q, k, v, out, lse, sinks, cu_seqlens, *ctx.args, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 9
+        grad_out, q, k, v, out, lse, sinks, alibi_slopes, dropout_seed, cu_seqlens, *ctx.args,
+        ctx.wants_sinks)
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 12
 
 
 ring_varlen_attention.register_autograd(_backward, setup_context=_setup_context)

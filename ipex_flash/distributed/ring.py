@@ -54,7 +54,9 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
             headdim), v: (batch, seqlen_local, nheads_k, headdim_v), nheads a multiple of
             nheads_k (GQA/MQA); float32, float16 or bfloat16, on the group's device (CPU
             tensors with gloo, XPU with xccl). Each rank's q, k and v hold the same tokens.
-        dropout_p: must be 0 (NotImplementedError otherwise).
+        dropout_p: as flash_attn_func, with the very keep-mask one process's call over the
+            whole sequence draws: each block is drawn at its global positions, from one seed
+            per call drawn from torch's generator (seed every rank alike).
         softmax_scale: default 1 / sqrt(headdim).
         causal: each token sees itself and the tokens before it in the whole sequence. K/V
             shards of later ranks are skipped, so rank p does about (2p + 1) / P^2 of the
@@ -63,7 +65,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
             (-1 unbounded; causal sets right to 0). Shards outside a rank's window are
             skipped, and when the window keeps some ranks apart, K/V go only to the ranks
             whose queries see them (_window_exchange.py) rather than around the ring.
-        alibi_slopes: must be None (NotImplementedError: see docs/distributed.md).
+        alibi_slopes: (nheads,) or (batch, nheads) float32: -slope * |i - j| in global
+            positions, as one process's call over the whole sequence.
         deterministic: accepted; the result is always deterministic.
         return_attn_probs: also return the LSE (batch, nheads, seqlen_local) float32,
             natural log, and None (no probabilities), as ring-flash-attention.

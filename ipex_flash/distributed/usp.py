@@ -23,6 +23,7 @@ from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.distributed.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
 from ipex_flash.distributed.sharding import contiguous_shard, zigzag_shard
+from ipex_flash.ops.validation import check_alibi
 from ipex_flash.distributed.ulysses import (
     agreed_lengths, kv_repeats, lse_to_sequence_shard, to_head_shards, to_sequence_shard,
     ulysses_flash_attn_func)
@@ -56,8 +57,8 @@ def usp_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
             them so). None for either runs the other alone.
         ring_impl_type: "basic" (ring_flash_attn_func, contiguous shards) or "zigzag"
             (zigzag_ring_flash_attn_func, balanced causal work).
-        dropout_p (must be 0), softmax_scale, causal, window_size, alibi_slopes (must be
-        None), deterministic, softcap, sinks: as ring_flash_attn_func, in positions of the
+        dropout_p (must be 0), softmax_scale, causal, window_size, alibi_slopes,
+            deterministic, softcap, sinks: as ring_flash_attn_func, in positions of the
             whole sequence. sinks' gradient is this rank's part: sum it over both groups.
         return_attn_probs: also return the LSE (batch, nheads, seqlen_local), natural log,
             and None.
@@ -80,15 +81,19 @@ def usp_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
     ulysses_group = resolve_group(fn, ulysses_group)
     ring_group = resolve_group(fn, ring_group)
     _, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                            alibi_slopes, sinks, packed=False)
+                            None, sinks, packed=False)
+    # The ring places each block's ALiBi distances globally; each rank's heads take their
+    # slopes.
+    check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
     world, rank = dist.get_world_size(ulysses_group), dist.get_rank(ulysses_group)
     repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
     lengths = agreed_lengths(fn, shape_signature(q, k, v, causal, window, softcap, sinks,
                                                  False), AGREED, q.device, ulysses_group)
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
     q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, ulysses_group)
-    result = ring(q_h, k_h, v_h, 0.0, softmax_scale, causal, window, None, deterministic,
-                  return_attn_probs, ring_group, softcap=softcap,
+    result = ring(q_h, k_h, v_h, 0.0, softmax_scale, causal, window,
+                  None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
+                  deterministic, return_attn_probs, ring_group, softcap=softcap,
                   sinks=None if sinks is None else sinks[heads])
     if not return_attn_probs:
         return to_sequence_shard(result, lengths, ulysses_group)

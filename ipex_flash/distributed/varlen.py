@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ipex_flash.distributed import _varlen_op  # noqa: F401  (registers the ops)
 from ipex_flash.distributed._checks import check_local
 from ipex_flash.distributed._comm import resolve_group
-from ipex_flash.ops.launch import natural_lse
+from ipex_flash.ops.launch import draw_dropout_seed, natural_lse
 from ipex_flash.ops.validation import check_cu_seqlens, check_max_seqlen
 
 Tensor = torch.Tensor
@@ -26,7 +26,7 @@ def packed_checks(fn: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, 
     (the group, the softmax scale)."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                                alibi_slopes, sinks, packed=True)
+                                alibi_slopes, sinks, packed=True, placed=True)
     if window != (-1, -1):
         raise NotImplementedError(
             f"{fn}: window_size {tuple(window_size)} is not supported with packed sequences: "
@@ -47,9 +47,11 @@ def packed_ring(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens:
                                  window_size, alibi_slopes, group, softcap, sinks)
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
+    # One draw per call, as flash_attn_varlen_func makes: ranks seeded alike keep what it keeps.
+    seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = torch.ops.ipex_flash.ring_varlen_attention(
-        q, k, v, sinks, cu_seqlens, max_seqlen, group.group_name, fn, kind, bool(causal), scale,
-        float(softcap), backward_follows)
+        q, k, v, sinks, alibi_slopes, seed, cu_seqlens, max_seqlen, group.group_name, fn, kind,
+        bool(causal), scale, float(softcap), float(dropout_p), backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 
@@ -73,7 +75,8 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0,
         window_size: must be (-1, -1) (NotImplementedError: one call's window cannot place
             the shards of sequences of different lengths).
         dropout_p, softmax_scale, alibi_slopes, deterministic, group, softcap, sinks: as
-            ring_flash_attn_func.
+            ring_flash_attn_func (dropout as flash_attn_varlen_func's over the whole batch;
+            alibi_slopes (nheads,) only).
         return_attn_probs: also return the LSE (nheads, total_local) float32, natural log,
             and None.
 

@@ -8,6 +8,7 @@ from helpers import distributed_cases as dc
 import pytest
 import torch
 
+from ipex_flash import distributed as ifd
 from ipex_flash.ops import launch
 from ipex_flash.reference import flash_visibility
 
@@ -30,24 +31,32 @@ def world4():
     world.close()
 
 
-def _reference(q, k, v, keep, causal, window, slopes, dtype):
-    """dc.reference with the keep-mask applied to the probabilities (scaled by 1 / (1 - P))."""
+def _reference(q, k, v, keep, causal, window, slopes, dtype, p=P):
+    """dc.reference with the keep-mask applied to the probabilities (scaled by 1 / (1 - p))."""
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     distance, visible = flash_visibility(q.shape[2], k.shape[2], causal, window)
     if slopes is not None:
-        scores = scores - slopes.to(dtype).view(1, -1, 1, 1) * distance.abs().to(dtype)
+        per_batch = slopes.view(-1 if slopes.dim() == 2 else 1, slopes.shape[-1], 1, 1)
+        scores = scores - per_batch.to(dtype) * distance.abs().to(dtype)
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    return (probs * keep.to(dtype) / (1 - P) @ v).transpose(1, 2)
+    return (probs * keep.to(dtype) / (1 - p) @ v).transpose(1, 2)
 
 
-def _references(q, k, v, keep, grad_out, dtype, causal, window, slopes):
+def _references(q, k, v, keep, grad_out, dtype, causal, window, slopes, cu=None, p=P):
+    """{precision: [out, dq, dk, dv]}; with cu, packed sequences, keep (B, H, max, max)."""
     wants = {}
     for precision in (torch.float64, dtype):
         ref = dc._leaves(*(t.to(precision) for t in (q, k, v)))
-        out = _reference(*ref, keep, causal, window, slopes, precision)
+        if cu is None:
+            out = _reference(*ref, keep, causal, window, slopes, precision, p)
+        else:
+            bounds = list(zip(cu.tolist(), cu.tolist()[1:]))
+            out = torch.cat([_reference(*(t[a:e].unsqueeze(0) for t in ref),
+                                        keep[b:b + 1, :, :e - a, :e - a], causal, window, slopes,
+                                        precision, p)[0] for b, (a, e) in enumerate(bounds)])
         out.backward(grad_out.to(precision))
         wants[precision] = [out] + [t.grad for t in ref]
     return wants
@@ -74,6 +83,53 @@ def _fixed_length_case(rank, world, api, dtype, causal, window=(-1, -1), alibi=F
     assert 0.6 < keep.float().mean().item() < 0.9  # the mask drops about P of the pairs
     wants = _references(q, k, v, keep, grad_out, dtype, causal, window, slopes)
     return dc.compare(got, singles, wants, dtype, cut, False, check_dtypes=True)
+
+
+SHARDS = {"ring": ifd.varlen_shard, "zigzag": ifd.zigzag_varlen_shard}
+VARLEN = {"ring": ifd.ring_flash_attn_varlen_func,
+          "zigzag": ifd.zigzag_ring_flash_attn_varlen_func}
+
+
+def _varlen_case(rank, world, api, causal, lengths, dropout_p=P, alibi=False):
+    """The same over packed sequences, each split across the ranks (varlen_shard or
+    zigzag_varlen_shard): every sequence's blocks sit at their own global offsets."""
+    heads = (4, 2)
+    q, k, v, grad_out, _ = dc.draw((sum(lengths),), heads, 32, F32)
+    cu = dc.cu_seqlens(lengths)
+    slopes = torch.rand(heads[0]) * 0.3 if alibi else None
+    options = dict(dropout_p=dropout_p, causal=causal, alibi_slopes=slopes)
+    cut = lambda t: SHARDS[api](t, cu, rank, world)[0]  # noqa: E731
+    _, cu_local, longest = SHARDS[api](q, cu, rank, world)
+    local = dc._leaves(*(cut(t) for t in (q, k, v)))
+    torch.manual_seed(SEED)
+    out = VARLEN[api](*local, cu_local, longest, **options)
+    out.backward(cut(grad_out))
+    got = [out] + [t.grad for t in local]
+    torch.manual_seed(SEED)
+    singles, _ = dc.one_process_varlen(q, k, v, None, grad_out, lengths, **options)
+    torch.manual_seed(SEED)
+    seed = launch.draw_dropout_seed(q.device)
+    longest_whole = max(lengths)
+    keep = (torch.ops.ipex_flash.dropout_mask(
+        seed, [len(lengths), heads[0], longest_whole, longest_whole], dropout_p)
+        if dropout_p > 0 else torch.ones(len(lengths), heads[0], longest_whole, longest_whole))
+    wants = _references(q, k, v, keep, grad_out, F32, causal, (-1, -1), slopes, cu, dropout_p)
+    return dc.compare(got, singles, wants, F32, cut, False)
+
+
+@pytest.mark.parametrize("api,causal,alibi", [
+    ("ring", False, False), ("ring", True, True), ("zigzag", True, False),
+    ("zigzag", False, True)])
+def test_varlen_dropout_two_ranks(world2, api, causal, alibi):
+    """Sequences of 20, 44 and 12 tokens: every rank's slices start off the four-key groups."""
+    dc.check_errors(world2.run(_varlen_case, api=api, causal=causal, lengths=[20, 44, 12],
+                               alibi=alibi), F32)
+
+
+@pytest.mark.parametrize("api", ["ring", "zigzag"])
+def test_varlen_alibi_four_ranks(world4, api):
+    dc.check_errors(world4.run(_varlen_case, api=api, causal=True, lengths=[24, 40],
+                               dropout_p=0.0, alibi=True), F32)
 
 
 @pytest.mark.parametrize("api,causal,window", [

@@ -30,14 +30,15 @@ def _mesh_groups():
 
 
 def usp_case(rank, world, ring_impl, dtype, causal, heads, window=(-1, -1), softcap=0.0,
-             sinks=False, seqlen=72, batch=2, head_dim=32, seed=0):
+             sinks=False, seqlen=72, batch=2, head_dim=32, seed=0, alibi=False):
     """This rank's usp_shard through usp_flash_attn_func against the whole batch in one
     process and in float64: distributed_cases' result dict."""
     ulysses, ring = _mesh_groups()
     ranks = (dist.get_rank(ulysses), dist.get_world_size(ulysses), dist.get_rank(ring),
              dist.get_world_size(ring))
     q, k, v, grad_out, sink = dc.draw((batch, seqlen), heads, head_dim, dtype, sinks, seed)
-    options = dict(causal=causal, window_size=window, softcap=softcap)
+    slopes = torch.rand(batch, heads[0]) * 0.3 if alibi else None
+    options = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
     cut = lambda t: usp_shard(t, *ranks, ring_impl)  # noqa: E731
 
     local = dc._leaves(*(cut(t) for t in (q, k, v)), sink)
@@ -48,7 +49,7 @@ def usp_case(rank, world, ring_impl, dtype, causal, heads, window=(-1, -1), soft
     if sinks:  # each rank's part, over both groups
         dist.all_reduce(got[-1])
     singles = dc.one_process(q, k, v, sink, grad_out, **options)
-    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap, slopes)
     return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
@@ -70,6 +71,13 @@ def test_two_by_two(world4, ring_impl, dtype, causal, heads, window, softcap, si
     dc.check_errors(world4.run(usp_case, ring_impl=ring_impl, dtype=dtype, causal=causal,
                                heads=heads, window=window, softcap=softcap, sinks=sinks,
                                seqlen=seqlen), dtype)
+
+
+def test_two_by_two_alibi(world4):
+    """(batch, nheads) slopes: each Ulysses rank's heads take theirs, and the ring measures
+    the distances in global positions."""
+    dc.check_errors(world4.run(usp_case, ring_impl="zigzag", dtype=F32, causal=True,
+                               heads=(4, 2), alibi=True), F32)
 
 
 def _module_forms(rank, world):
@@ -179,9 +187,9 @@ def _refusals(rank, world):
     seen = {}
     for name, call in {
         "nheads": lambda: usp_flash_attn_func(q, q, q, ulysses_group=ulysses, ring_group=ring),
-        "alibi_slopes": lambda: usp_flash_attn_func(
-            q[:, :, :2], q[:, :, :2], q[:, :, :2], alibi_slopes=torch.ones(2),
-            ulysses_group=ulysses, ring_group=ring),
+        "dropout_p": lambda: usp_flash_attn_func(
+            q[:, :, :2], q[:, :, :2], q[:, :, :2], dropout_p=0.1, ulysses_group=ulysses,
+            ring_group=ring),
         "ring_impl_type": lambda: LongContextAttention(ring_impl_type="stripes", mesh=None,
                                                        ulysses_group=ulysses),
     }.items():
@@ -193,5 +201,5 @@ def _refusals(rank, world):
 
 
 def test_bad_arguments_refused(world4):
-    assert world4.run(_refusals) == [{"nheads": True, "alibi_slopes": True,
+    assert world4.run(_refusals) == [{"nheads": True, "dropout_p": True,
                                       "ring_impl_type": True}] * 4

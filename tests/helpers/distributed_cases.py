@@ -119,7 +119,8 @@ def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, sinks=None, a
         scores = softcap * torch.tanh(scores / softcap)
     distance, visible = flash_visibility(q.shape[2], k.shape[2], causal, window)
     if alibi is not None:
-        scores = scores - alibi.to(dtype).view(1, -1, 1, 1) * distance.abs().to(dtype)
+        slopes = alibi.to(dtype).view(-1 if alibi.dim() == 2 else 1, alibi.shape[-1], 1, 1)
+        scores = scores - slopes * distance.abs().to(dtype)
     scores = scores.masked_fill(~visible, float("-inf"))
     if sinks is not None:
         sink = sinks.to(dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
