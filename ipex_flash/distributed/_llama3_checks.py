@@ -24,8 +24,9 @@ def check_arguments(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, drop
     check_dropout_p(fn, dropout_p)
     if dropout_p > 0.0:
         raise NotImplementedError(
-            f"{fn}: dropout_p > 0 is not supported: each kernel call draws its dropout mask "
-            "from the positions it sees, not the ones a single-device call uses")
+            f"{fn}: dropout_p > 0 is not supported: a rank's local sequences do not know their "
+            "index in the whole batch, at which one process's keep-mask is drawn (ring, zigzag "
+            "and their varlen forms take dropout)")
     if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 \
             or k.shape[1] % stride:
         raise ValueError(f"{fn}: heads_k_stride must be a positive int dividing nheads_k = "

@@ -55,6 +55,9 @@ class RingProblem:
     # With dropout or ALiBi: where each call of plans sits globally (placed_calls), which
     # the kernels draw dropout and measure ALiBi at.
     positions: Optional[list[list[BlockPositions]]] = None
+    # The global window as the kernels take it (causal: right 0), which placed calls are
+    # masked by from their global diagonal (unplaced ones by their own call.window).
+    window: tuple[int, int] = (-1, -1)
     alibi_slopes: Optional[Tensor] = None
     dropout_p: float = 0.0
     dropout_seed: Optional[Tensor] = None   # one draw for the whole call, every block's
@@ -82,13 +85,14 @@ def placed_calls(plans: list[list[BlockCall]], device: torch.device
                  ) -> list[list[BlockPositions]]:
     """The global positions of every call of plans whose rows and keys are runs of
     consecutive positions (plan_pair with placed), one table each, made once per plan."""
-    return [[BlockPositions(torch.tensor([[0, *call.starts]], dtype=torch.int64, device=device))
-             for call in calls] for calls in plans]
+    return [[BlockPositions.of([(0, *call.starts)], device) for call in calls]
+            for calls in plans]
 
 
-def _kernel_args(problem: RingProblem, call: BlockCall):
+def _kernel_args(problem: RingProblem, call: BlockCall, positions: Optional[BlockPositions]):
     cu, longest = problem.varlen if problem.varlen is not None else (None, 0)
-    return (cu, cu, longest, longest, problem.scale, False, *call.window, problem.softcap,
+    window = call.window if positions is None else problem.window
+    return (cu, cu, longest, longest, problem.scale, False, *window, problem.softcap,
             problem.alibi_slopes, problem.dropout_p, problem.dropout_seed)
 
 
@@ -107,7 +111,7 @@ def _block_forward(problem, q, k, v, call, positions, backward_follows):
         # for inputs that need gradients (small blocks would take the decode kernel).
         q_block = q_block.detach().requires_grad_()
     return attend(q_block, _rows(k, call.k_rows, dim), _rows(v, call.k_rows, dim),
-                  *_kernel_args(problem, call), None, positions)
+                  *_kernel_args(problem, call, positions), None, positions)
 
 
 def merge_into(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor,
@@ -181,7 +185,8 @@ def backward_calls(problem: RingProblem, grad_out: Tensor, q: Tensor, shard: lis
         k_rows = lambda t: _rows(t, call.k_rows, dim)  # noqa: E731
         dq_b, dk_b, dv_b = attend_backward(
             q_rows(grad_out), q_rows(q), k_rows(shard[0]), k_rows(shard[1]), q_rows(out),
-            _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call), positions)
+            _rows(lse, call.q_rows, lse.dim() - 1), *_kernel_args(problem, call, positions),
+            positions)
         q_rows(dq).add_(dq_b)
         k_rows(dk).add_(dk_b)
         k_rows(dv).add_(dv_b)

@@ -89,7 +89,8 @@ def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optiona
         group, (fn, *signature), (),
         lambda: _learn(fn, kind, signature, q.device, group, causal, window, placed))
     return RingProblem(comm, plans, lengths, scale, softcap, peer_steps=steps,
-                       positions=positions, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                       positions=positions, window=(window[0], 0 if causal else window[1]),
+                       alibi_slopes=alibi_slopes, dropout_p=dropout_p,
                        dropout_seed=dropout_seed)
 
 

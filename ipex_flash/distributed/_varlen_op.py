@@ -127,26 +127,28 @@ def _placed(learned: dict, problem: RingProblem, kind: str, causal: bool,
             back = call_rows != (0, rows // 2)
             return (2 * world - 1 - owner if back else owner) * (length // 2)
 
-        learned[key] = [[BlockPositions(torch.tensor(
-            [[0, chunk(rank, call.q_rows, n), chunk(owner, call.k_rows, n)] for n in lengths],
-            dtype=torch.int64, device=device)) for call in calls]
-            for owner, calls in enumerate(problem.plans)]
+        learned[key] = [[BlockPositions.of(
+            [(0, chunk(rank, call.q_rows, n), chunk(owner, call.k_rows, n)) for n in lengths],
+            device) for call in calls] for owner, calls in enumerate(problem.plans)]
     return learned[key]
 
 
 def _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens, max_seqlen,
-           group_name, causal, scale, softcap, dropout_p):
+           group_name, causal, window, scale, softcap, dropout_p):
     """(the problem, the [fronts | backs] order or None)."""
     group = _resolve_process_group(group_name)
     batch = cu_seqlens.shape[0] - 1
-    signature = shape_signature(q, k, v, causal, (-1, -1), softcap, sinks, True, dropout_p,
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, True, dropout_p,
                                 alibi_slopes)
     learned = agreed(group, (fn, *signature, batch, max_seqlen), (cu_seqlens,),
                      lambda: _learn(fn, signature, batch, cu_seqlens, max_seqlen, q.shape[0],
                                     group))
     comm, rows = learned["comm"], learned["offsets"][-1]
-    placed = dropout_p > 0.0 or alibi_slopes is not None
-    extras = dict(alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed)
+    # Windows, ALiBi and dropout are measured in each sequence's global positions: every
+    # call is placed there (BlockPositions).
+    placed = dropout_p > 0.0 or alibi_slopes is not None or window != (-1, -1)
+    extras = dict(alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                  window=(window[0], 0 if causal else window[1]))
     if kind == "zigzag" and (causal or placed):
         halves = _halves(fn, learned, q.device)
         problem = RingProblem(comm, _zigzag_plans(comm.rank, comm.size, rows, causal),
@@ -169,12 +171,14 @@ def _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens, max
 def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                           alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
                           cu_seqlens: Tensor, max_seqlen: int, group_name: str, fn: str,
-                          kind: str, causal: bool, scale: float, softcap: float,
-                          dropout_p: float, backward_follows: bool) -> tuple[Tensor, Tensor]:
+                          kind: str, causal: bool, window_left: int, window_right: int,
+                          scale: float, softcap: float, dropout_p: float,
+                          backward_follows: bool) -> tuple[Tensor, Tensor]:
     """(out, lse in the kernels' exp2 domain (H, total_local)); rows past cu_seqlens[-1]:
     out 0, lse -inf (or the sink's logit)."""
     problem, order = _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
-                            max_seqlen, group_name, causal, scale, softcap, dropout_p)
+                            max_seqlen, group_name, causal, (window_left, window_right), scale,
+                            softcap, dropout_p)
     if order is None:
         return ring_forward(problem, q, k, v, sinks, backward_follows)
     # Only the real rows are gathered: padding past cu_seqlens[-1] is never read.
@@ -189,8 +193,8 @@ def ring_varlen_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tenso
 
 @ring_varlen_attention.register_fake
 def _ring_varlen_attention_fake(q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
-                                max_seqlen, group_name, fn, kind, causal, scale, softcap,
-                                dropout_p, backward_follows):
+                                max_seqlen, group_name, fn, kind, causal, window_left,
+                                window_right, scale, softcap, dropout_p, backward_follows):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -200,11 +204,13 @@ def ring_varlen_attention_backward(
         grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         sinks: Optional[Tensor], alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
         cu_seqlens: Tensor, max_seqlen: int, group_name: str, fn: str, kind: str, causal: bool,
-        scale: float, softcap: float, dropout_p: float, wants_sinks: bool
+        window_left: int, window_right: int, scale: float, softcap: float, dropout_p: float,
+        wants_sinks: bool
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, this rank's part of d sinks or an empty tensor); padding rows' 0."""
     problem, order = _setup(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, cu_seqlens,
-                            max_seqlen, group_name, causal, scale, softcap, dropout_p)
+                            max_seqlen, group_name, causal, (window_left, window_right), scale,
+                            softcap, dropout_p)
     if order is not None:
         rows = [t.index_select(0, order) for t in (grad_out, q, k, v, out)]
         grad_out, q_h, k_h, v_h, out = rows
@@ -240,7 +246,7 @@ def _backward(ctx, grad_out, _grad_lse):
     dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_varlen_attention_backward(
         grad_out, q, k, v, out, lse, sinks, alibi_slopes, dropout_seed, cu_seqlens, *ctx.args,
         ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 12
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 14
 
 
 ring_varlen_attention.register_autograd(_backward, setup_context=_setup_context)

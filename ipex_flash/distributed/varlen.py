@@ -20,22 +20,16 @@ Tensor = torch.Tensor
 
 def packed_checks(fn: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen,
                   dropout_p, softmax_scale, window_size, alibi_slopes, group, softcap,
-                  sinks) -> tuple[dist.ProcessGroup, float]:
+                  sinks) -> tuple[dist.ProcessGroup, float, tuple[int, int]]:
     """This rank's checks of a packed ring call, nothing read from the device (the offsets'
     values are read and compared between ranks once per tensor, in _varlen_op.py): returns
-    (the group, the softmax scale)."""
+    (the group, the softmax scale, the window)."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
                                 alibi_slopes, sinks, packed=True, placed=True)
-    if window != (-1, -1):
-        raise NotImplementedError(
-            f"{fn}: window_size {tuple(window_size)} is not supported with packed sequences: "
-            "the shards of each sequence sit at their own global offsets, which one kernel "
-            "call's window cannot express (ring_flash_attn_func, zigzag_ring_flash_attn_func "
-            "and stripe_flash_attn_func take windows)")
     check_cu_seqlens(fn, "cu_seqlens", cu_seqlens, q.shape[0], q.device, False)
     check_max_seqlen(fn, "max_seqlen", max_seqlen)
-    return group, scale
+    return group, scale, window
 
 
 def packed_ring(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
@@ -43,15 +37,17 @@ def packed_ring(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens:
                 return_attn_probs, group, softcap, sinks):
     """The checks, then the ring as one torch op (torch.compile keeps it in its graph).
     kind: "contiguous" or "zigzag", the layout of each sequence's shards."""
-    group, scale = packed_checks(fn, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale,
-                                 window_size, alibi_slopes, group, softcap, sinks)
+    group, scale, window = packed_checks(fn, q, k, v, cu_seqlens, max_seqlen, dropout_p,
+                                         softmax_scale, window_size, alibi_slopes, group,
+                                         softcap, sinks)
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
     # One draw per call, as flash_attn_varlen_func makes: ranks seeded alike keep what it keeps.
     seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = torch.ops.ipex_flash.ring_varlen_attention(
         q, k, v, sinks, alibi_slopes, seed, cu_seqlens, max_seqlen, group.group_name, fn, kind,
-        bool(causal), scale, float(softcap), float(dropout_p), backward_follows)
+        bool(causal), window[0], window[1], scale, float(softcap), float(dropout_p),
+        backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 
@@ -72,8 +68,8 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0,
         max_seqlen: the longest local slice.
         causal: as ring_flash_attn_func (the plain ring: rank p does about (2p + 1) / P^2 of
             the work).
-        window_size: must be (-1, -1) (NotImplementedError: one call's window cannot place
-            the shards of sequences of different lengths).
+        window_size: (left, right) in each sequence's global positions, as
+            ring_flash_attn_func (every call is placed at its sequences' global positions).
         dropout_p, softmax_scale, alibi_slopes, deterministic, group, softcap, sinks: as
             ring_flash_attn_func (dropout as flash_attn_varlen_func's over the whole batch;
             alibi_slopes (nheads,) only).

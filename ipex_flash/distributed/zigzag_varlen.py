@@ -32,9 +32,8 @@ def zigzag_ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_
         causal: the mask of each whole sequence; every rank does the same work. Without
             causal (which ring-flash-attention asserts against) the result is the same
             attention over every key of each sequence.
-        window_size: must be (-1, -1) (NotImplementedError: the two chunks of sequences of
-            different lengths sit at different global distances, which one kernel call's
-            window cannot express).
+        window_size: (left, right) in each sequence's global positions (every call is
+            placed at its sequences' global positions).
         dropout_p, softmax_scale, alibi_slopes, deterministic, group, softcap, sinks: as
             ring_flash_attn_func.
         return_attn_probs: also return the LSE (nheads, total_local) float32, natural log,

@@ -24,15 +24,21 @@ def bhnd(t: Tensor, packed: bool) -> Tensor:
 @dataclass(frozen=True)
 class BlockPositions:
     """Where a call's sequences, heads, rows and keys sit in a larger attention, of which it is
-    one block (a rank's queries against one K/V shard of a ring): dropout draws its keep-mask
-    and ALiBi measures its distances at these global positions (GlobalPositions in sycl_src),
-    so that the blocks together keep and bias exactly what one call over the whole would."""
-    # (B, 3) or (1, 3) int64 on the call's device, per sequence b: {its global sequence
-    # minus b, the global position of its query row 0, that of its key 0}; referenced by the
-    # launch.
-    table: Tensor
-    head_offset: int = 0   # global query head of the call's head 0
-    heads_total: int = 0   # query heads of the whole problem (0: the call's)
+    one block (a rank's queries against one K/V shard of a ring): its window (causal: right
+    0) and ALiBi are measured from the global diagonal, and dropout draws its keep-mask at
+    these global positions (GlobalPositions in sycl_src), so that the blocks together see,
+    bias and keep exactly what one call over the whole would."""
+    table: Tensor  # int64 on the call's device, as the kernels read it (GlobalPositions)
+
+    @staticmethod
+    def of(entries: list[tuple[int, int, int]], device: torch.device, head_offset: int = 0,
+           heads_total: int = 0) -> "BlockPositions":
+        """entries: one for every sequence, or one per sequence b: (its global sequence minus
+        b, the global position of its query row 0, that of its key 0). The call's head 0 is
+        global head head_offset of heads_total (0: the call's own heads)."""
+        header = [0 if len(entries) == 1 else 3, head_offset, heads_total, 0]
+        flat = header + [value for entry in entries for value in entry]
+        return BlockPositions(torch.tensor(flat, dtype=torch.int64, device=device))
 
 
 def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_value,
@@ -59,7 +65,6 @@ def flash_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softma
         options.max_seqlen_q, options.max_seqlen_k = max_seqlen_q, max_seqlen_k
     if positions is not None:
         options.positions = launch.view(positions.table)
-        options.head_offset, options.heads_total = positions.head_offset, positions.heads_total
     return options
 
 

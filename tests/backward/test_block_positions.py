@@ -1,6 +1,6 @@
-"""Dropout and ALiBi at global positions (BlockPositions, what the rings give each call): the
-blocks of rows and keys of one attention, each run as its own call at its global positions,
-keep and bias exactly what the whole call does. The keys are cut at 13 and 38 (off the four-key
+"""Masks, ALiBi and dropout at global positions (BlockPositions, what the rings give each
+call): the blocks of rows and keys of one attention, each run as its own call at its global
+positions with the whole call's window, see, bias and keep exactly what the whole call does. The keys are cut at 13 and 38 (off the four-key
 groups the keep-mask is drawn in), the rows at 21: the blocks' outputs merged by their LSEs
 are the whole call's output, and their gradients, given the whole output and LSE, add up to
 the whole call's. The same blocks drawn at their local positions keep another mask, which
@@ -25,11 +25,14 @@ def _blocks(causal, window):
         for k0, k1 in zip(KEY_CUTS, KEY_CUTS[1:]):
             call = rectangle_call((r0, r1), r0, (k0, k1), k0, low, high)
             if call is not None:
-                yield call, BlockPositions(torch.tensor([[0, *call.starts]]))
+                yield call, BlockPositions.of([(0, *call.starts)], torch.device("cpu"))
 
 
-def _args(call, slopes, seed, placed_at):
-    return (None, None, 0, 0, None, False, *call.window, 0.0, slopes, P, seed, *placed_at)
+def _args(call, whole_window, slopes, seed, placed_at):
+    """A placed call is masked by the whole call's window from its global diagonal, an
+    unplaced one by its own window around its own diagonal (what the rings' plans give)."""
+    window = whole_window if placed_at else call.window
+    return (None, None, 0, 0, None, False, *window, 0.0, slopes, P, seed, *placed_at)
 
 
 def _whole_and_blocks(dtype, causal, window, alibi, heads):
@@ -53,14 +56,15 @@ def _whole_and_blocks(dtype, causal, window, alibi, heads):
             rows, keys = slice(*call.q_rows), slice(*call.k_rows)
             placed_at = (None, positions) if placed else ()
             b_out, b_lse = attend(q[:, rows], k[:, keys], v[:, keys],
-                                  *_args(call, slopes, seed, placed_at))
+                                  *_args(call, whole_window, slopes, seed, placed_at))
             merged = torch.logaddexp2(acc_lse[..., rows], b_lse)
             weight = lambda w: torch.exp2(w - merged).transpose(1, 2).unsqueeze(-1)  # noqa
             acc[:, rows] = acc[:, rows] * weight(acc_lse[..., rows]) + b_out.float() * weight(b_lse)
             acc_lse[..., rows] = merged
             b_grads = attend_backward(grad_out[:, rows], q[:, rows], k[:, keys], v[:, keys],
                                       out[:, rows], lse[..., rows],
-                                      *_args(call, slopes, seed, (positions,) if placed else ()))
+                                      *_args(call, whole_window, slopes, seed,
+                                            (positions,) if placed else ()))
             for part, grad, cut in zip(parts, b_grads, (rows, keys, keys)):
                 part[:, cut] += grad.float()
         return [acc, acc_lse, *parts]

@@ -1,7 +1,7 @@
 """ring_flash_attn_varlen_func at 2 and 4 ranks over gloo on the SYCL CPU device: packed
 sequences of different lengths, each split evenly across the ranks (varlen_shard), forward
 and gradients against one process's flash_attn_varlen_func and float64; rows padded past
-cu_seqlens[-1] (NaN) left out of every result; windows refused."""
+cu_seqlens[-1] (NaN) left out of every result; windows in global positions."""
 from helpers import distributed_cases as dc
 import pytest
 import torch
@@ -13,7 +13,7 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
 def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, softcap=0.0,
-                sinks=False, pad=0, seed=0):
+                sinks=False, pad=0, seed=0, window=(-1, -1)):
     """pad: NaN rows after each rank's shard and after the one process's whole batch."""
     q, k, v, grad_out, sink = dc.draw((sum(lengths),), heads, head_dim, dtype, sinks, seed)
     cu = dc.cu_seqlens(lengths)
@@ -23,7 +23,7 @@ def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, 
     local_rows = int(cu_local[-1])
     local = dc._leaves(*(dc.padded(cut(t), pad) for t in (q, k, v)), sink)
     out = ifd.ring_flash_attn_varlen_func(*local[:3], cu_local, longest, causal=causal,
-                                          softcap=softcap, sinks=local[3])
+                                          window_size=window, softcap=softcap, sinks=local[3])
     out.backward(dc.padded(cut(grad_out), pad))
     got = [out] + [t.grad for t in local if t is not None]
     for name, t in zip(["out", "dq", "dk", "dv"], got):
@@ -32,8 +32,9 @@ def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, 
     if sinks:
         dist.all_reduce(got[-1])
     singles, _ = dc.one_process_varlen(q, k, v, sink, grad_out, lengths, pad * world,
-                                       causal=causal, softcap=softcap)
-    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, softcap=softcap, cu=cu)
+                                       causal=causal, window_size=window, softcap=softcap)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap=softcap,
+                          cu=cu)
     return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
@@ -100,15 +101,13 @@ def test_packed_forms(world2):
     assert world2.run(_packed_forms) == [True, True]
 
 
-def _window(rank, world):
-    q = torch.randn(8, 2, 16)
-    ifd.ring_flash_attn_varlen_func(q, q, q, torch.tensor([0, 8], dtype=torch.int32), 8,
-                                    window_size=(4, 0))
-
-
-def test_window_refused(world2):
-    for ok, (kind, message, _) in world2.run_raw(_window):
-        assert not ok and kind == "NotImplementedError" and "window_size" in message
+@pytest.mark.parametrize("causal,window", [(True, (5, -1)), (False, (9, 3))])
+def test_windows(world2, causal, window):
+    """Windows in each sequence's global positions: every call is placed at its sequences'
+    offsets, which differ from sequence to sequence; with 16, 42 and 6 tokens, some
+    sequences' slices see nothing of another rank's."""
+    dc.check_errors(world2.run(varlen_case, dtype=F32, causal=causal, lengths=[16, 42, 6],
+                               window=window), F32)
 
 
 def _different_offsets(rank, world):

@@ -2,7 +2,8 @@
 sequences of different lengths, each zigzag-sharded (zigzag_varlen_shard), forward, LSE and
 gradients against one process's flash_attn_varlen_func and float64, causal or not, GQA,
 softcap, sinks, bfloat16; rows padded past cu_seqlens[-1] with NaN left out of every result;
-the shard helper against the layout by hand; windows and odd local lengths refused."""
+windows in global positions; the shard helper against the layout by hand; odd local lengths
+refused."""
 from helpers import distributed_cases as dc
 import pytest
 import torch
@@ -14,7 +15,7 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 
 def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32,
-                       softcap=0.0, sinks=False, pad=0, seed=0):
+                       softcap=0.0, sinks=False, pad=0, seed=0, window=(-1, -1)):
     """{name: (error vs float64, vs one process, torch's error in dtype, size)} for out, lse,
     dq, dk, dv (and the sinks' gradient summed over the group); pad: NaN rows after this
     rank's shard and after the one process's batch, whose results must stay zero."""
@@ -27,8 +28,8 @@ def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_d
 
     local = dc._leaves(*(dc.padded(cut(t), pad) for t in (q, k, v)), sink)
     out, lse, _ = ifd.zigzag_ring_flash_attn_varlen_func(
-        *local[:3], cu_local, longest, causal=causal, softcap=softcap, sinks=local[3],
-        return_attn_probs=True)
+        *local[:3], cu_local, longest, causal=causal, window_size=window, softcap=softcap,
+        sinks=local[3], return_attn_probs=True)
     out.backward(dc.padded(cut(grad_out), pad))
     got = [out, lse] + [t.grad for t in local if t is not None]
     for name, t in zip(["out", "lse", "dq", "dk", "dv"], got):
@@ -42,9 +43,11 @@ def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_d
         dist.all_reduce(got[-1])
 
     singles, single_lse = dc.one_process_varlen(q, k, v, sink, grad_out, lengths, pad * world,
-                                                with_lse=True, causal=causal, softcap=softcap)
+                                                with_lse=True, causal=causal,
+                                                window_size=window, softcap=softcap)
     singles.insert(1, single_lse)
-    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, softcap=softcap, cu=cu)
+    wants = dc.references(q, k, v, sink, grad_out, dtype, causal, window, softcap=softcap,
+                          cu=cu)
     for want in wants.values():
         # The LSE has no float64 reference here: one process's float32 LSE stands in.
         want.insert(1, single_lse.double())
@@ -70,9 +73,15 @@ def test_gqa_softcap_sinks_and_padding(world2):
                                heads=(4, 1), softcap=6.0, sinks=True, pad=3), F32)
 
 
+@pytest.mark.parametrize("causal,window", [(True, (6, -1)), (False, (3, 10))])
+def test_windows(world2, causal, window):
+    dc.check_errors(world2.run(zigzag_varlen_case, dtype=F32, causal=causal,
+                               lengths=[12, 44, 4, 20], window=window), F32)
+
+
 def _forms_and_refusals(rank, world):
-    """The packed forms give the unpacked function's output; a window and odd local lengths
-    raise, naming what is wrong."""
+    """The packed forms give the unpacked function's output; odd local lengths raise, naming
+    what is wrong."""
     torch.manual_seed(2)
     cu = torch.tensor([0, 8, 20], dtype=torch.int32)
     local, cu_local, longest = ifd.zigzag_varlen_shard(torch.randn(20, 3, 2, 16), cu, rank,
@@ -84,7 +93,7 @@ def _forms_and_refusals(rank, world):
             and torch.equal(ifd.zigzag_ring_flash_attn_varlen_kvpacked_func(
                 q, local[:, 1:], cu_local, longest, causal=True), want))
     errors = []
-    for kwargs in ({"window_size": (4, 0)}, {"cu": torch.tensor([0, 3, 9], dtype=torch.int32)}):
+    for kwargs in ({"cu": torch.tensor([0, 3, 9], dtype=torch.int32)},):
         cu_arg = kwargs.pop("cu", cu_local)
         try:
             ifd.zigzag_ring_flash_attn_varlen_func(q, k, v, cu_arg, longest, causal=True,
@@ -97,9 +106,8 @@ def _forms_and_refusals(rank, world):
 def test_packed_forms_and_refusals(world2):
     for same, errors in world2.run(_forms_and_refusals):
         assert same
-        assert len(errors) == 2
-        assert errors[0].startswith("NotImplementedError") and "window_size" in errors[0]
-        assert errors[1].startswith("ValueError") and "even" in errors[1]
+        assert len(errors) == 1
+        assert errors[0].startswith("ValueError") and "even" in errors[0]
 
 
 def test_shard_is_the_layout_by_hand():

@@ -52,7 +52,8 @@ inline void bwd_column_probabilities(sycl::sub_group sg, const AttentionCommon& 
   if constexpr (GENERAL) {
     if (c.dropout.enabled) {
       const uint32_t kept =
-          dropout_kept_rows<N, LANES>(sg, dropout_draw(c, batch_head), row0, key);
+          dropout_kept_rows<N, LANES, FEATURES>(sg, dropout_draw<FEATURES>(c, batch_head),
+              row0, key);
 #pragma unroll
       for (int j = 0; j < N; ++j)
         dropped[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
@@ -72,7 +73,8 @@ inline void bwd_column_dscores(sycl::sub_group sg, const AttentionCommon& c, int
   if constexpr (GENERAL) {
     if (c.dropout.enabled) {
       const uint32_t kept =
-          dropout_kept_rows<N, LANES>(sg, dropout_draw(c, batch_head), row0, key);
+          dropout_kept_rows<N, LANES, FEATURES>(sg, dropout_draw<FEATURES>(c, batch_head),
+              row0, key);
 #pragma unroll
       for (int j = 0; j < N; ++j) dp[j] *= (kept >> j & 1) != 0 ? c.dropout.keep_scale : 0.f;
     }

@@ -69,7 +69,9 @@ inline void bwd_score_grads(const AttentionCommon& c, const ScoreMod& score_mod,
 #pragma unroll
   for (int j = 0; j < N; ++j) factor[j] = 1.f;
   if constexpr (GENERAL) {
-    if (c.dropout.enabled) dropout_factors_for_keys(dropout_draw(c, batch_head), row, key0, factor);
+    if (c.dropout.enabled)
+      dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, batch_head),
+          row, key0, factor);
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) {

@@ -113,7 +113,8 @@ void flash_bwd_dq_kernel(BwdParams p) {
       dot_rows(dscore, do_t, lid, v_tile, c0);
       if (c.dropout.enabled) {  // dP of the undropped P: dO.V^T through the same mask
         float factor[BWD_CHUNK];
-        dropout_factors_for_keys(dropout_draw(c, batch_head), row, kv_begin + c0, factor);
+        dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, batch_head),
+            row, kv_begin + c0, factor);
 #pragma unroll
         for (int j = 0; j < BWD_CHUNK; ++j) dscore[j] *= factor[j];
       }
@@ -231,7 +232,8 @@ void flash_bwd_dkdv_kernel(BwdParams p) {
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) factor[i] = 1.f;
         if (c.dropout.enabled)
-          dropout_factors_for_rows(dropout_draw(c, batch_head), q_begin + r0, key, factor);
+          dropout_factors_for_rows(dropout_draw<FEATURES>(c, batch_head),
+              q_begin + r0, key, factor);
         float dropped[BWD_CHUNK];  // (r) the forward's P after dropout
 #pragma unroll
         for (int i = 0; i < BWD_CHUNK; ++i) dropped[i] = prob[i] * factor[i];

@@ -46,5 +46,10 @@ constexpr int FEATURE_APPEND = 1024;
 constexpr int FEATURE_ROTARY_F32 = 2048;
 constexpr int FEATURE_ROTARY_INPUT = 4096;
 constexpr int FEATURE_ROTARY = FEATURE_ROTARY_F32 | FEATURE_ROTARY_INPUT;
+// The call is a block of a larger attention (GlobalPositions): dropout reads where it sits.
+// Compiled in only then: the table's reads and the keys off the four-key groups, in every
+// kernel's dropout path, made the register forward with every score change spill 832-960
+// bytes on BMG and PVC (448-576 without them).
+constexpr int FEATURE_PLACED = 8192;
 
 }  // namespace ipex_flash

@@ -129,17 +129,20 @@ struct DropoutParams {
 };
 
 // Where a call's sequences, heads, rows and keys sit in a larger attention, of which the call
-// is one block (a rank's queries against one K/V shard of a ring): dropout draws its
-// keep-mask, and ALiBi measures its distances, at these global positions, so that the blocks
-// together keep and bias exactly what one call over the whole problem would.
+// is one block (a rank's queries against one K/V shard of a ring): its mask (causal, window)
+// and ALiBi are measured from the global diagonal (SeqInfo::diag), and dropout draws its
+// keep-mask at these global positions, so that the blocks together see, bias and keep
+// exactly what one call over the whole problem would. One pointer: every byte the kernels'
+// arguments grew by made the register forward with every score change spill more on PVC
+// (704 bytes before, 768 with a pointer, 1024 with the header's fields as arguments).
 struct GlobalPositions {
-  // Per sequence b of the call, at table[b * table_stride]: {its global sequence minus b, the
-  // global position of its query row 0, that of its key 0}. nullptr: the call is the whole
-  // problem.
+  // nullptr: the call is the whole problem. Else int64 {header: table_stride (3, or 0: one
+  // entry for every sequence), the global query head of the call's head 0, the whole
+  // problem's query heads, 0}, then per sequence b at entry(b): {its global sequence minus
+  // b, the global position of its query row 0, that of its key 0}.
   const int64_t* table;
-  int32_t table_stride;  // 3, or 0: one entry for every sequence
-  int32_t head_offset;   // global query head of the call's head 0
-  int32_t heads;         // query heads of the whole problem
+
+  inline const int64_t* entry(int64_t b) const { return table + 4 + b * table[0]; }
 };
 
 // Problem sizes shared by every attention kernel. With variable lengths, len_q and len_k

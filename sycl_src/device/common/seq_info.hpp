@@ -13,7 +13,9 @@ struct SeqInfo {
   int64_t k_row0;  // first row of sequence b in packed k / v (0 for fixed length, a cache's k_start)
   int32_t len_q;   // query rows of sequence b
   int32_t len_k;   // keys of sequence b
-  int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams)
+  int64_t diag;    // the mask's diagonal: key seen by row 0 (see MaskParams); for a block of a
+                   // larger attention (GlobalPositions) the global one, row 0's position
+                   // minus key 0's, which windows, causal and ALiBi are then measured from
 };
 
 inline SeqInfo seq_info(const AttentionCommon& c, int b) {
@@ -32,6 +34,10 @@ inline SeqInfo seq_info(const AttentionCommon& c, int b) {
     s.len_k -= c.seq.k_start[b];
   }
   s.diag = c.mask.bottom_right ? static_cast<int64_t>(s.len_k) - s.len_q : 0;
+  if (c.positions.table != nullptr) {  // a block of a larger attention: its global diagonal
+    const int64_t* entry = c.positions.entry(b);
+    s.diag = entry[1] - entry[2];
+  }
   return s;
 }
 

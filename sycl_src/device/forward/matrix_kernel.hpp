@@ -144,7 +144,8 @@ void flash_fwd_matrix_kernel(FwdParams p) {
       // After the row sum: dropout rescales P, not the softmax.
       if (c.dropout.enabled) {
         float factor[MATRIX_KEY_CHUNK];
-        dropout_factors_for_keys(dropout_draw(c, block.batch_head), row, kv_begin + c0, factor);
+        dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, block.batch_head),
+            row, kv_begin + c0, factor);
 #pragma unroll
         for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) probs[j] *= factor[j];
       }

@@ -265,7 +265,8 @@ IPEX_FLASH_TILE_LOOP
       if constexpr (GENERAL) {
         if (c.dropout.enabled) {
           float factor[MATRIX_KEY_CHUNK];
-          dropout_factors_for_keys(dropout_draw(c, block.batch_head), row, kv_begin + c0, factor);
+          dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, block.batch_head),
+              row, kv_begin + c0, factor);
 IPEX_FLASH_TILE_LOOP
           for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) chunk[j] *= factor[j];
         }

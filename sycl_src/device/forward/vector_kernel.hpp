@@ -106,7 +106,8 @@ void flash_fwd_kernel(FwdParams p) {
       const float rescale = softmax.update(scores);  // scores now hold probabilities
       if (c.dropout.enabled) {  // after the row sum: dropout rescales P, not the softmax
         float factor[KEY_CHUNK];
-        dropout_factors_for_keys(dropout_draw(c, batch_head), row, kv_begin + c0, factor);
+        dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, batch_head),
+            row, kv_begin + c0, factor);
 #pragma unroll
         for (int j = 0; j < KEY_CHUNK; ++j) scores[j] *= factor[j];
       }
@@ -195,7 +196,8 @@ void flash_fwd_slab_kernel(FwdParams p) {
     const float rescale = softmax.update(scores);  // scores now hold probabilities
     if (c.dropout.enabled) {
       float factor[KEY_CHUNK];
-      dropout_factors_for_keys(dropout_draw(c, batch_head), row, kv_begin, factor);
+      dropout_factors_for_keys<FEATURES>(dropout_draw<FEATURES>(c, batch_head),
+          row, kv_begin, factor);
 #pragma unroll
       for (int j = 0; j < KEY_CHUNK; ++j) scores[j] *= factor[j];
     }

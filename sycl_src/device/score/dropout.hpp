@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/features.hpp"
 #include "common/params.hpp"
 
 namespace ipex_flash {
@@ -44,18 +45,25 @@ struct DropoutDraw {
 inline DropoutDraw dropout_draw(const DropoutParams& dropout, const GlobalPositions& where,
                                 int heads_q, int64_t batch_head) {
   DropoutDraw draw{dropout, batch_head, 0, 0};
-  if (where.table != nullptr) {  // a block: a division, once per row or key, never per element
-    const int64_t b = batch_head / heads_q, h = batch_head - b * heads_q;
-    const int64_t* entry = where.table + b * where.table_stride;
-    draw.batch_head = (b + entry[0]) * where.heads + where.head_offset + h;
+  if (where.table != nullptr) {  // a block of a larger attention
+    // 32-bit: a 64-bit division is a call into an emulation routine, whose stack took 512
+    // bytes of private memory on BMG and PVC. B * Hq is far below 2^32.
+    const uint32_t bh = static_cast<uint32_t>(batch_head), heads = static_cast<uint32_t>(heads_q);
+    const uint32_t b = bh / heads, h = bh - b * heads;
+    const int64_t* entry = where.entry(b);
+    const int64_t heads_total = where.table[2] > 0 ? where.table[2] : heads_q;
+    draw.batch_head = (b + entry[0]) * heads_total + where.table[1] + h;
     draw.row_shift = entry[1];
     draw.key_shift = entry[2];
   }
   return draw;
 }
 
+template <int FEATURES>
 inline DropoutDraw dropout_draw(const AttentionCommon& c, int64_t batch_head) {
-  return dropout_draw(c.dropout, c.positions, c.dims.heads_q, batch_head);
+  if constexpr ((FEATURES & FEATURE_PLACED) != 0)
+    return dropout_draw(c.dropout, c.positions, c.dims.heads_q, batch_head);
+  return DropoutDraw{c.dropout, batch_head, 0, 0};
 }
 
 // The four random words for global keys [key4 * 4, key4 * 4 + 4) of global `row`.
@@ -69,48 +77,60 @@ inline void dropout_words(const DropoutDraw& draw, int64_t row, int64_t key4,
                 static_cast<uint32_t>(draw.params.seed >> 32));
 }
 
-// Word t (0-7) of two consecutive calls' words: selected, not indexed, because a private array
-// indexed at run time lives in scratch memory on GPUs.
-inline uint32_t dropout_word_at(const uint32_t (&first)[4], const uint32_t (&second)[4], int t) {
-  const uint32_t low = (t & 2) != 0 ? ((t & 1) != 0 ? first[3] : first[2])
-                                    : ((t & 1) != 0 ? first[1] : first[0]);
-  const uint32_t high = (t & 2) != 0 ? ((t & 1) != 0 ? second[3] : second[2])
-                                     : ((t & 1) != 0 ? second[1] : second[0]);
-  return t < 4 ? low : high;
+// Bit u: whether word u of a Philox call keeps its probability.
+inline uint32_t dropout_kept_bits(const DropoutParams& dropout, const uint32_t (&words)[4]) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) bits |= static_cast<uint32_t>(words[u] >= dropout.threshold) << u;
+  return bits;
+}
+
+// Bit j: whether global key first + j of global_row is kept, for N <= 32 keys. The words come
+// four keys at a time from the group holding `first`; keys whose global positions do not start
+// a group (a block of a ring) take one more Philox call and shift the bits down. One path
+// either way: a second, unrolled path for the shifted keys doubled the code.
+template <int FEATURES, int N>
+inline uint32_t dropout_kept_keys(const DropoutDraw& draw, int64_t global_row, int64_t first) {
+  static_assert((FEATURES & FEATURE_PLACED) != 0, "a placed call's form");
+  static_assert(N % 4 == 0 && N <= 32, "whole Philox calls, one bit per key");
+  const int misalign = static_cast<int>(first & 3);
+  uint32_t kept = 0;
+#pragma unroll
+  for (int g = 0; g < N / 4; ++g) {
+    uint32_t words[4];
+    dropout_words(draw, global_row, first / 4 + g, words);
+    kept |= dropout_kept_bits(draw.params, words) << (4 * g);
+  }
+  if (misalign != 0) {
+    uint32_t words[4];
+    dropout_words(draw, global_row, first / 4 + N / 4, words);
+    kept = kept >> misalign | dropout_kept_bits(draw.params, words) << (N - misalign);
+  }
+  return kept;
 }
 
 // factor[j] for keys key0 + j of one row (key0 a multiple of 4): 1/(1-p) if kept, else 0.
-// Keys whose global positions do not start a word group (a block of a ring) take one more
-// Philox call per row and read their words across two calls.
-template <int N>
+// A whole call's keys start a group: each factor straight from its word (the kernels' code
+// as it was before blocks were placed; the bits' form spilled 1344 bytes in DG2's SLM-staged
+// dK/dV with every score change).
+template <int FEATURES, int N>
 inline void dropout_factors_for_keys(const DropoutDraw& draw, int64_t row, int64_t key0,
                                      float (&factor)[N]) {
-  static_assert(N % 4 == 0, "one Philox call serves four keys");
-  const int64_t global_row = row + draw.row_shift, first = key0 + draw.key_shift;
-  const int misalign = static_cast<int>(first & 3);
-  const auto keep = [&](uint32_t word) {
-    return word >= draw.params.threshold ? draw.params.keep_scale : 0.f;
-  };
-  if (misalign == 0) {
+  if constexpr ((FEATURES & FEATURE_PLACED) != 0) {
+    const uint32_t kept =
+        dropout_kept_keys<FEATURES, N>(draw, row + draw.row_shift, key0 + draw.key_shift);
+#pragma unroll
+    for (int j = 0; j < N; ++j) factor[j] = (kept >> j & 1u) != 0 ? draw.params.keep_scale : 0.f;
+  } else {
+    static_assert(N % 4 == 0, "one Philox call serves four keys");
 #pragma unroll
     for (int j4 = 0; j4 < N; j4 += 4) {
       uint32_t words[4];
-      dropout_words(draw, global_row, first / 4 + j4 / 4, words);
+      dropout_words(draw, row, (key0 + j4) / 4, words);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) factor[j4 + u] = keep(words[u]);
+      for (int u = 0; u < 4; ++u)
+        factor[j4 + u] = words[u] >= draw.params.threshold ? draw.params.keep_scale : 0.f;
     }
-    return;
-  }
-  uint32_t before[4];
-  dropout_words(draw, global_row, first / 4, before);
-#pragma unroll
-  for (int j4 = 0; j4 < N; j4 += 4) {
-    uint32_t after[4];
-    dropout_words(draw, global_row, first / 4 + j4 / 4 + 1, after);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) factor[j4 + u] = keep(dropout_word_at(before, after, misalign + u));
-#pragma unroll
-    for (int u = 0; u < 4; ++u) before[u] = after[u];
   }
 }
 
@@ -123,7 +143,11 @@ inline void dropout_factors_for_rows(const DropoutDraw& draw, int64_t row0, int6
   for (int i = 0; i < N; ++i) {
     uint32_t words[4];
     dropout_words(draw, row0 + i + draw.row_shift, global_key / 4, words);
-    const uint32_t word = dropout_word_at(words, words, static_cast<int>(global_key & 3));
+    // Selected, not indexed: a private array indexed at run time lives in scratch memory on
+    // GPUs.
+    const int u = static_cast<int>(global_key & 3);
+    const uint32_t word = (u & 2) != 0 ? ((u & 1) != 0 ? words[3] : words[2])
+                                       : ((u & 1) != 0 ? words[1] : words[0]);
     factor[i] = word >= draw.params.threshold ? draw.params.keep_scale : 0.f;
   }
 }
@@ -136,7 +160,7 @@ inline void dropout_factors_for_rows(const DropoutDraw& draw, int64_t row0, int6
 // transposed across the lanes. A quarter of the calls of each lane drawing its own key row by
 // row, and no per-lane value of the key lives through the caller's loops: those values spilled
 // beside the kernel's resident dK^T at d = 128 (with softcap).
-template <int ROWS, int LANES>
+template <int ROWS, int LANES, int FEATURES>
 inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutDraw& draw, int64_t row0,
                                   int64_t key) {
   static_assert(ROWS % LANES == 0 && ROWS <= 32 && LANES % 4 == 0 && LANES <= 32,
@@ -149,13 +173,6 @@ inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutDraw& draw, i
   // the 8-wide engines' dK/dV issued more (DG2, Arrow Lake-H at d = 64).
   DropoutDraw local = draw;
   local.params.seed = sycl::group_broadcast(sg, draw.params.seed, 0);
-  const auto kept_bits = [&](const uint32_t (&words)[4]) {
-    uint32_t bits = 0;
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      bits |= static_cast<uint32_t>(words[u] >= draw.params.threshold) << u;
-    return bits;
-  };
   uint32_t kept = 0;
 #pragma unroll 1
   for (int run = 0; run < ROWS; run += LANES) {
@@ -165,12 +182,13 @@ inline uint32_t dropout_kept_rows(sycl::sub_group sg, const DropoutDraw& draw, i
     for (int k4 = 0; k4 < LANES / 4; ++k4) {
       uint32_t words[4];
       dropout_words(local, row, first_key / 4 + k4, words);
-      row_keys |= kept_bits(words) << (4 * k4);
+      row_keys |= dropout_kept_bits(draw.params, words) << (4 * k4);
     }
-    if (misalign != 0) {  // the group past the last: the keys' bits move down by misalign
+    if ((FEATURES & FEATURE_PLACED) != 0 && misalign != 0) {  // the group past the last
       uint32_t words[4];
       dropout_words(local, row, first_key / 4 + LANES / 4, words);
-      row_keys = row_keys >> misalign | kept_bits(words) << (LANES - misalign);
+      row_keys = row_keys >> misalign |
+                 dropout_kept_bits(draw.params, words) << (LANES - misalign);
     }
 #pragma unroll
     for (int i = 0; i < LANES; ++i)

@@ -65,17 +65,7 @@ struct ScoreMod {
     const ScoreModParams& p = c.score_mod;
     const float slope =
         p.alibi_slopes != nullptr ? p.alibi_slopes[b * p.alibi_batch_stride + h] : 0.f;
-    return ScoreMod{p.softcap * LOG2E, slope * LOG2E, alibi_diag(c, seq, b),
-                    AttnMaskPlane::of(c, seq, b, h)};
-  }
-
-  // Row r's distance to key k is r + diag - k: the sequence's own diagonal, or, for a block
-  // of a larger attention, the global positions' (row 0's minus key 0's).
-  static inline int64_t alibi_diag(const AttentionCommon& c, const SeqInfo& seq, int b) {
-    const GlobalPositions& where = c.positions;
-    if (where.table == nullptr) return seq.diag;
-    const int64_t* entry = where.table + static_cast<int64_t>(b) * where.table_stride;
-    return entry[1] - entry[2];
+    return ScoreMod{p.softcap * LOG2E, slope * LOG2E, seq.diag, AttnMaskPlane::of(c, seq, b, h)};
   }
 
   // The same for the register kernels, which read a bool mask as its packed bits.

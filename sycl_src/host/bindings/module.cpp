@@ -113,8 +113,6 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("cu_keys_used", &AttentionOptions::cu_keys_used)
       .def_readwrite("keys_used", &AttentionOptions::keys_used)
       .def_readwrite("positions", &AttentionOptions::positions)
-      .def_readwrite("head_offset", &AttentionOptions::head_offset)
-      .def_readwrite("heads_total", &AttentionOptions::heads_total)
       .def_readwrite("page_size", &AttentionOptions::page_size)
       .def_readwrite("max_seqlen_q", &AttentionOptions::max_seqlen_q)
       .def_readwrite("max_seqlen_k", &AttentionOptions::max_seqlen_k);

@@ -38,7 +38,8 @@ int kv_feature(const std::string& kv_dtype) {
 int features_of(const AttentionOptions& options, const TensorView& k) {
   return kv_feature(k.dtype) | (options.softcap > 0.f ? FEATURE_SOFTCAP : 0) |
          (options.alibi_slopes ? FEATURE_ALIBI : 0) |
-         (options.attn_mask ? attn_mask_feature(options.attn_mask->dtype) : 0);
+         (options.attn_mask ? attn_mask_feature(options.attn_mask->dtype) : 0) |
+         (options.positions ? FEATURE_PLACED : 0);
 }
 
 AttentionDims make_dims(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -79,19 +80,16 @@ AttnMaskParams attn_mask_params(const AttentionOptions& o) {
                         m.strides[2] * bytes, m.strides[3] * bytes};
 }
 
-// The table's shape and type are checked here: the kernels read it by address.
+// The table's shape and type are checked here: the kernels read it by address. Its header's
+// values (on the device) are the caller's (ipex_flash.ops.flash_attn_args.BlockPositions).
 static GlobalPositions global_positions(const AttentionOptions& o, const AttentionDims& dims) {
-  if (!o.positions) return GlobalPositions{nullptr, 0, 0, 0};
+  if (!o.positions) return GlobalPositions{nullptr};
   const TensorView& t = *o.positions;
-  if (t.dtype != "int64" || t.sizes.size() != 2 || t.size(1) != 3 ||
-      (t.size(0) != 1 && t.size(0) != dims.batch) || t.strides[1] != 1 || t.strides[0] != 3)
+  if (t.dtype != "int64" || t.sizes.size() != 1 || t.strides[0] != 1 ||
+      (t.size(0) != 7 && t.size(0) != 4 + 3 * static_cast<int64_t>(dims.batch)))
     throw std::invalid_argument(
-        "ipex_flash: positions must be a contiguous (B, 3) or (1, 3) int64 tensor");
-  const int32_t heads = o.heads_total > 0 ? o.heads_total : dims.heads_q;
-  if (o.head_offset < 0 || o.head_offset + dims.heads_q > heads)
-    throw std::invalid_argument("ipex_flash: head_offset + heads must be within heads_total");
-  return GlobalPositions{data_of<int64_t>(o.positions), t.size(0) == 1 ? 0 : 3, o.head_offset,
-                         heads};
+        "ipex_flash: positions must be a contiguous int64 tensor of 4 + 3 or 4 + 3 * B values");
+  return GlobalPositions{data_of<int64_t>(o.positions)};
 }
 
 AttentionCommon make_common(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -43,12 +43,8 @@ struct AttentionOptions {
   // without them it packs max_seqlen_k keys per sequence.
   std::optional<TensorView> cu_keys_used;
   int64_t keys_used = 0;
-  // A block of a larger attention (GlobalPositions): (B, 3) or (1, 3) int64 {global sequence
-  // minus b, global position of query row 0, of key 0}; the call's head 0 is global head
-  // head_offset of heads_total (0: the call's own heads).
+  // A block of a larger attention: GlobalPositions' table, int64, header and entries.
   std::optional<TensorView> positions;
-  int32_t head_offset = 0;
-  int32_t heads_total = 0;
   int32_t page_size = 0;                     // keys per page when paged
   int32_t max_seqlen_q = -1;                 // with cu_seqlens_q
   int32_t max_seqlen_k = -1;                 // with cu_seqlens_k, seqlens_k
