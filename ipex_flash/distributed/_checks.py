@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 
 from ipex_flash.ops.validation import (
-    check_alibi, check_dropout_p, check_flash_inputs, check_scale, check_sinks, check_softcap, check_window,
-    softmax_scale)
+    check_alibi, check_dropout_p, check_flash_inputs, check_scale, check_sinks, check_softcap,
+    check_window, softmax_scale)
 
 Tensor = torch.Tensor
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

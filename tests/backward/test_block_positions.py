@@ -1,9 +1,9 @@
 """Masks, ALiBi and dropout at global positions (BlockPositions, what the rings give each
 call): the blocks of rows and keys of one attention, each run as its own call at its global
-positions with the whole call's window, see, bias and keep exactly what the whole call does. The keys are cut at 13 and 38 (off the four-key
-groups the keep-mask is drawn in), the rows at 21: the blocks' outputs merged by their LSEs
-are the whole call's output, and their gradients, given the whole output and LSE, add up to
-the whole call's. The same blocks drawn at their local positions keep another mask, which
+positions with the whole call's window, see, bias and keep exactly what the whole call does.
+The keys are cut at 13 and 38 (off the four-key groups the keep-mask is drawn in), the rows
+at 21: the blocks' outputs merged by their LSEs are the whole call's output, and their
+gradients, given the whole output and LSE, add up to the whole call's. The same blocks drawn at their local positions keep another mask, which
 these checks see. Vector kernels in float32, the matrix kernels emulated in bfloat16."""
 import pytest
 import torch
