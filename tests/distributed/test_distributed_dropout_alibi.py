@@ -17,20 +17,6 @@ SEED = 1234
 P = 0.25
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
-@pytest.fixture(scope="module")
-def world4():
-    world = dc.World(4)
-    yield world
-    world.close()
-
-
 def _reference(q, k, v, keep, causal, window, slopes, dtype, p=P):
     """dc.reference with the keep-mask applied to the probabilities (scaled by 1 / (1 - p))."""
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
