@@ -61,13 +61,6 @@ def test_failing_rank_makes_every_rank_raise(size, failing_rank, exchange_index,
     assert elapsed < TIMEOUT + 60, elapsed
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 def _call(rank, world, api="ring_flash_attn_func", lengths=(8, 8), heads=None, **kwargs):
     """api on shards of lengths[rank] tokens with 2 heads (heads[rank] if given)."""
     h = 2 if heads is None else heads[rank]

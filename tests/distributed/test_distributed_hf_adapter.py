@@ -123,13 +123,6 @@ def _check(results):
 LENGTHS = [17, 40, 3, 36]
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 @pytest.mark.parametrize("kind,stride,name", [
     ("llama", 1, None), ("mistral", 1, None), ("gpt_oss", 1, None),
     ("llama", 2, "flash_attention_2"),  # the name upstream substitutes

@@ -78,13 +78,6 @@ def llama3_case(rank, world, dtype, causal, lengths, heads=(4, 2), stride=1, hea
                       lse_cut=lambda t: t[:, rank * per_rank:][:, :per_rank])
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 # 70 tokens: rank boundaries (35) fall inside sequences; one of a single token.
 LENGTHS = [13, 29, 1, 27]
 

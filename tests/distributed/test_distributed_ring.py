@@ -11,20 +11,6 @@ import ipex_flash
 from ipex_flash import distributed as ifd
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
-@pytest.fixture(scope="module")
-def world4():
-    world = dc.World(4)
-    yield world
-    world.close()
-
-
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 CASES_2 = [  # (kind, dtype, causal, window)
     ("ring", F32, False, (-1, -1)),

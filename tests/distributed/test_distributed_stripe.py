@@ -73,13 +73,6 @@ def stripe_case(rank, world, **kwargs):
         dc.shard = shared_shard
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 @pytest.mark.parametrize("dtype,window,seqlen", [
     (F32, (-1, -1), 75),   # 38 and 37 tokens: P does not divide the length
     (F32, (13, -1), 64),   # a window in global positions

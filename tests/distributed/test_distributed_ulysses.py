@@ -11,13 +11,6 @@ from ipex_flash import distributed as ifd
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 @pytest.mark.parametrize("dtype,causal,window,alibi", [
     (F32, False, (-1, -1), False),
     (F32, True, (-1, -1), True),

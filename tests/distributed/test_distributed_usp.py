@@ -53,13 +53,6 @@ def usp_case(rank, world, ring_impl, dtype, causal, heads, window=(-1, -1), soft
     return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
-@pytest.fixture(scope="module")
-def world4():
-    world = dc.World(4)
-    yield world
-    world.close()
-
-
 @pytest.mark.parametrize("ring_impl,dtype,causal,heads,window,softcap,sinks,seqlen", [
     # MQA: the one K/V head is replicated to both Ulysses ranks; a window in global positions.
     ("basic", F32, True, (4, 1), (13, 0), 3.0, True, 70),   # Ulysses shards of 18 and 17

@@ -38,13 +38,6 @@ def varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_dim=32, 
     return dc.compare(got, singles, wants, dtype, cut, sinks)
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 @pytest.mark.parametrize("dtype,causal", [(F32, False), (F32, True), (BF16, True)])
 def test_two_ranks(world2, dtype, causal):
     dc.check_errors(world2.run(varlen_case, dtype=dtype, causal=causal, lengths=[16, 42, 6]),

@@ -81,13 +81,6 @@ def _expected_bytes(needs, lengths, hkv, element):
     return per_rank, ring
 
 
-@pytest.fixture(scope="module")
-def world4():
-    world = dc.World(4)
-    yield world
-    world.close()
-
-
 CASES = [  # (api, dtype, causal, window, seqlen, extra arguments)
     ("ring", F32, True, (20, -1), 128, {}),                   # shards of 32: rank r - 1 only
     ("ring", F32, False, (7, 11), 128, {}),                   # ranks r - 1 and r + 1

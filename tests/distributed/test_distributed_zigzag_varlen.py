@@ -54,13 +54,6 @@ def zigzag_varlen_case(rank, world, dtype, causal, lengths, heads=(4, 2), head_d
     return dc.compare(got, singles, wants, dtype, cut, sinks, lse_cut=lambda t: cut(t.T).T)
 
 
-@pytest.fixture(scope="module")
-def world2():
-    world = dc.World(2)
-    yield world
-    world.close()
-
-
 # Lengths multiples of 2P = 4, none of the kernels' tile sizes.
 @pytest.mark.parametrize("dtype,causal,pad", [(F32, True, 5), (F32, False, 0), (BF16, True, 0)])
 def test_two_ranks(world2, dtype, causal, pad):
