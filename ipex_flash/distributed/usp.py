@@ -23,10 +23,10 @@ from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.distributed.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
 from ipex_flash.distributed.sharding import contiguous_shard, zigzag_shard
-from ipex_flash.ops.validation import check_alibi
 from ipex_flash.distributed.ulysses import (
     agreed_lengths, kv_repeats, lse_to_sequence_shard, to_head_shards, to_sequence_shard,
     ulysses_flash_attn_func)
+from ipex_flash.ops.validation import check_alibi
 
 Tensor = torch.Tensor
 RING_IMPLS = {"basic": ring_flash_attn_func, "zigzag": zigzag_ring_flash_attn_func}

@@ -22,8 +22,7 @@ void dropout_mask_kernel(DropoutMaskParams p) {
   const int64_t batch_head = index / per_head;
   const int64_t row = index % per_head / p.dims.len_k, key = index % p.dims.len_k;
   float factor[1];
-  dropout_factors_for_rows(dropout_draw(p.dropout, p.positions, p.dims.heads_q, batch_head),
-                           row, key, factor);
+  dropout_factors_for_rows(DropoutDraw{p.dropout, batch_head, 0, 0}, row, key, factor);
   p.keep[index] = factor[0] != 0.f ? 1 : 0;
 }
 

@@ -14,7 +14,6 @@ struct DropoutMaskParams {
   uint8_t* keep;         // (B, Hq, Nq, Nk) contiguous: 1 kept, 0 dropped
   AttentionDims dims;
   DropoutParams dropout;
-  GlobalPositions positions;
 };
 
 // The check of a KV cache's values on the device (probes/cache_check_kernel.hpp).

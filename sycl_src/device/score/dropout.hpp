@@ -42,28 +42,23 @@ struct DropoutDraw {
   int64_t key_shift;   // ... of its key 0
 };
 
-inline DropoutDraw dropout_draw(const DropoutParams& dropout, const GlobalPositions& where,
-                                int heads_q, int64_t batch_head) {
-  DropoutDraw draw{dropout, batch_head, 0, 0};
-  if (where.table != nullptr) {  // a block of a larger attention
+template <int FEATURES>
+inline DropoutDraw dropout_draw(const AttentionCommon& c, int64_t batch_head) {
+  DropoutDraw draw{c.dropout, batch_head, 0, 0};
+  if constexpr ((FEATURES & FEATURE_PLACED) != 0) {  // a block of a larger attention
+    const GlobalPositions& where = c.positions;
     // 32-bit: a 64-bit division is a call into an emulation routine, whose stack took 512
     // bytes of private memory on BMG and PVC. B * Hq is far below 2^32.
-    const uint32_t bh = static_cast<uint32_t>(batch_head), heads = static_cast<uint32_t>(heads_q);
+    const uint32_t bh = static_cast<uint32_t>(batch_head);
+    const uint32_t heads = static_cast<uint32_t>(c.dims.heads_q);
     const uint32_t b = bh / heads, h = bh - b * heads;
     const int64_t* entry = where.entry(b);
-    const int64_t heads_total = where.table[2] > 0 ? where.table[2] : heads_q;
+    const int64_t heads_total = where.table[2] > 0 ? where.table[2] : c.dims.heads_q;
     draw.batch_head = (b + entry[0]) * heads_total + where.table[1] + h;
     draw.row_shift = entry[1];
     draw.key_shift = entry[2];
   }
   return draw;
-}
-
-template <int FEATURES>
-inline DropoutDraw dropout_draw(const AttentionCommon& c, int64_t batch_head) {
-  if constexpr ((FEATURES & FEATURE_PLACED) != 0)
-    return dropout_draw(c.dropout, c.positions, c.dims.heads_q, batch_head);
-  return DropoutDraw{c.dropout, batch_head, 0, 0};
 }
 
 // The four random words for global keys [key4 * 4, key4 * 4 + 4) of global `row`.
@@ -89,9 +84,8 @@ inline uint32_t dropout_kept_bits(const DropoutParams& dropout, const uint32_t (
 // four keys at a time from the group holding `first`; keys whose global positions do not start
 // a group (a block of a ring) take one more Philox call and shift the bits down. One path
 // either way: a second, unrolled path for the shifted keys doubled the code.
-template <int FEATURES, int N>
+template <int N>
 inline uint32_t dropout_kept_keys(const DropoutDraw& draw, int64_t global_row, int64_t first) {
-  static_assert((FEATURES & FEATURE_PLACED) != 0, "a placed call's form");
   static_assert(N % 4 == 0 && N <= 32, "whole Philox calls, one bit per key");
   const int misalign = static_cast<int>(first & 3);
   uint32_t kept = 0;
@@ -118,7 +112,7 @@ inline void dropout_factors_for_keys(const DropoutDraw& draw, int64_t row, int64
                                      float (&factor)[N]) {
   if constexpr ((FEATURES & FEATURE_PLACED) != 0) {
     const uint32_t kept =
-        dropout_kept_keys<FEATURES, N>(draw, row + draw.row_shift, key0 + draw.key_shift);
+        dropout_kept_keys<N>(draw, row + draw.row_shift, key0 + draw.key_shift);
 #pragma unroll
     for (int j = 0; j < N; ++j) factor[j] = (kept >> j & 1u) != 0 ? draw.params.keep_scale : 0.f;
   } else {
