@@ -116,6 +116,7 @@ def _load_host_module():
         from ipex_flash import _C
     _C.set_cpu_matrix_engine(cpu_matrix_engine_enabled())
     _guard_builds(_C)
+    _share_builds(_C)
     return _C
 
 
@@ -129,6 +130,20 @@ def _guard_builds(module) -> None:
         return  # nowhere to keep verdicts: programs are built in this process, as without it
     if sys.executable:
         module.set_build_guard(sys.executable, module.__file__, str(verdict_dir))
+
+
+def _share_builds(module) -> None:
+    """Has processes on this machine that need the same kernel build it once (build_lock.hpp):
+    the first builds, the others wait and load it from the persistent cache. Without that
+    cache there is nothing to load, so each process builds its own."""
+    if os.environ.get("SYCL_CACHE_PERSISTENT") != "1":
+        return
+    lock_dir = default_cache_dir() / "build-locks"
+    try:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    module.set_build_lock_dir(str(lock_dir))
 
 
 def cpu_matrix_engine_enabled() -> bool:

@@ -8,6 +8,7 @@
 #include "host/launch/dropout_launch.hpp"
 #include "host/launch/forward_launch.hpp"
 #include "host/runtime/build_guard.hpp"
+#include "host/runtime/build_lock.hpp"
 #include "host/runtime/device_queue.hpp"
 #include "host/runtime/kernel_cache.hpp"
 #include "host/variants/decode_or_general.hpp"
@@ -211,6 +212,7 @@ PYBIND11_MODULE(_C, m) {
   bind_launch_plan(m);
   m.def("set_cpu_matrix_engine", &set_cpu_matrix_engine, "available"_a);
   m.def("set_warmup_mode", &set_warmup_mode, "on"_a);
+  m.def("set_build_lock_dir", &set_build_lock_dir, "dir"_a);
   m.def(
       "set_build_guard",
       [](const std::string& python, const std::string& module_path,

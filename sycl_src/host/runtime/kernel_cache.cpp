@@ -9,6 +9,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "host/runtime/build_lock.hpp"
 #include "host/runtime/device_queue.hpp"
 #include "host/runtime/device_sources.hpp"
 
@@ -143,6 +144,9 @@ std::vector<sycl::kernel> get_kernels(sycl::queue& queue, const KernelProgram& p
     ++c.stats.hits;
     return it->second;
   }
+  // Another process building the same program (a rank beside this one) is waited for: its
+  // build then fills the persistent cache this one loads from.
+  ProgramBuildLock build_lock(queue.get_device(), joined);
   std::vector<sycl::kernel> kernels = build_kernels(queue, program);
   ++c.stats.builds;
   c.kernels.emplace(std::move(key), kernels);
