@@ -76,7 +76,8 @@ def dtypes(mode):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", MODES)
 def test_gradients_match_reference(matrix_backward, mode, causal, head_dim, len_q, len_k):
-    for dtype in dtypes(mode):
+    # float16 past d = 64: test_wide_head_dkdv_in_registers's long tier.
+    for dtype in dtypes(mode) if head_dim <= 64 else [torch.bfloat16]:
         matrix_backward(mode, dtype, head_dim)
         check_gradients(*random_qkv(2, 2, 2, len_q, len_k, head_dim, dtype), causal, dtype)
 
@@ -113,11 +114,11 @@ def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, a
 # of its dQ product; 32 in the emulation's 16 x 32 tiles) and the register dK/dV kernel in two
 # passes, under each score change: their per-sub-group mask votes (bool and float masks with a
 # hidden block), softcap and ALiBi with a window, dropout (the dK pass reads its factors off
-# P after dropout). Default tier: the bool mask, the options together and dropout; the long
-# tier the float mask. (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
+# P after dropout). Default tier: the options together; the long tier the masks and dropout
+# (each a build of minutes on the CPU device; at d = 64 the default tier has them). (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
 # long tier of test_transposed_layout_and_scale.)
 @pytest.mark.parametrize("case", tiered(["bool", "float32", "options", "dropout"],
-                                        ["bool", "options", "dropout"]))
+                                        ["options"]))
 def test_wide_head_dq_in_registers(matrix_backward, case):
     head_dim = 128
     features = {"bool": 4, "float32": 8, "options": 1 | 2, "dropout": 0}[case]
@@ -191,7 +192,10 @@ def check_varlen_gradients(head_dim, dtype):
 # Head dims in (64, 128]: the register dK/dV kernel walks the rows twice (dV, then dK), each
 # pass over every query head of its K/V head (grouped heads) and only the rows its keys' block
 # can see (packed sequences of lengths 1 to 90, causal), in both 16-bit types.
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+# Default tier: bfloat16 (float16's kernels at d = 128, minutes of building each on the CPU
+# device: long tier).
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float16, marks=pytest.mark.full),
+                                   torch.bfloat16])
 @pytest.mark.parametrize("case", ["grouped", "varlen"])
 def test_wide_head_dkdv_in_registers(matrix_backward, case, dtype):
     head_dim = 128  # the kernels test_gradients_match_reference builds
@@ -226,7 +230,8 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
 # rows at d = 16, one at a time in two walks at 32, and two sub-groups per keys, each with its
 # share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap alone too;
 # softcap with ALiBi or a mask keeps the SLM-staged dK/dV beside the register dQ.
-@pytest.mark.parametrize("head_dim", [16, 32, 40])
+# Default tier: d = 40 (two sub-groups for dQ and for dK/dV); the long tier 16 and 32.
+@pytest.mark.parametrize("head_dim", tiered([16, 32, 40], [40]))
 def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
     shares = {16: (1, 1), 32: (2, 1), 40: (2, 2)}[head_dim]  # (dQ's, dK/dV's)
@@ -256,8 +261,7 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
 # Past d = 64 on the 8-wide engines each sub-group holds at most four 8-row tiles of dQ^T, dK^T
 # or dV^T (32 registers), so the rows split over the fewest sub-groups that give whole tiles: 3 at
 # d = 96, 4 at 128, 5 at 80 (72 pads to it), 7 at 112. Each computes the block's scores again.
-@pytest.mark.parametrize("head_dim", [pytest.param(72, marks=pytest.mark.full), 96,
-                                      pytest.param(112, marks=pytest.mark.full), 128])
+@pytest.mark.parametrize("head_dim", tiered([72, 96, 112, 128], [128]))
 def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
     shares = {72: 5, 96: 3, 112: 7, 128: 4}[head_dim]
     for features in (0, 1, 2, 4):
@@ -276,10 +280,13 @@ def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
 # registers on the 16-wide ones and staged through SLM on the 8-wide ones (where beside a mask it
 # spilled); both register kernels take the short tanh, and the blocks the causal mask leaves
 # whole run in a loop of their own with the score changes but without the causal mask's code.
-@pytest.mark.parametrize("mode,head_dim", [("emulate", 64), ("emulate8", 64),
-                                           pytest.param("emulate", 128, marks=pytest.mark.full),
-                                           ("emulate8", 128)])
-@pytest.mark.parametrize("kind", ["bool", "float32"])
+# Default tier: each engine's form once per mask kind; the rest (builds of minutes each on the
+# CPU device) in the long tier.
+@pytest.mark.parametrize("mode,head_dim,kind", tiered(
+    [(m, d, kind) for m, d in (("emulate", 64), ("emulate8", 64), ("emulate", 128),
+                               ("emulate8", 128)) for kind in ("bool", "float32")],
+    [("emulate", 64, "float32"), ("emulate8", 64, "bool"), ("emulate8", 128, "bool")],
+    multi=True))
 def test_softcap_beside_a_mask(matrix_backward, mode, head_dim, kind):
     dtype = torch.bfloat16
     matrix_backward(mode, dtype, head_dim, 1 | (4 if kind == "bool" else 8))
