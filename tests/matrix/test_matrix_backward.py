@@ -261,7 +261,9 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
 # Past d = 64 on the 8-wide engines each sub-group holds at most four 8-row tiles of dQ^T, dK^T
 # or dV^T (32 registers), so the rows split over the fewest sub-groups that give whole tiles: 3 at
 # d = 96, 4 at 128, 5 at 80 (72 pads to it), 7 at 112. Each computes the block's scores again.
-@pytest.mark.parametrize("head_dim", tiered([72, 96, 112, 128], [128]))
+# Long tier only: each builds for minutes on the CPU device (the default tier has the 8-wide
+# d = 128 plain, in test_gradients_match_reference).
+@pytest.mark.parametrize("head_dim", tiered([72, 96, 112, 128], []))
 def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
     shares = {72: 5, 96: 3, 112: 7, 128: 4}[head_dim]
     for features in (0, 1, 2, 4):
@@ -285,7 +287,7 @@ def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
 @pytest.mark.parametrize("mode,head_dim,kind", tiered(
     [(m, d, kind) for m, d in (("emulate", 64), ("emulate8", 64), ("emulate", 128),
                                ("emulate8", 128)) for kind in ("bool", "float32")],
-    [("emulate", 64, "float32"), ("emulate8", 64, "bool"), ("emulate8", 128, "bool")],
+    [("emulate", 64, "float32"), ("emulate8", 64, "bool")],
     multi=True))
 def test_softcap_beside_a_mask(matrix_backward, mode, head_dim, kind):
     dtype = torch.bfloat16
