@@ -120,13 +120,21 @@ def _load_host_module():
     return _C
 
 
+def _cache_subdir(name: str):
+    """default_cache_dir()/name, made if missing; None where it cannot be made."""
+    path = default_cache_dir() / name
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
 def _guard_builds(module) -> None:
     """Has each new matrix-engine program built first in a child process (build_guard.hpp):
     a device compiler that crashes on one then costs that program, not this process."""
-    verdict_dir = default_cache_dir() / "build-verdicts"
-    try:
-        verdict_dir.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    verdict_dir = _cache_subdir("build-verdicts")
+    if verdict_dir is None:
         return  # nowhere to keep verdicts: programs are built in this process, as without it
     if sys.executable:
         module.set_build_guard(sys.executable, module.__file__, str(verdict_dir))
@@ -136,14 +144,9 @@ def _share_builds(module) -> None:
     """Has processes on this machine that need the same kernel build it once (build_lock.hpp):
     the first builds, the others wait and load it from the persistent cache. Without that
     cache there is nothing to load, so each process builds its own."""
-    if os.environ.get("SYCL_CACHE_PERSISTENT") != "1":
-        return
-    lock_dir = default_cache_dir() / "build-locks"
-    try:
-        lock_dir.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return
-    module.set_build_lock_dir(str(lock_dir))
+    lock_dir = _cache_subdir("build-locks")
+    if os.environ.get("SYCL_CACHE_PERSISTENT") == "1" and lock_dir is not None:
+        module.set_build_lock_dir(str(lock_dir))
 
 
 def cpu_matrix_engine_enabled() -> bool:

@@ -115,8 +115,9 @@ def test_windows_softcap_alibi(matrix_backward, mode, causal, window, softcap, a
 # passes, under each score change: their per-sub-group mask votes (bool and float masks with a
 # hidden block), softcap and ALiBi with a window, dropout (the dK pass reads its factors off
 # P after dropout). Default tier: the options together; the long tier the masks and dropout
-# (each a build of minutes on the CPU device; at d = 64 the default tier has them). (Two reduction steps per slab, the emulation's form at head dims 80 and 112: the
-# long tier of test_transposed_layout_and_scale.)
+# (each a build of minutes on the CPU device; at d = 64 the default tier has them). (Two
+# reduction steps per slab, the emulation's form at head dims 80 and 112: the long tier of
+# test_transposed_layout_and_scale.)
 @pytest.mark.parametrize("case", tiered(["bool", "float32", "options", "dropout"],
                                         ["options"]))
 def test_wide_head_dq_in_registers(matrix_backward, case):

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "host/runtime/device_queue.hpp"
-#include "host/runtime/device_sources.hpp"
 #include "host/runtime/kernel_cache.hpp"
 
 extern char** environ;
@@ -76,20 +75,6 @@ std::string program_text(const KernelProgram& program) {
   std::string text = program.header + "|" + joined_kernels(program);
   for (const std::string& option : program.options) text += "|" + option;
   return text;
-}
-
-// Names the program on this device, driver, CPU target and device source: a verdict kept on
-// disk holds for exactly these.
-std::string verdict_key(const sycl::device& device, const std::string& program) {
-  const char* target = std::getenv("CL_CONFIG_CPU_TARGET_ARCH");
-  const std::string text = device_description(device) + "|" +
-                           device.get_info<sycl::info::device::driver_version>() + "|" +
-                           (target ? target : "") + "|" + program;
-  char hex[40];
-  std::snprintf(hex, sizeof(hex), "%016llx-%016llx",
-                static_cast<unsigned long long>(fnv1a(text)),
-                static_cast<unsigned long long>(device_sources_hash()));
-  return hex;
 }
 
 bool covered(const KernelVariant& variant) {
@@ -247,7 +232,7 @@ bool program_builds(sycl::queue& queue, const KernelProgram& program,
     if (!s.enabled) return true;
     auto known = s.verdicts.find(process_key);
     if (known != s.verdicts.end()) return known->second.builds;
-    const std::string key = verdict_key(device, text);
+    const std::string key = program_record_key(device, text);
     const std::string path_base = s.guard.verdict_dir + "/" + key;
     if (!read_verdict(path_base, verdict)) {
       bool recorded = false;

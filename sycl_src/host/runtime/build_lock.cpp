@@ -6,12 +6,10 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <mutex>
 #include <thread>
 
 #include "host/runtime/device_queue.hpp"
-#include "host/runtime/device_sources.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -20,17 +18,6 @@ std::mutex dir_mutex;
 std::string& lock_dir() {
   static std::string* dir = new std::string();  // never destroyed, like the kernel cache
   return *dir;
-}
-
-// The lock file of a program on a device, for the device sources of this build.
-std::string lock_path(const std::string& dir, const sycl::device& device,
-                      const std::string& program_key) {
-  char name[48];
-  std::snprintf(name, sizeof(name), "%016llx-%016llx.lock",
-                static_cast<unsigned long long>(
-                    fnv1a(device_description(device) + "|" + program_key)),
-                static_cast<unsigned long long>(device_sources_hash()));
-  return dir + "/" + name;
 }
 
 }  // namespace
@@ -47,7 +34,8 @@ ProgramBuildLock::ProgramBuildLock(const sycl::device& device, const std::string
     dir = lock_dir();
   }
   if (dir.empty()) return;
-  fd_ = open(lock_path(dir, device, program_key).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const std::string path = dir + "/" + program_record_key(device, program_key) + ".lock";
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) return;
   // Polled rather than blocking, so a build that never ends elsewhere costs a bounded wait.
   const auto start = std::chrono::steady_clock::now();

@@ -1,7 +1,11 @@
 #include "host/runtime/device_queue.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
+
+#include "host/runtime/device_sources.hpp"
 
 namespace ipex_flash {
 
@@ -43,6 +47,18 @@ std::string device_description(const sycl::device& device) {
   out << device.get_info<sycl::info::device::name>() << " ("
       << device.get_platform().get_info<sycl::info::platform::name>() << ")";
   return out.str();
+}
+
+std::string program_record_key(const sycl::device& device, const std::string& program) {
+  const char* target = std::getenv("CL_CONFIG_CPU_TARGET_ARCH");
+  const std::string text = device_description(device) + "|" +
+                           device.get_info<sycl::info::device::driver_version>() + "|" +
+                           (target ? target : "") + "|" + program;
+  char hex[40];
+  std::snprintf(hex, sizeof(hex), "%016llx-%016llx",
+                static_cast<unsigned long long>(fnv1a(text)),
+                static_cast<unsigned long long>(device_sources_hash()));
+  return hex;
 }
 
 }  // namespace ipex_flash

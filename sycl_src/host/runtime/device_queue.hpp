@@ -23,4 +23,9 @@ bool needs_host_sync(std::uintptr_t queue_handle);
 
 std::string device_description(const sycl::device& device);
 
+// Names `program` (its header, kernels and options as one text) on this device, driver, CPU
+// target and device source, as a file name: a record kept on disk beside the kernel cache (the
+// build guard's verdicts, the build locks) holds for exactly these.
+std::string program_record_key(const sycl::device& device, const std::string& program);
+
 }  // namespace ipex_flash
