@@ -57,6 +57,7 @@ class KernelReport(gpu_grid.Selection):
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
     loop_prefetches: int = 0
     loop_spills: int = 0        # spill and fill accesses in that loop
+    edge_spills: int = 0        # and in the costliest general loop
     # Decode kernels (gpu_bandwidth.py): the loop over key blocks' issued instructions and the
     # loops nested in it (counted once: a lower bound where there are any), the KiB of one K/V
     # head's block, the instructions per KiB, and what the target affords per KiB.
@@ -126,6 +127,7 @@ def kernel_reports(programs: list, native: dict) -> list:
                 report.block_issued = figures["block_issued"]
                 report.block_nested = figures["block_nested"]
                 if figures["edge_dpas"]:
+                    report.edge_spills = figures["edge_spills"]
                     report.loop_per_dpas_edge = round(
                         figures["edge_issued"] / figures["edge_dpas"], 2)
             reports.append(report)

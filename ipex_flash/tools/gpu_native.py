@@ -78,7 +78,8 @@ def _asm_counts(asm: Path) -> dict:
     run more than once per block (the static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
     load that writes no register); loop_spills its spill and fill accesses (scratch space
-    sends, `.ss[`). block_issued and block_nested: the same of the decode
+    sends, `.ss[`, or PVC's scratch block reads and writes), edge_spills the same of the edge
+    loop. block_issued and block_nested: the same of the decode
     kernel's loop over key blocks (below; in its register form, which splits its blocks as the
     forward does, the lean loop)."""
     labels, ops, block2d, scratch, spans = {}, [], [], [], set()
@@ -97,7 +98,9 @@ def _asm_counts(asm: Path) -> dict:
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
         block2d.append("" if "load_block2d" not in stripped else
                        "prefetch" if "rd:0;" in stripped else "load")
-        scratch.append(".ss[" in stripped)
+        # Spill and fill: an LSC message to scratch space (Xe2: `.ss[`), or the data port's
+        # scratch block read or write (PVC, named so in the disassembly's comment).
+        scratch.append(".ss[" in stripped or "scratch block" in stripped)
     dpas_before = [0]
     for op in ops:
         dpas_before.append(dpas_before[-1] + (op == "dpas"))
@@ -160,6 +163,7 @@ def _asm_counts(asm: Path) -> dict:
             "loop_prefetches": block2d[main[0]:main[1]].count("prefetch"),
             "loop_spills": sum(scratch[main[0]:main[1]]),
             "edge_dpas": dpas_in(edge), "edge_issued": issued(edge),
+            "edge_spills": sum(scratch[edge[0]:edge[1]]),
             "block_issued": issued(heaviest),
             "block_nested": nested(heaviest)}
 

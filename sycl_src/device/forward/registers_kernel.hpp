@@ -34,6 +34,7 @@
 #include "score/dropout.hpp"
 #include "forward/block_edges.hpp"
 #include "forward/pack_kv.hpp"
+#include "forward/register_scores.hpp"
 #include "common/kernel_props.hpp"
 #include "common/kv_quant.hpp"
 #include "score/block_mask.hpp"
@@ -112,10 +113,14 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
                     BLOCK_N % MATRIX_KEY_CHUNK == 0 && HEAD_DIM % K == 0 && HEAD_DIM % M == 0 &&
                     HEAD_DIM_V % (M * VALUE_SPLIT) == 0 && (VALUE_SPLIT == 1 || TILED),
                 "tile shape");
-  // Q^T (d/2, q) packed, a copy per share of V's head dims; tile by tile, each sub-group's
-  // columns together (one block a B tile).
+  // Q^T (d/2, q) packed, a copy per share of V's head dims. Each sub-group's columns together
+  // (Q_GROUPED, a B tile's rows contiguous) on the 8-wide engines, which read a B tile as one
+  // block, and past d = 64, where Q^T is read per block: IGC reads such a tile in 4-register
+  // SLM loads, not a load a row (16 sends a block, not 64, at d = 128): 1.3-1.9 instructions
+  // per DPAS fewer on BMG and PVC (gpu-check).
   static syclexp::work_group_static<uint32_t[VALUE_SPLIT * HEAD_DIM / 2 * BLOCK_M]> q_slm;
-  constexpr int Q_GROUP = TILED ? R : BLOCK_M;  // load_tile_packed's grouping of the columns
+  constexpr bool Q_GROUPED = TILED || WIDEST > 64;
+  constexpr int Q_GROUP = Q_GROUPED ? R : BLOCK_M;  // load_tile_packed's grouping of the columns
 
   const AttentionCommon& c = p.common;
   const auto item = sycl::ext::oneapi::this_work_item::get_nd_item<1>();
@@ -152,13 +157,18 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
       SCALE_IN_EXP ? sycl::fmax(sycl::fabs(scale), std::numeric_limits<float>::min()) : scale;
   const uint32_t q_flip = SCALE_IN_EXP && scale < 0.f ? 0x80008000u : 0u;
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
+  // ALiBi's distance per element leaves the lean loop: its blocks are those left of every
+  // row's diagonal (all of the fully visible ones under a causal mask), where ALiBi is a
+  // shift per row and a term per key (ScoreMod::apply_left_of_diagonal); 1.4x the plain
+  // loop's instructions per DPAS at d = 64 with the distance taken per element (BMG, PVC).
+  constexpr bool ALIBI_LEFT = (FEATURES & FEATURE_ALIBI) != 0 && !FLOAT_MASK_WIDE;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
   load_tile_packed<BLOCK_M, HEAD_DIM, Q_GROUP>(q_words, forward_operands<T>(p, block).q,
                                                p.q_stride.row, static_cast<int>(q_end - q_begin),
                                                c.dims.head_dim, lid, BLOCK_M, q_flip);
   sycl::group_barrier(sg);
-  const uint32_t* q_t = q_words + (TILED ? sub_group * (HEAD_DIM / 2 * R) : r0);  // (d/2, r)
+  const uint32_t* q_t = q_words + (Q_GROUPED ? sub_group * (HEAD_DIM / 2 * R) : r0);  // (d/2, r)
 
   // Q^T's B operands: in registers for the whole K/V loop up to d = 64 (32 registers); read
   // from SLM per block above (64 more registers would spill beside O^T's 128 at d = 128), and
@@ -224,31 +234,28 @@ IPEX_FLASH_TILE_LOOP
       matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, q_t, Q_GROUP);
 
     // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
-    // the accumulators, and their max.
-    float block_max = NEG_INF;
+    // the accumulators in the block's form (forward/register_scores.hpp), and their max.
+    constexpr ScoreForm FORM = score_form<FEATURES, SCALE_IN_EXP, ALIBI_LEFT, GENERAL>();
+    BlockScores<FORM> scored{score_scale, score_mod.softcap_log2,
+                             FORM == ScoreForm::SHIFTED ? score_mod.alibi_row_shift(row, kv_begin)
+                                                        : 0.f};
 IPEX_FLASH_TILE_LOOP
     for (int c0 = 0; c0 < BLOCK_N; c0 += MATRIX_KEY_CHUNK) {
       float scores[MATRIX_KEY_CHUNK];
       chunk_of_columns<M>(sg, s, c0, scores);
-      if constexpr (!SCALE_IN_EXP) {
-IPEX_FLASH_TILE_LOOP
-        for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scores[j] *= score_scale;
-      }
-      if constexpr (FEATURES != 0) {
-        float unused_grad[MATRIX_KEY_CHUNK];
-        score_mod.apply_to_row<FEATURES, TANH, MASK_BITS>(scores, unused_grad, row,
-                                                         kv_begin + c0);
-      }
+      score_chunk<FEATURES, TANH, MASK_BITS, FORM>(score_mod, scores, score_scale, row,
+                                                   kv_begin + c0, c0);
       if constexpr (GENERAL) {
         if (!fully_visible) mask.apply_to_keys(scores, row, kv_begin + c0);
       }
 IPEX_FLASH_TILE_LOOP
-      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) block_max = sycl::fmax(block_max, scores[j]);
+      for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) scored.fold(scores[j]);
       set_chunk_of_columns<M>(sg, s, c0, scores);
     }
 
     // Probabilities against the new max, row sum, dropout; P in the dtype.
-    const float rescale = softmax.raise_max(SCALE_IN_EXP ? block_max * score_scale : block_max);
+    const float rescale = softmax.raise_max(scored.max_score());
+    const float exp_base = OnlineSoftmaxRow::exp_base(softmax.row_max);
     float block_sum = 0.f;
     T probs[BLOCK_N];
 IPEX_FLASH_TILE_LOOP
@@ -257,8 +264,7 @@ IPEX_FLASH_TILE_LOOP
       chunk_of_columns<M>(sg, s, c0, chunk);
 IPEX_FLASH_TILE_LOOP
       for (int j = 0; j < MATRIX_KEY_CHUNK; ++j) {
-        chunk[j] = SCALE_IN_EXP ? softmax.probability(chunk[j], score_scale)
-                                : softmax.probability(chunk[j]);
+        chunk[j] = scored.probability(chunk[j], exp_base);
         block_sum += chunk[j];
       }
       // After the row sum: dropout rescales P, not the softmax.
@@ -298,9 +304,11 @@ IPEX_FLASH_TILE_LOOP
     }
     k_tile += Packed::BLOCK_ELEMENTS;
   };
-  // The blocks in order, the fully visible ones (none under dropout) in the lean loop.
-  run_key_blocks<FEATURES, /*SPLIT=*/!FLOAT_MASK_WIDE>(mask, c.dropout.enabled, q_begin, q_end,
-                                                       kv_first, kv_end, BLOCK_N, kv_block);
+  // The blocks in order, the fully visible ones (none under dropout) in the lean loop; with
+  // ALiBi those of them left of the diagonal.
+  run_key_blocks<FEATURES, /*SPLIT=*/!FLOAT_MASK_WIDE>(
+      ALIBI_LEFT ? mask.left_of_diagonal() : mask, c.dropout.enabled, q_begin, q_end, kv_first,
+      kv_end, BLOCK_N, kv_block);
 
   write_output_from_tiles<T, M>(p, block, lid, share * DV, sg, o, softmax, descale.v);
 }

@@ -81,6 +81,15 @@ struct BlockMask {
     return run_on_grid(least, last, first, end, size);
   }
 
+  // The same mask seeing no key right of the diagonal: its fully visible key blocks are those
+  // of this mask that no row passes the diagonal of (the forward's lean loop with ALiBi,
+  // ScoreMod::apply_left_of_diagonal).
+  inline BlockMask left_of_diagonal() const {
+    BlockMask left = *this;
+    left.window_right = 0;
+    return left;
+  }
+
   // The whole blocks of query rows [start, start + size), start + size <= len_q, starting at
   // first, first + size, ... below end, that see every key of [key_begin, key_end) (the dK/dV
   // kernel's walk over the query blocks for one key block; block_fully_visible as it asks).

@@ -28,6 +28,8 @@ namespace ipex_flash {
 // register forward at d = 128, and in DG2's and Arrow Lake-H's SLM-staged backward; gpu-check's
 // record). The register backward takes it with every score change (backward/score_grads.hpp).
 inline float tanh_complement(float x) { return 1.f / (1.f + sycl::exp2(2.f * LOG2E * x)); }
+// The same of x already multiplied by 2 log2(e) (TanhForm::FUSED).
+inline float fused_tanh_complement(float x2) { return 1.f / (1.f + sycl::exp2(x2)); }
 
 // How ScoreMod::apply computes softcap's tanh, and what it hands back as softcap_grad:
 //   LIBRARY: sycl::tanh t; softcap_grad = 1 - t^2.
@@ -114,6 +116,39 @@ struct ScoreMod {
     }
   }
 
+  // apply_to_row on a block of the forward's lean loop that no row passes the diagonal of
+  // (every key at most row + diag: BlockMask::left_of_diagonal), key0 = block_key0 + offset,
+  // from the raw products `dots` and the scale (with softcap, TanhForm::FUSED's). ALiBi's
+  // -slope * (row + diag - key) is -slope * (row + diag - block_key0), the row's alone, plus
+  // slope * (offset + j), the same for every lane: the first is left to the caller, who shifts
+  // the softmax by it (alibi_row_shift); the second is the addend of the multiply-add that
+  // scales the score, or of softcap's. No distance per element, and no instruction past those
+  // of the scale and softcap; the scores differ from apply_to_row's by rounding, by a shift
+  // exact per row.
+  template <int FEATURES, bool MASK_BITS, int N>
+  inline void apply_left_of_diagonal(float (&dots)[N], float scale, int64_t row, int64_t key0,
+                                     int offset) const {
+    static_assert((FEATURES & FEATURE_ALIBI) != 0, "ALiBi's split form");
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float alibi = alibi_log2 * static_cast<float>(offset + j);
+      if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0)
+        dots[j] = sycl::fma(-2.f * softcap_log2, fused_tanh_complement(dots[j] * scale),
+                            softcap_log2 + alibi);
+      else
+        dots[j] = sycl::fma(dots[j], scale, alibi);
+    }
+    if constexpr (MASK_BITS && (FEATURES & FEATURE_MASK_BOOL) != 0)
+      AttnMaskPlane::hide_by_bits(dots, attn_mask.key_bits(row, key0));
+    else
+      attn_mask.apply<FEATURES>(dots, row, key0, 0, 1);
+  }
+
+  // The row's part of ALiBi in apply_left_of_diagonal's block from block_key0.
+  inline float alibi_row_shift(int64_t row, int64_t block_key0) const {
+    return -alibi_log2 * distance(row, block_key0);
+  }
+
   // ALiBi distances are floats from element 0's, taken once in 64 bits: 64-bit integers are
   // emulated on Arc A-series and Meteor Lake GPUs, and per element they made the kernels
   // spill there. Exact while distances stay below 2^24.
@@ -129,7 +164,7 @@ struct ScoreMod {
     for (int j = 0; j < N; ++j) {
       if constexpr ((FEATURES & FEATURE_SOFTCAP) != 0) {
         if constexpr (TANH == TanhForm::FUSED) {
-          const float r = 1.f / (1.f + sycl::exp2(scores[j]));  // tanh_complement
+          const float r = fused_tanh_complement(scores[j]);
           softcap_grad[j] = sycl::fma(-r, r, r);
           scores[j] = sycl::fma(-2.f * softcap_log2, r, softcap_log2);
         } else if constexpr (TANH == TanhForm::SHORT) {
