@@ -144,8 +144,10 @@ def _share_builds(module) -> None:
     """Has processes on this machine that need the same kernel build it once (build_lock.hpp):
     the first builds, the others wait and load it from the persistent cache. Without that
     cache there is nothing to load, so each process builds its own."""
+    if os.environ.get("SYCL_CACHE_PERSISTENT") != "1":
+        return
     lock_dir = _cache_subdir("build-locks")
-    if os.environ.get("SYCL_CACHE_PERSISTENT") == "1" and lock_dir is not None:
+    if lock_dir is not None:
         module.set_build_lock_dir(str(lock_dir))
 
 

@@ -102,9 +102,9 @@ _EVERY_SCORE_CHANGE = 1 | 2 | 4  # softcap, ALiBi, bool mask (common/features.hp
 MAX_SCORE_CHANGE_RATIO = 1.3
 MAX_EVERY_CHANGE_RATIO = 1.5
 MAX_SOFTCAP_RATIO_64 = 1.45
+MAX_EVERY_CHANGE_RATIO_64 = 1.8
 _FP8_CACHE = 64 | 128  # e4m3, e5m2 (common/kv_quant.hpp)
 MAX_FP8_RATIO = 1.5
-MAX_EVERY_CHANGE_RATIO_64 = 1.8
 _FORWARD_REGISTERS = "flash_fwd_matrix_registers_kernel"
 MAX_EDGE_SPILLS = 16  # spill and fill accesses in a known spill's edge loop
 
