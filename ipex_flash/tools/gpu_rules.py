@@ -7,20 +7,19 @@
   (scratch) memory; at other head dims these are reported, not enforced;
 - an XMX kernel contains DPAS instructions, and its main loop's cost per DPAS is measured
   (gpu_check.KernelReport.loop_per_dpas: the register kernels' lean loop of the fully visible
-  blocks, in the kernel as shipped); the forward with its tiles in registers issues at
-  most MAX_FORWARD_PER_DPAS instructions per DPAS there at d = 64 and
-  MAX_FORWARD_PER_DPAS_128 at d = 128 (without score changes, in both 16-bit dtypes): it
-  reached 9.7-10.1 and 6.5-7.9 on BMG, PVC and Lunar Lake (docs/gpus.md), where Intel's own
-  sycl-tla forward issues 10.3-11.3; the
-  backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
-  (they reached 5.5-10.6: dQ 8.1-10.6, dK/dV 5.5-9.9, at d = 128 in two passes over the
-  query rows); the 8-wide forward of DG2 and Arrow Lake-H (SIMD8) at most
-  MAX_FORWARD_8_WIDE_PER_DPAS (it reached 24.5 and 27.3 at d = 64, 21.4 and 23.0 at 128 per
-  DPAS it runs, where their SLM-staged forward issued 88-95 in a build with every block
-  fully visible), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (21.7 and 23.7 per DPAS it
-  runs at d = 64, 19.6 and 20.1 at 128, where the SLM-staged dQ issued 90-137 so), and their
-  register dK/dV at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 at d = 64, 22.1 and 22.0 at
-  128, where the SLM-staged dK/dV issued 75-180 so);
+  blocks, in the kernel as shipped); the forward with its tiles in registers issues at most
+  MAX_FORWARD_PER_DPAS instructions per DPAS there at d = 64 and MAX_FORWARD_PER_DPAS_128 at
+  d = 128 (without score changes, in both 16-bit dtypes): it reached 9.5-9.9 and 6.5-7.9 on
+  BMG, PVC and Lunar Lake (docs/gpus.md), where Intel's own sycl-tla forward issues 10.3-11.3;
+  the backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
+  (they reached 5.5-10.0: dQ 7.2-8.5, dK/dV 5.5-9.9, at d = 128 in two passes over the query
+  rows), dQ at d = 128 at most MAX_DQ_PER_DPAS_128 (7.2-7.7); the 8-wide forward of DG2 and
+  Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 25.0 and 26.4 at d = 64,
+  21.4 and 23.0 at 128 per DPAS it runs, where their SLM-staged forward issued 88-95 in a build
+  with every block fully visible), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (21.2 and
+  23.2 per DPAS it runs at d = 64, 19.2 and 19.7 at 128, where the SLM-staged dQ issued 90-137
+  so), and their register dK/dV at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 at d = 64, 22.1
+  and 22.0 at 128, where the SLM-staged dK/dV issued 75-180 so);
 - a kernel that asks for the large register file (PVC, BMG, Lunar Lake) gets 256 registers.
 
 Four spills are known and reported as such rather than failed (docs/gpus.md). The first: the
@@ -55,16 +54,18 @@ the lean loops 1.3-1.9 instructions per DPAS cheaper and these spills larger.
 Any other spill fails.
 
 The forward with score changes is held to the plain kernel's cost (same GPU, dtype and head
-dims), on the 256-register GPUs: each change alone (softcap, ALiBi, a bool mask) at most
-MAX_SCORE_CHANGE_RATIO times its lean loop's instructions per DPAS, softcap, ALiBi and a mask
-together at most MAX_EVERY_CHANGE_RATIO times (docs/gpus.md: 1.00-1.25 alone, 1.35-1.49
-together on BMG, PVC and Lunar Lake). At d = 64 softcap alone at most MAX_SOFTCAP_RATIO_64
-and all three at most MAX_EVERY_CHANGE_RATIO_64 (1.40 and 1.74 there): a score is one
-instruction per DPAS at d = 64, the plain loop folds the scale into its exponent, and softcap
-needs the scale's multiply, an exp2, an add and a reciprocal per score beside it (4 per DPAS
-over 9.7: 1.41 at best), the mask's bits two more. The forward over an FP8 cache (e4m3, e5m2)
-at most MAX_FP8_RATIO times the 16-bit one: its pack converts the cache to the query's dtype
-(forward/pack_kv.hpp), so its main loop is the 16-bit one's (0.99-1.01x).
+dims), on the 256-register GPUs at head dims 64, 128 and 192 (SCORE_CHANGE_HEAD_DIMS; the full
+grid's others are reported: at d = 32 a score is two instructions per DPAS, and all three
+changes reach 1.87x there, 1.54x at d = 96 on BMG): each change alone (softcap, ALiBi, a bool
+mask) at most MAX_SCORE_CHANGE_RATIO times its lean loop's instructions per DPAS, softcap,
+ALiBi and a mask together at most MAX_EVERY_CHANGE_RATIO times (docs/gpus.md: 1.00-1.25 alone,
+1.35-1.49 together on BMG, PVC and Lunar Lake). At d = 64 softcap alone at most
+MAX_SOFTCAP_RATIO_64 and all three at most MAX_EVERY_CHANGE_RATIO_64 (1.40 and 1.74 there): a
+score is one instruction per DPAS at d = 64, the plain loop folds the scale into its exponent,
+and softcap needs the scale's multiply, an exp2, an add and a reciprocal per score beside it (4
+per DPAS over 9.7: 1.41 at best), the mask's bits two more. The forward over an FP8 cache
+(e4m3, e5m2) at most MAX_FP8_RATIO times the 16-bit one: its pack converts the cache to the
+query's dtype (forward/pack_kv.hpp), so its main loop is the 16-bit one's (0.99-1.01x).
 
 A call the host refuses with an error naming the head dim and the GPU's limit (no kernel's
 smallest tiles fit its local memory) is reported as refused: that error is what the call
@@ -83,9 +84,10 @@ _HELPERS = ("flash_fwd_pack_kv_kernel", "flash_decode_merge_kernel",
             "kv_append_kernel", "cache_check_kernel")
 
 
-MAX_FORWARD_PER_DPAS = 10.5        # at d = 64; at d = 128 MAX_FORWARD_PER_DPAS_128
+MAX_FORWARD_PER_DPAS = 10.0        # at d = 64; at d = 128 MAX_FORWARD_PER_DPAS_128
 MAX_FORWARD_PER_DPAS_128 = 8.0
 MAX_BACKWARD_PER_DPAS = 11.0
+MAX_DQ_PER_DPAS_128 = 8.5
 MAX_FORWARD_8_WIDE_PER_DPAS = 28.0
 MAX_DQ_8_WIDE_PER_DPAS = 26.0
 MAX_DKDV_8_WIDE_PER_DPAS = 27.0
@@ -105,7 +107,10 @@ MAX_SOFTCAP_RATIO_64 = 1.45
 MAX_EVERY_CHANGE_RATIO_64 = 1.8
 _FP8_CACHE = 64 | 128  # e4m3, e5m2 (common/kv_quant.hpp)
 MAX_FP8_RATIO = 1.5
+# The head dims whose score changes are held to the plain kernel's cost (reported elsewhere).
+SCORE_CHANGE_HEAD_DIMS = (64, 128, 192)
 _FORWARD_REGISTERS = "flash_fwd_matrix_registers_kernel"
+_DQ_REGISTERS = "flash_bwd_dq_matrix_registers_kernel"
 MAX_EDGE_SPILLS = 16  # spill and fill accesses in a known spill's edge loop
 
 
@@ -159,6 +164,8 @@ def kernel_violations(r) -> list:
             limit = _PER_DPAS_LIMITS_8_WIDE.get(name, limit)
         elif name == _FORWARD_REGISTERS and r.head_dim == 128:
             limit = MAX_FORWARD_PER_DPAS_128
+        elif name == _DQ_REGISTERS and r.head_dim == 128:
+            limit = MAX_DQ_PER_DPAS_128
         if (name in r.kernel and r.features == 0 and r.head_dim in COMMON_HEAD_DIMS
                 and r.loop_per_dpas > limit):
             found.append(f"main loop issues {r.loop_per_dpas} instructions per DPAS "
@@ -180,7 +187,8 @@ def score_change_violations(r, plain) -> list:
         return [] if ratio <= MAX_FP8_RATIO else [
             f"main loop issues {r.loop_per_dpas} instructions per DPAS over an FP8 cache, "
             f"{ratio:.2f}x the 16-bit kernel's {plain.loop_per_dpas} (at most {MAX_FP8_RATIO}x)"]
-    if changes == 0 or r.features & ~_EVERY_SCORE_CHANGE:
+    if (changes == 0 or r.features & ~_EVERY_SCORE_CHANGE
+            or r.head_dim not in SCORE_CHANGE_HEAD_DIMS):
         return []
     narrow = r.head_dim <= 64
     limit = ((MAX_EVERY_CHANGE_RATIO_64 if narrow else MAX_EVERY_CHANGE_RATIO)

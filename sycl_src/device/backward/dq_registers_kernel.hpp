@@ -19,6 +19,7 @@
 
 #include <sycl/sycl.hpp>
 
+#include "backward/key_columns.hpp"
 #include "backward/matrix_shape.hpp"
 #include "backward/pack_operands.hpp"
 #include "backward/score_grads.hpp"
@@ -120,6 +121,9 @@ IPEX_FLASH_TILE_LOOP
         Packed::keys(p, key_block0 + kv_begin / BLOCK_N);
     const bool fully_visible =
         !GENERAL || mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
+    // The share's rows of K^T, the block's BLOCK_N columns (the slabs' at their column).
+    const Surface k_t{keys.k_t + Surface::Order::offset(share * DQ_ROWS, 0, BLOCK_N, BLOCK_N),
+                      DQ_ROWS, BLOCK_N, BLOCK_N};
 #pragma unroll 1
     for (int slab = 0; slab < BLOCK_N; slab += SLAB) {
       // The slab's rows of K and V (whole strips: the same start in either order), its columns
@@ -127,9 +131,6 @@ IPEX_FLASH_TILE_LOOP
       // columns).
       const Surface k_rows{keys.k + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
       const Surface v_rows{keys.v + slab * HEAD_DIM, SLAB, HEAD_DIM, HEAD_DIM};
-      const Surface k_cols{
-          keys.k_t + Surface::Order::offset(share * DQ_ROWS, slab, BLOCK_N, BLOCK_N), DQ_ROWS,
-          TILED ? BLOCK_N : SLAB, BLOCK_N};
       MatrixAcc<M, R> s[S_TILES], dp[S_TILES];
 IPEX_FLASH_TILE_LOOP
       for (int t = 0; t < S_TILES; ++t) {
@@ -164,14 +165,16 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
         for (int j = 0; j < CHUNK; ++j) ds[c0 + j] = from_float<T>(grad[j]);
       }
-      if constexpr (DS_STEPS == 1) {  // a lone operand (matrix_mad_surface_step)
+      if constexpr (DS_STEPS == 1) {  // a lone operand: K^T's slab columns of its block
         MatrixBRegisters<T, K, R> ds_t;
         matrix_b_from_column<K>(sg, ds_t, ds);
-        matrix_mad_surface_step<T, M, K, R, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
+        slab_gradient_step<T, M, K, R, DQ_TILES>(sg, dq, k_t, 0, slab, ds_t);
       } else {
         MatrixBRegisters<T, K, R> ds_t[DS_STEPS];
 IPEX_FLASH_TILE_LOOP
         for (int k = 0; k < DS_STEPS; ++k) matrix_b_from_column<K>(sg, ds_t[k], &ds[k * K]);
+        const Surface k_cols{k_t.base + k_t.offset(0, slab), DQ_ROWS, TILED ? BLOCK_N : SLAB,
+                             BLOCK_N};
         matrix_mad_surface_wide<T, M, K, R, SLAB, DQ_TILES>(sg, dq, k_cols, 0, ds_t);
       }
     }

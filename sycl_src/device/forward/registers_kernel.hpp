@@ -34,6 +34,7 @@
 #include "score/dropout.hpp"
 #include "forward/block_edges.hpp"
 #include "forward/pack_kv.hpp"
+#include "forward/register_output.hpp"
 #include "forward/register_scores.hpp"
 #include "common/kernel_props.hpp"
 #include "common/kv_quant.hpp"
@@ -47,30 +48,6 @@
 namespace ipex_flash {
 
 namespace syclexp = sycl::ext::oneapi::experimental;
-
-// Writes the lane's output row from the O^T accumulators (column d0 + d of the row is element
-// d % M of tile d / M), normalised, and where d0 = 0 its log-sum-exp. Called by every lane of
-// the sub-group (the column reads are collective).
-template <typename T, int M, typename Acc, int TILES>
-__attribute__((always_inline)) inline void write_output_from_tiles(
-    const FwdParams& p, const QueryBlock& block, int lid, int d0, sycl::sub_group sg,
-    Acc (&o)[TILES], const OnlineSoftmaxRow& softmax, float v_descale) {
-  const AttentionCommon& c = p.common;
-  const SeqInfo& seq = block.seq;
-  const int64_t row = block.begin + lid;
-  const bool inside = row < seq.len_q;
-  const float inv_sum = softmax.inverse_sum() * v_descale;
-  T* out = static_cast<T*>(p.out) + block.batch * p.out_stride.batch +
-           block.head * p.out_stride.head +
-           (seq.q_row0 + (inside ? row : 0)) * p.out_stride.row + d0;
-  float values[TILES * M];
-  lane_row_of_tiles<M>(sg, o, values);
-  if (!inside) return;
-IPEX_FLASH_TILE_LOOP
-  for (int d = 0; d < TILES * M; ++d)
-    if (d0 + d < c.dims.head_dim_v) out[d] = from_float<T>(values[d] * inv_sum);
-  if (d0 == 0) p.lse[lse_index(c, seq, block.batch, block.head, row)] = softmax.log2_sum_exp();
-}
 
 // VALUE_SPLIT sub-groups share each MATRIX_N query rows, each computing their scores and
 // softmax alike (the same arithmetic: the same results) and its own HEAD_DIM_V / VALUE_SPLIT
@@ -196,6 +173,13 @@ IPEX_FLASH_TILE_LOOP
   OnlineSoftmaxRow softmax = ScoreMod::start_row(c, block.head);
 
   const T* k_tile = Packed::block(p, block.batch, block.head_kv, kv_first / BLOCK_N);
+  // A block's K and V^T (the share's rows: whole tile rows in either order); up to d = 64 with
+  // 2-D block descriptors built once and moved block to block (matrix/block_io.hpp): past it
+  // their two registers spilled beside O^T (BMG, PVC).
+  constexpr bool BLOCKS = WIDE && WIDEST <= 64;
+  const int v_at = BLOCK_N * HEAD_DIM + share * DV * BLOCK_N;
+  auto keys = SurfaceBlocks<Surface, A_ROWS, BLOCKS>::of({k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM});
+  auto values = SurfaceBlocks<Surface, A_ROWS, BLOCKS>::of({k_tile + v_at, DV, BLOCK_N, BLOCK_N});
 
   // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
   // the mask cuts through (the diagonal, a window's edges, the keys' last partial block) and
@@ -204,9 +188,8 @@ IPEX_FLASH_TILE_LOOP
   // changes included.
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
-    const Surface keys{k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM};                     // K
-    const Surface values{k_tile + BLOCK_N * HEAD_DIM + share * DV * BLOCK_N, DV, BLOCK_N,
-                         BLOCK_N};  // the share's rows of V^T (whole tile rows in either order)
+    keys.rebase(k_tile);
+    values.rebase(k_tile + v_at);
     const bool fully_visible =
         !GENERAL || mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 
@@ -226,12 +209,11 @@ IPEX_FLASH_TILE_LOOP
 IPEX_FLASH_TILE_LOOP
     for (int t = 0; t < S_TILES; ++t) matrix_fill(sg, s[t], 0.f);
     if constexpr (Q_IN_REGISTERS)
-      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_b);
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, q_b);
     else if constexpr (WIDE)
-      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, 0, q_t,
-                                                                      Q_GROUP);
+      matrix_mad_surface_wide<T, M, K, R, HEAD_DIM, S_TILES, A_ROWS>(sg, s, keys, q_t, Q_GROUP);
     else
-      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys, 0, q_t, Q_GROUP);
+      matrix_mad_surface<T, M, K, R, HEAD_DIM, S_TILES>(sg, s, keys.surface, 0, q_t, Q_GROUP);
 
     // The row's scores (scale, modifiers, mask), a chunk of keys at a time, written back into
     // the accumulators in the block's form (forward/register_scores.hpp), and their max.
@@ -292,15 +274,15 @@ IPEX_FLASH_TILE_LOOP
     if constexpr (P_STEPS == 1) {  // 16-key blocks (the 8-wide engines): a lone operand
       MatrixBRegisters<T, K, R> p_t;
       matrix_b_from_column<K>(sg, p_t, probs);
-      matrix_mad_surface_step<T, M, K, R, O_TILES>(sg, o, values, 0, p_t);
+      matrix_mad_surface_step<T, M, K, R, O_TILES>(sg, o, values.surface, 0, p_t);
     } else {
       MatrixBRegisters<T, K, R> p_t[P_STEPS];
 IPEX_FLASH_TILE_LOOP
       for (int k = 0; k < P_STEPS; ++k) matrix_b_from_column<K>(sg, p_t[k], &probs[k * K]);
       if constexpr (WIDE)
-        matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, 0, p_t);
+        matrix_mad_surface_wide<T, M, K, R, BLOCK_N, O_TILES, A_ROWS>(sg, o, values, p_t);
       else
-        matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values, 0, p_t);
+        matrix_mad_surface<T, M, K, R, BLOCK_N, O_TILES>(sg, o, values.surface, 0, p_t);
     }
     k_tile += Packed::BLOCK_ELEMENTS;
   };

@@ -32,6 +32,38 @@ extern "C" SYCL_EXTERNAL ipex_flash_ushort16 __builtin_IB_subgroup_block_read_fl
 
 namespace ipex_flash {
 
+// A surface S and, where it is row-major and BLOCKS, the descriptor of its 2-D blocks from row
+// 0, built once and moved to the next surface of the same shape by rebase (one instruction):
+// the register forward's K and V^T, block after block, whose descriptors built anew for each
+// block took seven scalar instructions apiece (PVC, BMG: gpu-check). The emulation reads the
+// surface.
+template <typename S, int ROWS, bool BLOCKS = !S::Order::TILED>
+struct SurfaceBlocks {
+  S surface;
+  MatrixBlockReader<ROWS> reader;
+
+  static inline SurfaceBlocks of(const S& s) {
+    return {s, MatrixBlockReader<ROWS>::of(s.base, s.rows, s.cols, s.pitch, 0, 0)};
+  }
+  template <typename T>
+  __attribute__((always_inline)) inline void rebase(const T* base) {
+    surface.base = base;
+    reader.rebase(base);
+  }
+};
+
+// Without blocks (tile by tile, or a kernel's form that reads none): the surface alone.
+template <typename S, int ROWS>
+struct SurfaceBlocks<S, ROWS, false> {
+  S surface;
+
+  static inline SurfaceBlocks of(const S& s) { return {s}; }
+  template <typename T>
+  __attribute__((always_inline)) inline void rebase(const T* base) {
+    surface.base = base;
+  }
+};
+
 // A 16-wide block of ROWS rows (MatrixBlock<ROWS, 1>, matrix/block_reader.hpp) of a row-major
 // surface (base, cols and rows in elements, pitch in elements) from (row, col), a runtime
 // column (the dK/dV kernel's slabs).
@@ -87,53 +119,98 @@ __attribute__((always_inline)) inline void matrix_mad_block(sycl::sub_group sg,
   }
 }
 
-// matrix_mad_surface's forms with A read ROWS x 32 at a time where STRIPS * M is a multiple of
-// ROWS and DEPTH of 2 K (tile by tile otherwise), through one descriptor (MatrixBlockReader).
+// Whether the wide forms read a strip of STRIPS tiles DEPTH deep in whole ROWS x 32 blocks
+// (tile by tile otherwise).
+template <int M, int K, int DEPTH, int STRIPS, int ROWS>
+constexpr bool whole_blocks() {
+  return STRIPS * M % ROWS == 0 && DEPTH % (2 * K) == 0;
+}
+
+// acc[r / M ..] += the A tiles of `reader`'s blocks (rows 0 .. STRIPS * M, DEPTH columns) . B,
 // B held in registers ...
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
-__attribute__((always_inline)) inline void matrix_mad_surface_wide(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS>
+__attribute__((always_inline)) inline void matrix_mad_blocks(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixBlockReader<ROWS>& reader,
     MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
-  if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
-    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);  // not whole blocks
-  } else {
-    const auto reader = MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0);
-    static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
-      static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
-        MatrixBlock<ROWS> block;
-        reader.template read<decltype(k)::value, decltype(r)::value>(block);
-        matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b[k / K], b[k / K + 1]);
-      });
+  static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
+    static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
+      MatrixBlock<ROWS> block;
+      reader.template read<decltype(k)::value, decltype(r)::value>(block);
+      matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b[k / K], b[k / K + 1]);
     });
-  }
+  });
 }
 
 // ... or B read two steps at a time in the packed layout (row stride ldb words) from B_SPACE,
 // SLM or global memory.
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS,
+          sycl::access::address_space B_SPACE>
+__attribute__((always_inline)) inline void matrix_mad_blocks(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixBlockReader<ROWS>& reader,
+    const uint32_t* b, int ldb) {
+  static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
+    MatrixB<T, K, N> b_lo, b_hi;
+    jm::joint_matrix_load(
+        sg, b_lo, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
+    jm::joint_matrix_load(
+        sg, b_hi, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)),
+        2 * ldb);
+    static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
+      MatrixBlock<ROWS> block;
+      reader.template read<decltype(k)::value, decltype(r)::value>(block);
+      matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b_lo, b_hi);
+    });
+  });
+}
+
+// matrix_mad_surface's forms with A read ROWS x 32 at a time where whole_blocks (tile by tile
+// otherwise), through one descriptor (MatrixBlockReader) built here ...
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32>
+__attribute__((always_inline)) inline void matrix_mad_surface_wide(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
+    MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+  if constexpr (!whole_blocks<M, K, DEPTH, STRIPS, ROWS>())
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a, row0, b);
+  else
+    matrix_mad_blocks<T, M, K, N, DEPTH, STRIPS>(
+        sg, acc, MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0), b);
+}
+
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS = 32,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
 __attribute__((always_inline)) inline void matrix_mad_surface_wide(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T>& a, int row0,
     const uint32_t* b, int ldb) {
-  if constexpr (STRIPS * M % ROWS != 0 || DEPTH % (2 * K) != 0) {
-    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b,
-                                                            ldb);  // not whole blocks
-  } else {
-    const auto reader = MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0);
-    static_for<0, DEPTH, 2 * K>([&](auto k) __attribute__((always_inline)) {
-      MatrixB<T, K, N> b_lo, b_hi;
-      jm::joint_matrix_load(
-          sg, b_lo, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + k / 2 * ldb)), 2 * ldb);
-      jm::joint_matrix_load(
-          sg, b_hi, matrix_ptr<B_SPACE>(reinterpret_cast<const T*>(b + (k + K) / 2 * ldb)),
-          2 * ldb);
-      static_for<0, STRIPS * M, ROWS>([&](auto r) __attribute__((always_inline)) {
-        MatrixBlock<ROWS> block;
-        reader.template read<decltype(k)::value, decltype(r)::value>(block);
-        matrix_mad_block<T, M, K, N, ROWS>(sg, &acc[r / M], block, b_lo, b_hi);
-      });
-    });
-  }
+  if constexpr (!whole_blocks<M, K, DEPTH, STRIPS, ROWS>())
+    matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b, ldb);
+  else
+    matrix_mad_blocks<T, M, K, N, DEPTH, STRIPS, ROWS, B_SPACE>(
+        sg, acc, MatrixBlockReader<ROWS>::of(a.base, a.rows, a.cols, a.pitch, row0, 0), b, ldb);
+}
+
+// ... or by the caller, once for a run of surfaces of one shape (SurfaceBlocks with BLOCKS;
+// built here without).
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS, bool BLOCKS>
+__attribute__((always_inline)) inline void matrix_mad_surface_wide(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+    const SurfaceBlocks<MatrixSurface<T>, ROWS, BLOCKS>& a,
+    MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+  if constexpr (BLOCKS && whole_blocks<M, K, DEPTH, STRIPS, ROWS>())
+    matrix_mad_blocks<T, M, K, N, DEPTH, STRIPS>(sg, acc, a.reader, b);
+  else
+    matrix_mad_surface_wide<T, M, K, N, DEPTH, STRIPS, ROWS>(sg, acc, a.surface, 0, b);
+}
+
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS, bool BLOCKS,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
+__attribute__((always_inline)) inline void matrix_mad_surface_wide(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+    const SurfaceBlocks<MatrixSurface<T>, ROWS, BLOCKS>& a, const uint32_t* b, int ldb) {
+  if constexpr (BLOCKS && whole_blocks<M, K, DEPTH, STRIPS, ROWS>())
+    matrix_mad_blocks<T, M, K, N, DEPTH, STRIPS, ROWS, B_SPACE>(sg, acc, a.reader, b, ldb);
+  else
+    matrix_mad_surface_wide<T, M, K, N, DEPTH, STRIPS, ROWS, B_SPACE>(sg, acc, a.surface, 0, b,
+                                                                      ldb);
 }
 
 // One reduction step, B a single operand in registers (matrix_mad_surface_step), A's K
@@ -185,6 +262,21 @@ inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[S
                                     const MatrixSurface<T>& a, int row0, const uint32_t* b,
                                     int ldb) {
   matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a, row0, b, ldb);
+}
+
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS, bool BLOCKS>
+inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+                                    const SurfaceBlocks<MatrixSurface<T>, ROWS, BLOCKS>& a,
+                                    MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
+  matrix_mad_surface<T, M, K, N, DEPTH, STRIPS>(sg, acc, a.surface, 0, b);
+}
+
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int ROWS, bool BLOCKS,
+          sycl::access::address_space B_SPACE = sycl::access::address_space::local_space>
+inline void matrix_mad_surface_wide(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
+                                    const SurfaceBlocks<MatrixSurface<T>, ROWS, BLOCKS>& a,
+                                    const uint32_t* b, int ldb) {
+  matrix_mad_surface<T, M, K, N, DEPTH, STRIPS, B_SPACE>(sg, acc, a.surface, 0, b, ldb);
 }
 
 // The emulation reads the same columns through the surface shifted to them.

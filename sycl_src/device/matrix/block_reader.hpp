@@ -24,6 +24,8 @@ typedef unsigned short ipex_flash_ushort32 __attribute__((ext_vector_type(32)));
 extern "C" SYCL_EXTERNAL int* __builtin_IB_subgroup_createBlock2DAddressPayload(
     long base, int width_minus_one, int height_minus_one, int pitch_minus_one, int block_x,
     int block_y, int block_width, int block_height, int num_blocks);
+extern "C" SYCL_EXTERNAL void __builtin_IB_subgroup_setBlock2DAddressPayloadBase(int* payload,
+                                                                                long base);
 extern "C" SYCL_EXTERNAL ipex_flash_ushort64 __builtin_IB_subgroup_block_read_ap_u16_m32k16v2(
     int* payload, int imm_x, int imm_y, int cache);
 extern "C" SYCL_EXTERNAL ipex_flash_ushort32 __builtin_IB_subgroup_block_read_ap_u16_m16k16v2(
@@ -63,6 +65,17 @@ struct MatrixBlockReader {
         ROWS, 2)};
 #else
     return {reinterpret_cast<const unsigned short*>(base), rows, cols, pitch, row0, col0};
+#endif
+  }
+
+  // The same descriptor at another surface of the same shape (one instruction: the register
+  // kernels' next K/V block, where building the descriptor anew took seven).
+  template <typename T>
+  __attribute__((always_inline)) inline void rebase(const T* base_now) {
+#if defined(IPEX_FLASH_BLOCK_PAYLOADS)
+    __builtin_IB_subgroup_setBlock2DAddressPayloadBase(payload, reinterpret_cast<long>(base_now));
+#else
+    base = reinterpret_cast<const unsigned short*>(base_now);
 #endif
   }
 
