@@ -56,8 +56,8 @@ Any other spill fails.
 The forward with score changes is held to the plain kernel's cost (same GPU, dtype and head
 dims), on the 256-register GPUs at head dims 64, 128 and 192 (SCORE_CHANGE_HEAD_DIMS; the full
 grid's others are reported: at d = 32 a score is two instructions per DPAS, and all three
-changes reach 1.87x there, 1.54x at d = 96 on BMG): each change alone (softcap, ALiBi, a bool
-mask) at most MAX_SCORE_CHANGE_RATIO times its lean loop's instructions per DPAS, softcap,
+changes reach 1.87-1.91x there, 1.54x at d = 96 on BMG): each change alone (softcap, ALiBi, a
+bool mask) at most MAX_SCORE_CHANGE_RATIO times its lean loop's instructions per DPAS, softcap,
 ALiBi and a mask together at most MAX_EVERY_CHANGE_RATIO times (docs/gpus.md: 1.00-1.25 alone,
 1.35-1.49 together on BMG, PVC and Lunar Lake). At d = 64 softcap alone at most
 MAX_SOFTCAP_RATIO_64 and all three at most MAX_EVERY_CHANGE_RATIO_64 (1.40 and 1.74 there): a
