@@ -39,10 +39,11 @@ def test_forward_kernel_per_gpu(profile, wide):
             # The 8-wide kernel's pack is in tile order (8 x 16 tiles), 16 keys a block.
             assert plan["kernels"][1].endswith(", 0, 0>" if wide else ", 8, 16>")
             assert (plan["variant"].block_n == 16) == (not wide)
-            # With softcap, ALiBi and a mask (FEATURE_* 1 | 2 | 4) the 8-wide engines stage
-            # their tiles through SLM.
+            # With softcap, ALiBi and a mask (FEATURE_* 1 | 2 | 4) too, on the 8-wide engines
+            # in shares of O^T of at most 40 rows (two at d = 64, four at 128).
             scored = C.plan("forward", profile, dtype, head_dim, 7, 1, "1")["variant"]
-            assert scored.matrix_registers == wide
+            assert scored.matrix_registers
+            assert scored.value_split == (1 if wide else head_dim // 32)
             backward = C.plan("backward", profile, dtype, head_dim, 0, 1, "1")
             dq_registers = True
             assert backward["variant"].matrix_registers == dq_registers
@@ -97,13 +98,14 @@ def test_eight_wide_register_forward_with_alibi_and_masks(matrix_mode, head_dim)
     """With ALiBi or a user's mask (bool or float) the 8-wide register forward runs with the
     fewest sub-groups per query rows whose shares of O^T are whole tiles, two at least, of at
     most 40 rows: two up to d = 80, three at 96, four at 128 (16 and 112 keep the SLM-staged
-    kernel); softcap alone splits as no score change does, softcap with either the
-    SLM-staged kernel. Both masks, ALiBi and softcap against float64."""
+    kernel); softcap alone splits as no score change does, softcap beside either as they do
+    but beside a float mask past d = 64 (the SLM-staged kernel). Both masks, ALiBi and softcap
+    against float64 (every change together: test_register_forward_score_forms.py)."""
     from ipex_flash.reference import flash_attn_reference
     matrix_mode("emulate8")
     shares = {40: 2, 64: 2, 80: 2, 96: 3, 128: 4}[head_dim]
-    for features, registers in ((2, True), (4, True), (8, True), (2 | 4, True), (1 | 2, False),
-                                (1 | 8, False)):
+    for features, registers in ((2, True), (4, True), (8, True), (2 | 4, True), (1 | 2, True),
+                                (1 | 4, True), (1 | 8, head_dim <= 64)):
         variant = C.plan("forward", "", "bfloat16", head_dim, features, 1, "emulate8")["variant"]
         assert variant.matrix_registers == registers, features
         assert variant.value_split == (shares if registers else 1), features

@@ -70,13 +70,14 @@ def test_softcap_alone_as_complements(matrix_mode, mode, head_dim):
         _check(q, k, v, torch.bfloat16, causal=causal, softcap=softcap, alibi_slopes=None)
 
 
-# The 16-wide form: the 8-wide engines stage softcap beside ALiBi through SLM
-# (test_matrix_register_forward.py).
-def test_softcap_beside_alibi(matrix_mode):
+# Both widths: the 8-wide form in two shares of O^T at d = 64, four at 128.
+@pytest.mark.parametrize("mode, head_dim", [("emulate", 64), ("emulate8", 64),
+                                            *tiered([("emulate8", 128)], [], multi=True)])
+def test_softcap_beside_alibi(matrix_mode, mode, head_dim):
     """Softcap's fused tanh takes ALiBi's per-key term as its multiply-add's addend."""
-    matrix_mode("emulate")
-    assert C.plan("forward", "", "bfloat16", 64, 3, 1, "emulate")["variant"].matrix_registers
-    q, k, v = _qkv(100, 333, 64, torch.bfloat16)
+    matrix_mode(mode)
+    assert C.plan("forward", "", "bfloat16", head_dim, 3, 1, mode)["variant"].matrix_registers
+    q, k, v = _qkv(100, 333, head_dim, torch.bfloat16)
     for causal in (True, False):
         _check(q, k, v, torch.bfloat16, causal=causal, softcap=5.0)
 
@@ -96,13 +97,15 @@ def _reference_with_mask(q, k, v, keep, softcap):
     return (torch.softmax(s, dim=-1) @ v).transpose(1, 2)
 
 
-def test_bool_mask_beside_softcap_and_alibi(matrix_mode):
+@pytest.mark.parametrize("mode, head_dim", [("emulate", 64), ("emulate8", 64),
+                                            *tiered([("emulate8", 128)], [], multi=True)])
+def test_bool_mask_beside_softcap_and_alibi(matrix_mode, mode, head_dim):
     """Every score change in one register kernel (the features gpu-check holds to a ratio of
     the plain loop): the mask's bits, softcap and ALiBi on the lean blocks, causal."""
-    matrix_mode("emulate")
-    assert C.plan("forward", "", "bfloat16", 64, 7, 1, "emulate")["variant"].matrix_registers
+    matrix_mode(mode)
+    assert C.plan("forward", "", "bfloat16", head_dim, 7, 1, mode)["variant"].matrix_registers
     dtype = torch.bfloat16
-    q, k, v = _qkv(90, 300, 64, dtype)
+    q, k, v = _qkv(90, 300, head_dim, dtype)
     keep = torch.rand(2, HEADS, 90, 300) > 0.3
     keep[..., 0] = True  # every row sees a key
     options = flash_options(None, None, 0, 0, q.shape[-1] ** -0.5, True, -1, 0, 5.0, SLOPES,

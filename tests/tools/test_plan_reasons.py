@@ -17,7 +17,7 @@ from ipex_flash.tools import plan
 
 TESTS = Path(__file__).resolve().parent.parent
 
-SOFTCAP, ALIBI, MASK_BOOL, KV_E4M3, VALUE_DIM = 1, 2, 4, 64, 256  # FEATURE_* bits
+SOFTCAP, ALIBI, MASK_BOOL, MASK_F32, KV_E4M3, VALUE_DIM = 1, 2, 4, 8, 64, 256  # FEATURE_* bits
 # (common/features.hpp)
 ON_8_WIDE = "on 8-wide matrix engines the register "
 
@@ -56,9 +56,11 @@ KNOWN_REASONS = [
     (("forward", "dg2", "bfloat16", 128, 0, 1, "auto", 192),
      ["value head dim 192 > 128: " + ON_8_WIDE + "forward takes head dims up to 128"]),
     # The register forms: score options on the 8-wide engines.
-    (("forward", "dg2", "bfloat16", 64, SOFTCAP | ALIBI, 1, "auto", 0),
-     ["softcap with ALiBi or a mask: " + ON_8_WIDE + "forward would spill the 128 registers "
-      "(sycl::tanh beside the per-score work; docs/gpus.md)"]),
+    (("forward", "dg2", "bfloat16", 64, SOFTCAP | ALIBI, 1, "auto", 0), []),  # fused tanh
+    (("forward", "dg2", "bfloat16", 128, SOFTCAP | MASK_F32, 1, "auto", 0),
+     ["softcap with a float mask at head dim 128 > 64: " + ON_8_WIDE + "forward keeps one loop "
+      "with sycl::tanh there, and would spill the 128 registers beside ALiBi (docs/gpus.md)"]),
+    (("forward", "dg2", "bfloat16", 64, SOFTCAP | MASK_F32, 1, "auto", 0), []),
     (("forward", "dg2", "bfloat16", 112, MASK_BOOL, 1, "auto", 0),
      ["ALiBi or a mask at value head dim 112: " + ON_8_WIDE + "forward needs O split into 2-4 "
       "whole-tile shares of 16-40 columns"]),

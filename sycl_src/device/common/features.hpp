@@ -19,11 +19,12 @@ constexpr int FEATURE_MASK_F16 = 16;
 constexpr int FEATURE_MASK_BF16 = 32;
 constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
-// Softcap beside ALiBi or a user's mask. Those kernels take sycl::tanh, not the short form
-// (score/softcap_alibi.hpp: beside the other score changes IGC's schedule of it spilled), and on
-// the 8-wide engines the SLM-staged kernels (host/variants/forward_variant.cpp,
-// backward_variant.cpp): host and device read this one rule, so a plan cannot drift from the tanh
-// its kernel compiles.
+// Softcap beside ALiBi or a user's mask. The kernels without a tanh form of their own take
+// sycl::tanh there, not the short form (score/softcap_alibi.hpp: beside the other score changes
+// IGC's schedule of it spilled), and on the 8-wide engines the backward stages dK/dV through SLM
+// (host/variants/backward_variant.cpp): host and device read this one rule, so a plan cannot
+// drift from the tanh its kernel compiles. (The register forward takes the fused tanh, on
+// every engine.)
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;

@@ -61,11 +61,17 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // tile made IGC drop the work), and at most 40 rows of O^T: two from 32 to 80, three at 96,
 // four at 128; none at 16 and 112. Beside a whole O^T at d = 64, or 56 rows at 112, their
 // per-score work would spill the 128 registers (gpu-check's record, docs/gpus.md).
-// Softcap alone counts as no change: its tanh (score/softcap_alibi.hpp) needs no register per
-// score. With ALiBi or a mask as well none: there it takes sycl::tanh, with which the register
-// kernel issues more instructions per DPAS than the SLM-staged one (docs/gpus.md).
-int eight_wide_value_split(int d_v, int features) {
-  if (softcap_beside_score_changes(features)) return 0;
+// Softcap alone counts as no change: its fused tanh (score/softcap_alibi.hpp) needs no register
+// per score; beside ALiBi or a mask it takes their shares, without spilling (gpu-check: 24-42
+// instructions per DPAS, where the SLM-staged kernel issued 91-95), but for a float mask past
+// d = 64 (`widest`, the larger padded head dim), where the kernel keeps one loop and sycl::tanh
+// (forward/registers_kernel.hpp, FLOAT_MASK_WIDE): 171-188 per DPAS there, above the
+// SLM-staged kernel's 162-169+, and beside ALiBi it spilled 1.6 KB.
+constexpr int kFloatMasks = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;
+
+int eight_wide_value_split(int d_v, int widest, int features) {
+  if (softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64)
+    return 0;
   if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
     for (int shares = 2; shares <= 4; ++shares)
       if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
@@ -74,12 +80,13 @@ int eight_wide_value_split(int d_v, int features) {
   return d_v <= 64 ? 1 : d_v <= 128 ? 2 : 0;
 }
 
-// Why eight_wide_value_split gives 0 for (d_v, features).
-std::string no_eight_wide_reason(int d_v, int features) {
+// Why eight_wide_value_split gives 0 for (d_v, widest, features).
+std::string no_eight_wide_reason(int d_v, int widest, int features) {
   const std::string on_8_wide = "on 8-wide matrix engines the register forward ";
-  if (softcap_beside_score_changes(features))
-    return "softcap with ALiBi or a mask: " + on_8_wide +
-           "would spill the 128 registers (sycl::tanh beside the per-score work; docs/gpus.md)";
+  if (softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64)
+    return "softcap with a float mask at head dim " + std::to_string(widest) + " > 64: " +
+           on_8_wide + "keeps one loop with sycl::tanh there, and would spill the 128 " +
+           "registers beside ALiBi (docs/gpus.md)";
   if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0)
     return "ALiBi or a mask at value head dim " + std::to_string(d_v) + ": " + on_8_wide +
            "needs O split into 2-4 whole-tile shares of 16-40 columns";
@@ -113,10 +120,11 @@ KernelVariant fwd_variant(const std::string& dtype, int head_dim, int head_dim_v
   // O^T's resident accumulators, at Dv (up to 128 as with D = Dv); Q^T above d = 64 is read from
   // SLM per block, so D adds no resident registers: gpu-check's record has it up to D = 256,
   // and past that the SLM-staged kernel serves it.
-  const int eight_wide_split = eight_wide_value_split(d_v, features);
+  const int eight_wide_split = eight_wide_value_split(d_v, std::max(d, d_v), features);
   const int max_8_wide = eight_wide_split > 0 ? 128 : 0;
-  const std::string no_8_wide =
-      why && eight_wide_split == 0 ? no_eight_wide_reason(d_v, features) : std::string();
+  const std::string no_8_wide = why && eight_wide_split == 0
+                                    ? no_eight_wide_reason(d_v, std::max(d, d_v), features)
+                                    : std::string();
   constexpr int kMaxSplitHeadDim = 256;
   // (The reasons from the call that decides: at Dv where the head dims differ.)
   const bool split_fits = d != d_v && matrix_tiles_in_registers(tile, limits, d_v, 128,
