@@ -86,3 +86,31 @@ def test_mask_per_query_head(matrix_mode, dtype, kind, len_q, softcap):
     want = sdpa_reference(q, k, v, mask, softcap=softcap)
     rtol, atol = OUTPUT_TOLERANCE[dtype]
     torch.testing.assert_close(out.double(), want, rtol=rtol, atol=atol)
+
+
+
+def test_bool_mask_read_as_bits_each_call(matrix_mode):
+    """A bool mask is packed into bits for the register form before each call (decode_mask_bits,
+    the program's flash_mask_bits_kernel): a (B, 1, 1, S) mask broadcast over heads and the new
+    token, over 333 keys in splits; a second call of the same signature (its launch plan) with
+    another mask's values gets its own bits, and neither call changes the mask."""
+    matrix_mode("emulate")
+    torch.manual_seed(1)
+    batch, heads_q, heads_kv, head_dim, len_k = 3, 8, 2, 64, 333
+    q = torch.randn(batch, heads_q, 1, head_dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, heads_kv, len_k, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    views, queue = [launch.view(t) for t in (q, k, v)], launch.queue_handle(q.device)
+    options = C.AttentionOptions()
+    assert C.decode_scratch_bytes(*views, options, queue) == 0  # no mask, no bits
+    rtol, atol = OUTPUT_TOLERANCE[torch.bfloat16]
+    for call in range(2):
+        keep = torch.rand(batch, 1, 1, len_k) > (0.2 + 0.5 * call)
+        keep[..., 7] = True  # every row sees a key
+        options.attn_mask = launch.view(keep.expand(batch, heads_q, 1, len_k))
+        # A word per 32 keys of each key block, one plane for every head and token.
+        assert C.decode_scratch_bytes(*views, options, queue) >= batch * (len_k + 31) // 32 * 4
+        keep_before = keep.clone()
+        out = ipex_flash.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+        assert torch.equal(keep, keep_before)
+        want = sdpa_reference(q, k, v, keep)
+        torch.testing.assert_close(out.double(), want, rtol=rtol, atol=atol)

@@ -27,6 +27,9 @@ template <int FEATURES, bool ROW_SCALES = false>
 struct DecodeRowScores {
   static constexpr bool ALIBI = (FEATURES & FEATURE_ALIBI) != 0;
   static constexpr bool MASK = (FEATURES & FEATURE_ATTN_MASK) != 0;
+  // A bool mask is read as its bits (packed by the host, decode_mask_bits): the parameters'
+  // data the words, their strides whole words' bytes; a key block starts a word.
+  static constexpr bool MASK_BITS = (FEATURES & FEATURE_MASK_BOOL) != 0;
   // This lane's row's: softcap (every row's) and its head's ALiBi slope and mask plane.
   ScoreMod mod;
   float scale;       // q_prescale (times an FP8 cache's K descale): dot products to exp2-domain
@@ -62,7 +65,9 @@ struct DecodeRowScores {
   };
   inline Block at(int64_t kv_begin) const {
     return Block{ALIBI ? static_cast<float>(position - kv_begin) : 0.f,
-                 MASK ? mask_row + kv_begin * mask.col_stride : 0};
+                 MASK_BITS ? mask_row + (kv_begin >> 5) * 4
+                 : MASK    ? mask_row + kv_begin * mask.col_stride
+                           : 0};
   }
 
   // Row tile rt's dot products with this lane's key `key` in its column of s, made scores; with
@@ -116,7 +121,18 @@ struct DecodeRowScores {
         column[i] -= slope * sycl::fabs(distance0 - key);
       }
     }
-    if constexpr (MASK) {
+    if constexpr (MASK_BITS) {
+      // The tile's keys share a word (tiles of 16 keys from a word's start): each row's is one
+      // load from a uniform address, each lane testing its key's bit.
+      const int word = sycl::group_broadcast(sg, key_in_block, 0) >> 5;
+      const uint32_t key_bit = 1u << (key_in_block & 31);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const int64_t row_offset = sycl::group_broadcast(sg, block.mask0, rt * M + i);
+        const uint32_t bits = *reinterpret_cast<const uint32_t*>(mask.base + row_offset + 4 * word);
+        if ((bits & key_bit) == 0) column[i] = NEG_INF;
+      }
+    } else if constexpr (MASK) {
       const int64_t key_offset = static_cast<int64_t>(key_in_block) * mask.col_stride;
 #pragma unroll
       for (int i = 0; i < M; ++i) {

@@ -124,8 +124,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("flash_fwd", &flash_fwd, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "scratch"_a, "options"_a,
         "queue"_a,
         py::call_guard<py::gil_scoped_release>());
+  m.def("decode_scratch_bytes", &decode_scratch_bytes, "q"_a, "k"_a, "v"_a, "options"_a,
+        "queue"_a);
   m.def("flash_decode", &flash_decode, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "partial_out"_a,
-        "partial_lse"_a, "options"_a, "queue"_a, py::call_guard<py::gil_scoped_release>());
+        "partial_lse"_a, "options"_a, "queue"_a, "scratch"_a = TensorView{},
+        py::call_guard<py::gil_scoped_release>());
   // The decisions Python reads rather than repeats (variants/decode_or_general.hpp,
   // decode_variant.hpp, kernel_variant.hpp).
   m.def("flash_decode_supported", &flash_decode_supported, "q"_a, "k"_a, "v"_a, "queue"_a);

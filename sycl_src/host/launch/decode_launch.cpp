@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "host/launch/mask_bits_launch.hpp"
 #include "host/launch/submit.hpp"
 #include "host/runtime/build_guard.hpp"
 #include "host/runtime/device_queue.hpp"
@@ -60,10 +61,20 @@ KernelVariant flash_decode_variant(const TensorView& q, const TensorView& k, con
       /*heads_interleaved=*/heads_kv > 1 && k.strides[2] > k.strides[1], nullptr, head_dim_v);
 }
 
+int64_t decode_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options, std::uintptr_t queue_handle) {
+  if (!options.attn_mask || options.attn_mask->dtype != "bool") return 0;
+  const KernelVariant variant = flash_decode_variant(q, k, v, options, queue_handle);
+  MaskBitsParams bits{};
+  return mask_bits_scratch(0, decode_mask_bits(variant), make_dims(q, k, v, options),
+                           variant.block_n, attn_mask_params(options), bits)
+      .total;
+}
+
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,
                   const TensorView& partial_lse, const AttentionOptions& options,
-                  std::uintptr_t queue_handle) {
+                  std::uintptr_t queue_handle, const TensorView& scratch) {
   DecodeParams params{};
   params.common = make_common(q, k, v, lse, options);
   AttentionCommon& c = params.common;
@@ -121,6 +132,22 @@ void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
       variant.block_n);
 
   const std::vector<sycl::kernel> kernels = get_kernels(queue, decode_program(variant));
+  MaskBitsParams bits{};
+  const MaskBitsScratch layout = mask_bits_scratch(0, decode_mask_bits(variant), c.dims,
+                                                   variant.block_n, c.score_mod.attn_mask, bits);
+  if (layout.bytes() > 0) {
+    const int64_t given = scratch.sizes.empty() ? 0 : scratch.size(0);
+    if (scratch.dtype != "uint8" || given < layout.total)
+      throw std::invalid_argument(
+          "ipex_flash: flash_decode scratch must be a uint8 tensor of at least " +
+          std::to_string(layout.total) + " bytes (decode_scratch_bytes) for a bool attn_mask, "
+          "got " + std::to_string(given) + " " + scratch.dtype);
+    pack_mask_bits(queue, kernels[2], c.dims, c.score_mod.attn_mask, layout, scratch.data, bits);
+    // The register form reads the bits through the mask's own parameters (decode/row_scores.hpp):
+    // the words, and byte strides of whole words.
+    c.score_mod.attn_mask = AttnMaskParams{bits.words, 4 * bits.batch, 4 * bits.head,
+                                           4 * bits.row, 0};
+  }
   sycl::event done = submit_kernel(
       queue, kernels[0], params,
       block_range(c.dims.batch * ceil_div(heads_kv, params.heads_per_group) * params.row_slices,

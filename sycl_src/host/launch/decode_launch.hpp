@@ -22,11 +22,18 @@ namespace ipex_flash {
 // partial_out (B, Hq, Nq, splits, Dv: v's head dim) and partial_lse (B, Hq, Nq, splits) are
 // float32 scratch; their splits dimension sets the number of splits (decode_splits). With
 // options.k_new, v_new (and maybe the rotary tables) the kernel appends them to the cache first
-// (decode/append.hpp): q's dtype, at most kMaxDecodeRows query rows per K/V head.
+// (decode/append.hpp): q's dtype, at most kMaxDecodeRows query rows per K/V head. scratch:
+// uint8, decode_scratch_bytes of them on the same device (none where that is 0), where the
+// register form packs a bool attn_mask into bits before it runs.
 void flash_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const TensorView& lse, const TensorView& partial_out,
                   const TensorView& partial_lse, const AttentionOptions& options,
-                  std::uintptr_t queue_handle);
+                  std::uintptr_t queue_handle, const TensorView& scratch = TensorView{});
+
+// The bytes of flash_decode's scratch for this call: a bool attn_mask's bits where the
+// variant reads them (decode_mask_bits), 0 otherwise.
+int64_t decode_scratch_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options, std::uintptr_t queue_handle);
 
 // The splits of the keys a call runs on the queue's device (decode_num_splits: `requested`,
 // at most most_splits(max_len_k), or for 0 as many as fill the device).

@@ -270,9 +270,13 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
       static_cast<int>(len_q * (heads_q / heads_kv)),
       static_cast<int>(std::max(q_.sizes[3], head_dim_v)), max_len_k, queue_handle);
   const int64_t partial_rows = batch * heads_q * len_q * splits;
-  auto* scratch = reinterpret_cast<float*>(
-      scratch_for(sizeof(float) * partial_rows * (head_dim_v + 1)));
+  // After the partial results, a bool mask's bits where the kernel reads them.
+  const int64_t partial_bytes = round_up(sizeof(float) * partial_rows * (head_dim_v + 1));
+  const int64_t bits_bytes =
+      options_.attn_mask ? decode_scratch_bytes(q_, k_, v_, options_, queue_handle) : 0;
+  auto* scratch = reinterpret_cast<float*>(scratch_for(partial_bytes + bits_bytes));
   const auto address = [](float* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const TensorView bits{address(scratch) + partial_bytes, "uint8", {bits_bytes}, {1}};
   const TensorView partial_out{
       address(scratch), "float32", {batch, heads_q, len_q, splits, head_dim_v},
       {heads_q * len_q * splits * head_dim_v, len_q * splits * head_dim_v, splits * head_dim_v,
@@ -280,7 +284,7 @@ void LaunchPlan::launch(int64_t max_len_k, std::uintptr_t queue_handle) {
   const TensorView partial_lse{address(scratch + partial_rows * head_dim_v), "float32",
                                {batch, heads_q, len_q, splits},
                                {heads_q * len_q * splits, len_q * splits, splits, 1}};
-  flash_decode(q_, k_, v_, out_, lse_, partial_out, partial_lse, options_, queue_handle);
+  flash_decode(q_, k_, v_, out_, lse_, partial_out, partial_lse, options_, queue_handle, bits);
 }
 
 }  // namespace ipex_flash

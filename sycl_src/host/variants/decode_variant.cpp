@@ -244,13 +244,21 @@ KernelVariant decode_variant(const std::string& dtype, int head_dim, int rows, i
 
 // The split kernel and the merge kernel, built together from one program.
 KernelProgram decode_program(const KernelVariant& variant) {
-  return {"programs/flash_decode.hpp",
-          {variant.matrix_registers
-               ? with_trailing(variant.instantiate("ipex_flash::flash_decode_xmx_kernel", true),
-                               {variant.value_head_dim(), variant.value_split})
-               : variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
-           "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
-          program_options(variant)};
+  KernelProgram program{
+      "programs/flash_decode.hpp",
+      {variant.matrix_registers
+           ? with_trailing(variant.instantiate("ipex_flash::flash_decode_xmx_kernel", true),
+                           {variant.value_head_dim(), variant.value_split})
+           : variant.instantiate("ipex_flash::flash_decode_kernel", /*matrix_args=*/true),
+       "ipex_flash::flash_decode_merge_kernel<" + device_type_name(variant.dtype) + ">"},
+      program_options(variant)};
+  if (decode_mask_bits(variant)) program.kernels.push_back("ipex_flash::flash_mask_bits_kernel");
+  return program;
+}
+
+bool decode_mask_bits(const KernelVariant& variant) {
+  return variant.matrix_registers && (variant.features & FEATURE_MASK_BOOL) != 0 &&
+         variant.block_n % 32 == 0;
 }
 
 int decode_heads_per_group(int heads_kv, int rows, int head_dim, bool cpu_device) {

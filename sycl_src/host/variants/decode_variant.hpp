@@ -51,6 +51,10 @@ bool decode_fits(const std::string& dtype, int head_dim, int rows, int features,
 // The program holding its kernels: the split kernel, then the merge kernel.
 KernelProgram decode_program(const KernelVariant& variant);
 
+// Whether the variant reads a bool attn_mask as bits (the register form, whose key blocks
+// start at whole words): packed before it by the program's flash_mask_bits_kernel, the third.
+bool decode_mask_bits(const KernelVariant& variant);
+
 // Work-groups along the query rows of one K/V head (slices of kMaxDecodeRows rows).
 int decode_row_slices(int rows);
 
