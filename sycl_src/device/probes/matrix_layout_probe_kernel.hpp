@@ -1,12 +1,13 @@
 // A check, run once per device and tile shape before the register-resident kernels are used
 // (matrix/registers.hpp), that the engine lays tiles out as they assume: an A tile read by its
 // coordinates from a surface, B operands built from lane columns, a product, and the
-// accumulator's lane columns read, written and scaled, all against plain arithmetic; the A
-// tiles are read the ways the kernels read them: tile by tile and in 2-D blocks from a
-// row-major surface (N = 16; a block also at an offset through its descriptor,
-// matrix/block_reader.hpp), tile by tile from a surface in tile order on the 8-wide engines
-// (matrix/surface.hpp). Small integers keep every value exact. One sub-group, which writes the
-// surface itself in the order it reads it; verdict[lane] = 1 where its column matched.
+// accumulator's lane columns read, written and scaled, all against plain arithmetic; the A tiles
+// are read the ways the kernels read them: tile by tile and in 2-D blocks from a row-major
+// surface (N = 16; a block also at an offset through its descriptor, moved to the surface from
+// another, matrix/block_reader.hpp), tile by tile from a surface in tile order on the 8-wide
+// engines (matrix/surface.hpp). Small integers keep every value exact. One sub-group, which
+// writes the surface itself in the order it reads it; verdict[lane] = 1 where its column
+// matched.
 #pragma once
 
 #include <sycl/sycl.hpp>
@@ -43,10 +44,14 @@ void matrix_layout_probe_kernel(LayoutProbeParams p) {
 
   bool match = true;
   // A block read at an offset through its descriptor (matrix/block_reader.hpp), from (M, K):
-  // the offsets' units and direction, and the zeros past the surface's edges.
+  // the offsets' units and direction, and the zeros past the surface's edges; the descriptor
+  // made for the surface one row on and moved to this one (rebase, as the forward's K and V^T
+  // move from block to block).
   if constexpr (!Surface::Order::TILED && 2 * M == 16) {
     MatrixBlock<16> shifted;
-    MatrixBlockReader<16>::of(a.base, 2 * M, 2 * K, 2 * K, 0, 0).template read<K, M>(shifted);
+    auto reader = MatrixBlockReader<16>::of(a.base + 2 * K, 2 * M, 2 * K, 2 * K, 0, 0);
+    reader.rebase(a.base);
+    reader.template read<K, M>(shifted);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
