@@ -63,7 +63,7 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // per-score work would spill the 128 registers (gpu-check's record, docs/gpus.md).
 // Softcap alone counts as no change: its fused tanh (score/softcap_alibi.hpp) needs no register
 // per score; beside ALiBi or a mask it takes their shares, without spilling (gpu-check: 24-42
-// instructions per DPAS, where the SLM-staged kernel issued 91-95), but for a float mask past
+// instructions per DPAS, where the SLM-staged kernel issued 152-199), but for a float mask past
 // d = 64 (`widest`, the larger padded head dim), where the kernel keeps one loop and sycl::tanh
 // (forward/registers_kernel.hpp, FLOAT_MASK_WIDE): 171-188 per DPAS there, above the
 // SLM-staged kernel's 162-169+, and beside ALiBi it spilled 1.6 KB.
