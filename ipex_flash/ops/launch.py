@@ -206,13 +206,17 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                   dtype=torch.float32, device=device)
         partial_lse = torch.empty((batch, heads_q, len_q, splits), dtype=torch.float32,
                                   device=device)
-        # A bool attn_mask's bits, where the kernel reads them (C.decode_scratch_bytes).
-        mask = options.attn_mask
-        bits = (C.decode_scratch_bytes(q_v, k_v, v_v, options, queue)
-                if mask is not None and mask.dtype == "bool" else 0)
-        scratch = torch.empty(bits, dtype=torch.uint8, device=device)
+        # A bool attn_mask's bits, where the kernel reads them (C.decode_scratch_bytes); calls
+        # without one allocate nothing more.
+        # (the tensor held here: a view does not keep its storage alive)
+        mask, scratch = options.attn_mask, None
+        if mask is not None and mask.dtype == "bool":
+            bits = C.decode_scratch_bytes(q_v, k_v, v_v, options, queue)
+            if bits:
+                scratch = torch.empty(bits, dtype=torch.uint8, device=device)
         C.flash_decode(q_v, k_v, v_v, view(out), view(lse), view(partial_out),
-                       view(partial_lse), options, queue, view(scratch))
+                       view(partial_lse), options, queue,
+                       *(() if scratch is None else (view(scratch),)))
     else:  # many rows, dropout, or a 16-bit cache with rows not word-aligned
         _kept = None if keys_used is None else pack_keys_used(options, *keys_used)
         flash_fwd(q_v, k_v, v_v, view(out), view(lse), options, q.device)

@@ -67,11 +67,13 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // d = 64 (`widest`, the larger padded head dim), where the kernel keeps one loop and sycl::tanh
 // (forward/registers_kernel.hpp, FLOAT_MASK_WIDE): 171-188 per DPAS there, above the
 // SLM-staged kernel's 162-169+, and beside ALiBi it spilled 1.6 KB.
-constexpr int kFloatMasks = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;
+bool softcap_beside_wide_float_mask(int widest, int features) {
+  constexpr int kFloatMasks = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;
+  return softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64;
+}
 
 int eight_wide_value_split(int d_v, int widest, int features) {
-  if (softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64)
-    return 0;
+  if (softcap_beside_wide_float_mask(widest, features)) return 0;
   if ((features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0) {
     for (int shares = 2; shares <= 4; ++shares)
       if (d_v % (8 * shares) == 0 && d_v / shares >= 16 && d_v / shares <= 40) return shares;
@@ -83,7 +85,7 @@ int eight_wide_value_split(int d_v, int widest, int features) {
 // Why eight_wide_value_split gives 0 for (d_v, widest, features).
 std::string no_eight_wide_reason(int d_v, int widest, int features) {
   const std::string on_8_wide = "on 8-wide matrix engines the register forward ";
-  if (softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64)
+  if (softcap_beside_wide_float_mask(widest, features))
     return "softcap with a float mask at head dim " + std::to_string(widest) + " > 64: " +
            on_8_wide + "keeps one loop with sycl::tanh there, and would spill the 128 " +
            "registers beside ALiBi (docs/gpus.md)";
