@@ -52,9 +52,9 @@ inline void matrix_prefetch_run(sycl::sub_group, const T*, int) {}  // nothing t
 
 // The emulation reads A element by element in the surface's order; the kernels' surfaces are
 // whole padded blocks.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, int AL>
 inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
-                               const MatrixSurface<T, TM, TK>& a, int row0,
+                               const MatrixSurface<T, TM, TK, AL>& a, int row0,
                                MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   // As matrix_mad_strips' emulation: strip by strip, the column in registers.
 #pragma unroll 1
@@ -66,7 +66,7 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
       const float b_k = to_float(b[k / K].column[k % K]);
 #pragma nounroll
       for (int m = 0; m < M; ++m)
-        column[m] += to_float(a.base[a.offset(row0 + s * M + m, k)]) * b_k;
+        column[m] += to_float(*a.at(row0 + s * M + m, k)) * b_k;
     }
 #pragma nounroll
     for (int m = 0; m < M; ++m) acc[s].column[m] = column[m];
@@ -75,9 +75,9 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
 
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
-          int TK>
+          int TK, int AL>
 inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
-                               const MatrixSurface<T, TM, TK>& a, int row0, const uint32_t* b,
+                               const MatrixSurface<T, TM, TK, AL>& a, int row0, const uint32_t* b,
                                int ldb) {
   if constexpr (!SurfaceOrder<TM, TK>::TILED) {
     matrix_mad_strips<T, M, K, N, DEPTH, STRIPS>(
@@ -93,9 +93,9 @@ inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS
   }
 }
 
-template <typename T, int M, int K, int N, int STRIPS, int TM, int TK>
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, int AL>
 inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
-                                    const MatrixSurface<T, TM, TK>& a, int row0,
+                                    const MatrixSurface<T, TM, TK, AL>& a, int row0,
                                     MatrixBRegisters<T, K, N>& b) {
   MatrixBRegisters<T, K, N> one[1] = {b};
   matrix_mad_surface<T, M, K, N, K, STRIPS>(sg, acc, a, row0, one);

@@ -67,15 +67,12 @@ __attribute__((always_inline)) inline void matrix_b_from_floats(sycl::sub_group 
 // The A tile at (row, col) of `surface`: by its coordinates where the surface is row-major
 // (2-D block loads); from its address where it is tile by tile (the 8-wide engines, which have
 // neither 2-D block loads nor joint_matrix_load_checked: IGC refuses it for them).
-template <typename A, typename T, int TM, int TK>
-__attribute__((always_inline)) inline void matrix_load_a(sycl::sub_group sg, A& a,
-                                                         const MatrixSurface<T, TM, TK>& surface,
-                                                         int row, int col) {
+template <typename A, typename T, int TM, int TK, int AL>
+__attribute__((always_inline)) inline void matrix_load_a(
+    sycl::sub_group sg, A& a, const MatrixSurface<T, TM, TK, AL>& surface, int row, int col) {
   if constexpr (SurfaceOrder<TM, TK>::TILED)
     jm::joint_matrix_load(
-        sg, a, matrix_ptr<sycl::access::address_space::global_space>(
-                   surface.base + surface.offset(row, col)),
-        TK);
+        sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.at(row, col)), TK);
   else
     sycl::ext::intel::experimental::matrix::joint_matrix_load_checked(
         sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.base),
@@ -109,9 +106,9 @@ __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group s
 // tile per reduction step for all strips (matrix_mad_strips' form) ...
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
-          int TK>
+          int TK, int AL>
 __attribute__((always_inline)) inline void matrix_mad_surface(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, const uint32_t* b, int ldb) {
   static_assert(STRIPS >= 2, "at least two tiles per array (see the overload below)");
   MatrixA<T, M, K> a_tile;
@@ -129,9 +126,9 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 }
 
 // ... or B held in registers, the DEPTH / K operands b[].
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, int AL>
 __attribute__((always_inline)) inline void matrix_mad_surface(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
   // IGC (ocloc 26.27) drops a kernel whose elements it reaches in an array of one joint_matrix
   // (every store after it vanished); two or more are kept.
@@ -149,9 +146,9 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 
 // ... or one reduction step, B a single operand in registers: a lone joint_matrix, not an
 // array of one.
-template <typename T, int M, int K, int N, int STRIPS, int TM, int TK>
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, int AL>
 __attribute__((always_inline)) inline void matrix_mad_surface_step(
-    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK>& a,
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, MatrixBRegisters<T, K, N>& b) {
   static_assert(STRIPS >= 2, "at least two tiles per array");
   MatrixA<T, M, K> a_tile;

@@ -18,13 +18,26 @@
 namespace ipex_flash {
 namespace {
 
-// Bytes of the packed K/V copy (forward/pack_kv.hpp) laid out as `pack`: K and V^T of every
-// block, in the input's 16-bit dtype; 0 for the vector kernel, which reads K and V in place.
+// Where the packed K/V copy (forward/pack_kv.hpp) starts: for the register forward that reads
+// it tile by tile (the 8-wide engines and their emulation), at a multiple of a block's bytes
+// where that is a power of two, so that every block does, as its tile addresses need
+// (forward/registers_kernel.hpp, PACK_ALIGN); anywhere (1) otherwise.
+int64_t pack_alignment(const KernelVariant& variant) {
+  if (!variant.matrix_registers || variant.matrix_n == 16) return 1;
+  const int64_t block =
+      static_cast<int64_t>(variant.block_n) * (variant.head_dim + variant.value_head_dim()) * 2;
+  return (block & (block - 1)) == 0 ? block : 1;
+}
+
+// Bytes of the scratch the packed K/V copy takes laid out as `pack`: K and V^T of every block,
+// in the input's 16-bit dtype, and room to align its start; 0 for the vector kernel, which
+// reads K and V in place.
 int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
                         const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
   return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * variant.block_n *
-         (variant.head_dim + variant.value_head_dim()) * 2;
+             (variant.head_dim + variant.value_head_dim()) * 2 +
+         pack_alignment(variant) - 1;
 }
 
 // The scratch: the packed K/V, then the bool mask's bits where the variant reads them.
@@ -82,7 +95,9 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
       throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (fwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + scratch.dtype);
-    params.kv_packed = reinterpret_cast<void*>(scratch.data);
+    const std::uintptr_t start = scratch.data;
+    const auto align = static_cast<std::uintptr_t>(pack_alignment(variant));
+    params.kv_packed = reinterpret_cast<void*>((start + align - 1) / align * align);
     if (params.kv_pack.blocks > 0)  // none: no sequence has a key to read
       submit_kernel(queue, kernels[1], params,
                     block_range(c.dims.heads_kv(), params.kv_pack.blocks, variant.block_n),
