@@ -14,8 +14,8 @@
   the backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
   (they reached 5.5-10.0: dQ 7.2-8.5, dK/dV 5.5-9.9, at d = 128 in two passes over the query
   rows), dQ at d = 128 at most MAX_DQ_PER_DPAS_128 (7.2-7.7); the 8-wide forward of DG2 and
-  Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 23.3 and 24.6 at d = 64,
-  20.3 and 21.0 at 128 per DPAS it runs, where their SLM-staged forward issued 88-95 in a build
+  Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 23.2 and 24.4 at d = 64,
+  20.4 and 21.1 at 128 per DPAS it runs, where their SLM-staged forward issued 88-95 in a build
   with every block fully visible), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (21.2 and
   23.2 per DPAS it runs at d = 64, 19.2 and 19.7 at 128, where the SLM-staged dQ issued 90-137
   so), and their register dK/dV at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 at d = 64, 22.1

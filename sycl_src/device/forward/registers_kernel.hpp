@@ -75,14 +75,15 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // The 8-wide engines (DG2, Arrow Lake-H) read K and V^T tile by tile from their own order of
   // the pack (matrix/surface.hpp): they have no 2-D block loads.
   // There the pack's blocks start at multiples of their size where it is a power of two (the
-  // host aligns the pack: forward_launch.cpp), so a tile's address is its block's start OR its
-  // offset (MatrixSurface's ALIGN): one instruction where a 64-bit add took about five.
+  // host aligns the pack: forward_launch.cpp); with D = Dv and V^T's shares powers of two too,
+  // K and each share of V^T start at a multiple of their own, and a tile's address is their
+  // start OR its offset (OR_OFFSETS): one instruction where a 64-bit add took about five.
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
   constexpr int64_t BLOCK_BYTES = Packed::BLOCK_ELEMENTS * sizeof(T);
   constexpr bool TILED = PackedSurface<T, M, K, R>::Order::TILED;
-  constexpr int PACK_ALIGN =
-      TILED && (BLOCK_BYTES & (BLOCK_BYTES - 1)) == 0 ? static_cast<int>(BLOCK_BYTES) : 0;
-  using Surface = PackedSurface<T, M, K, R, PACK_ALIGN>;
+  constexpr bool OR_OFFSETS = TILED && HEAD_DIM == HEAD_DIM_V &&
+                              (BLOCK_BYTES & (BLOCK_BYTES - 1)) == 0 && (DV & (DV - 1)) == 0;
+  using Surface = PackedSurface<T, M, K, R, OR_OFFSETS>;
   // A float mask past d = 64 is read in place beside O^T's 128 registers: split into lean and
   // edge loops, or in 2-D blocks, the kernel spilled 4-9 KB (BMG, PVC; gpu-check), so there it
   // keeps one loop over blocks read tile by tile, as before the split.
@@ -184,11 +185,8 @@ IPEX_FLASH_TILE_LOOP
   // their two registers spilled beside O^T (BMG, PVC).
   constexpr bool BLOCKS = WIDE && WIDEST <= 64;
   const int v_at = BLOCK_N * HEAD_DIM + share * DV * BLOCK_N;
-  const int v_origin = PACK_ALIGN > 0 ? v_at : 0;  // V^T from the block's start (ALIGN)
-  const int v_base = v_at - v_origin;
   auto keys = SurfaceBlocks<Surface, A_ROWS, BLOCKS>::of({k_tile, BLOCK_N, HEAD_DIM, HEAD_DIM});
-  auto values = SurfaceBlocks<Surface, A_ROWS, BLOCKS>::of(
-      {k_tile + v_base, DV, BLOCK_N, BLOCK_N, v_origin});
+  auto values = SurfaceBlocks<Surface, A_ROWS, BLOCKS>::of({k_tile + v_at, DV, BLOCK_N, BLOCK_N});
 
   // One K/V block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the blocks
   // the mask cuts through (the diagonal, a window's edges, the keys' last partial block) and
@@ -198,7 +196,7 @@ IPEX_FLASH_TILE_LOOP
   const auto kv_block = [&](auto general, int64_t kv_begin) __attribute__((always_inline)) {
     constexpr bool GENERAL = decltype(general)::value;
     keys.rebase(k_tile);
-    values.rebase(k_tile + v_base);
+    values.rebase(k_tile + v_at);
     const bool fully_visible =
         !GENERAL || mask.block_fully_visible(q_begin, q_end, kv_begin, kv_begin + BLOCK_N);
 

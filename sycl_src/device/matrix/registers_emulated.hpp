@@ -52,7 +52,7 @@ inline void matrix_prefetch_run(sycl::sub_group, const T*, int) {}  // nothing t
 
 // The emulation reads A element by element in the surface's order; the kernels' surfaces are
 // whole padded blocks.
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, int AL>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, bool AL>
 inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
                                const MatrixSurface<T, TM, TK, AL>& a, int row0,
                                MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
@@ -75,7 +75,7 @@ inline void matrix_mad_surface(sycl::sub_group, MatrixAcc<M, N> (&acc)[STRIPS],
 
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
-          int TK, int AL>
+          int TK, bool AL>
 inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
                                const MatrixSurface<T, TM, TK, AL>& a, int row0, const uint32_t* b,
                                int ldb) {
@@ -93,7 +93,7 @@ inline void matrix_mad_surface(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS
   }
 }
 
-template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, int AL>
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, bool AL>
 inline void matrix_mad_surface_step(sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS],
                                     const MatrixSurface<T, TM, TK, AL>& a, int row0,
                                     MatrixBRegisters<T, K, N>& b) {

@@ -67,12 +67,19 @@ __attribute__((always_inline)) inline void matrix_b_from_floats(sycl::sub_group 
 // The A tile at (row, col) of `surface`: by its coordinates where the surface is row-major
 // (2-D block loads); from its address where it is tile by tile (the 8-wide engines, which have
 // neither 2-D block loads nor joint_matrix_load_checked: IGC refuses it for them).
-template <typename A, typename T, int TM, int TK, int AL>
+template <typename A, typename T, int TM, int TK, bool AL>
 __attribute__((always_inline)) inline void matrix_load_a(
     sycl::sub_group sg, A& a, const MatrixSurface<T, TM, TK, AL>& surface, int row, int col) {
-  if constexpr (SurfaceOrder<TM, TK>::TILED)
+  // (Surfaces without OR_OFFSETS keep the sum written here: through at(), the 8-wide dK/dV
+  // kernel at d = 128 spilled 64 bytes, IGC's allocation of the same arithmetic.)
+  if constexpr (SurfaceOrder<TM, TK>::TILED && AL)
     jm::joint_matrix_load(
         sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.at(row, col)), TK);
+  else if constexpr (SurfaceOrder<TM, TK>::TILED)
+    jm::joint_matrix_load(
+        sg, a, matrix_ptr<sycl::access::address_space::global_space>(
+                   surface.base + surface.offset(row, col)),
+        TK);
   else
     sycl::ext::intel::experimental::matrix::joint_matrix_load_checked(
         sg, a, matrix_ptr<sycl::access::address_space::global_space>(surface.base),
@@ -106,7 +113,7 @@ __attribute__((always_inline)) inline void matrix_prefetch_run(sycl::sub_group s
 // tile per reduction step for all strips (matrix_mad_strips' form) ...
 template <typename T, int M, int K, int N, int DEPTH, int STRIPS,
           sycl::access::address_space B_SPACE = sycl::access::address_space::local_space, int TM,
-          int TK, int AL>
+          int TK, bool AL>
 __attribute__((always_inline)) inline void matrix_mad_surface(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, const uint32_t* b, int ldb) {
@@ -126,7 +133,7 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 }
 
 // ... or B held in registers, the DEPTH / K operands b[].
-template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, int AL>
+template <typename T, int M, int K, int N, int DEPTH, int STRIPS, int TM, int TK, bool AL>
 __attribute__((always_inline)) inline void matrix_mad_surface(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, MatrixBRegisters<T, K, N> (&b)[DEPTH / K]) {
@@ -146,7 +153,7 @@ __attribute__((always_inline)) inline void matrix_mad_surface(
 
 // ... or one reduction step, B a single operand in registers: a lone joint_matrix, not an
 // array of one.
-template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, int AL>
+template <typename T, int M, int K, int N, int STRIPS, int TM, int TK, bool AL>
 __attribute__((always_inline)) inline void matrix_mad_surface_step(
     sycl::sub_group sg, MatrixAcc<M, N> (&acc)[STRIPS], const MatrixSurface<T, TM, TK, AL>& a,
     int row0, MatrixBRegisters<T, K, N>& b) {

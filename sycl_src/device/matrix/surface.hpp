@@ -59,24 +59,21 @@ struct SurfaceOrder {
   }
 };
 
-// ALIGN > 0 (bytes, a power of two): `base` lies at a multiple of ALIGN, and every element read
-// lies less than ALIGN bytes past it, the surface's own first element `origin` elements on. An
-// element's address is then base OR its byte offset: one 32-bit instruction, where the 8-wide
-// engines (DG2, Arrow Lake-H) emulate a 64-bit add in about five (the register forward over
-// its pack, whose blocks the host so aligns: forward_launch.cpp, pack_alignment).
-template <typename T, int TILE_M = 0, int TILE_K = 0, int ALIGN = 0>
+// OR_OFFSETS: `base` lies at a multiple of a power of two beyond every byte read from it, so an
+// element's address is base OR its byte offset: one 32-bit instruction, where the 8-wide
+// engines (DG2, Arrow Lake-H) emulate a 64-bit add in about five (the register forward's K and
+// V^T, in a pack whose blocks the host so aligns: forward_launch.cpp, pack_alignment).
+template <typename T, int TILE_M = 0, int TILE_K = 0, bool OR_OFFSETS = false>
 struct MatrixSurface {
   using Order = SurfaceOrder<TILE_M, TILE_K>;
-  static_assert((ALIGN & (ALIGN - 1)) == 0, "a power of two");
   const T* base;
   int rows, cols, pitch;  // pitch: elements from one row to the next (row-major order only)
-  int origin = 0;         // ALIGN only: elements from base to the surface's first
 
   inline int64_t offset(int row, int col) const { return Order::offset(row, col, cols, pitch); }
 
   inline const T* at(int row, int col) const {
-    if constexpr (ALIGN > 0) {
-      const auto bytes = static_cast<uint32_t>((origin + offset(row, col)) * sizeof(T));
+    if constexpr (OR_OFFSETS) {
+      const auto bytes = static_cast<uint32_t>(offset(row, col) * sizeof(T));
       return reinterpret_cast<const T*>(reinterpret_cast<uintptr_t>(base) | bytes);
     } else {
       return base + offset(row, col);
@@ -87,8 +84,8 @@ struct MatrixSurface {
 // The order the register kernels read their packed A surfaces in: row by row with the 2-D
 // block loads that come with N = 16 (PVC, Xe2), tile by tile (M x K tiles) on the 8-wide
 // engines, and in their emulations, which so read what the engines read.
-template <typename T, int M, int K, int N, int ALIGN = 0>
+template <typename T, int M, int K, int N, bool OR_OFFSETS = false>
 using PackedSurface =
-    std::conditional_t<N == 16, MatrixSurface<T>, MatrixSurface<T, M, K, ALIGN>>;
+    std::conditional_t<N == 16, MatrixSurface<T>, MatrixSurface<T, M, K, OR_OFFSETS>>;
 
 }  // namespace ipex_flash
