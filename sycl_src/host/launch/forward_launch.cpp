@@ -18,25 +18,29 @@
 namespace ipex_flash {
 namespace {
 
-// Where the packed K/V copy (forward/pack_kv.hpp) starts: for the register forward that reads
-// it tile by tile (the 8-wide engines and their emulation), at a multiple of a block's bytes
-// where that is a power of two, so that every block does, as its tile addresses need
-// (forward/registers_kernel.hpp, PACK_ALIGN); anywhere (1) otherwise.
+// Bytes of one block of the packed K/V copy (forward/pack_kv.hpp): K and V^T of its keys, in
+// the input's 16-bit dtype.
+int64_t pack_block_bytes(const KernelVariant& variant) {
+  return static_cast<int64_t>(variant.block_n) * (variant.head_dim + variant.value_head_dim()) *
+         2;
+}
+
+// Where the packed K/V copy starts: for the register forward that reads it tile by tile (the
+// 8-wide engines and their emulation), at a multiple of a block's bytes where that is a power
+// of two, so that every block does, as its tile addresses need (forward/registers_kernel.hpp,
+// OR_OFFSETS); anywhere (1) otherwise.
 int64_t pack_alignment(const KernelVariant& variant) {
   if (!variant.matrix_registers || variant.matrix_n == 16) return 1;
-  const int64_t block =
-      static_cast<int64_t>(variant.block_n) * (variant.head_dim + variant.value_head_dim()) * 2;
+  const int64_t block = pack_block_bytes(variant);
   return (block & (block - 1)) == 0 ? block : 1;
 }
 
-// Bytes of the scratch the packed K/V copy takes laid out as `pack`: K and V^T of every block,
-// in the input's 16-bit dtype, and room to align its start; 0 for the vector kernel, which
-// reads K and V in place.
+// Bytes of the scratch the packed K/V copy takes laid out as `pack`: every block, and room to
+// align its start; 0 for the vector kernel, which reads K and V in place.
 int64_t packed_kv_bytes(const AttentionDims& dims, const PackRows& pack,
                         const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
-  return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * variant.block_n *
-             (variant.head_dim + variant.value_head_dim()) * 2 +
+  return static_cast<int64_t>(dims.heads_kv()) * pack.blocks * pack_block_bytes(variant) +
          pack_alignment(variant) - 1;
 }
 
