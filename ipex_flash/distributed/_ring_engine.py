@@ -81,11 +81,13 @@ def _per_row(w: Tensor) -> Tensor:
     return w.movedim(-1, -2).unsqueeze(-1)
 
 
-def placed_calls(plans: list[list[BlockCall]], device: torch.device
-                 ) -> list[list[BlockPositions]]:
+def placed_calls(plans: list[list[BlockCall]], device: torch.device,
+                 heads: tuple[int, int] = (0, 0)) -> list[list[BlockPositions]]:
     """The global positions of every call of plans whose rows and keys are runs of
-    consecutive positions (plan_pair with placed), one table each, made once per plan."""
-    return [[BlockPositions.of([(0, *call.starts)], device) for call in calls]
+    consecutive positions (plan_pair with placed), one table each, made once per plan.
+    heads: (global query head of the calls' head 0, the whole problem's query heads), where
+    the ring runs over a slice of the heads (USP's); (0, 0): all of them."""
+    return [[BlockPositions.of([(0, *call.starts)], device, *heads) for call in calls]
             for calls in plans]
 
 

@@ -58,7 +58,8 @@ def _check_lengths(fn: str, kind: str, lengths: list[int]) -> None:
 
 
 def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
-           group: dist.ProcessGroup, causal: bool, window: tuple[int, int], placed: bool):
+           group: dist.ProcessGroup, causal: bool, window: tuple[int, int], placed: bool,
+           heads: tuple[int, int]):
     """Every rank's arguments, checked to agree, this rank's plan and, with a window, its
     direct exchanges (from every rank's plan): once per key (_agreement.py)."""
     gathered = gather_ints(signature, device, group)
@@ -68,7 +69,7 @@ def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
         _check_lengths(fn, kind, lengths)
     comm = RingComm(group)
     plans = _plans(kind, tuple(lengths), comm.rank, causal, window, placed)
-    positions = placed_calls(plans, device) if placed else None
+    positions = placed_calls(plans, device, heads) if placed else None
     steps = None
     if window[0] >= 0 or (window[1] >= 0 and not causal):  # a window: some ranks may not meet
         needs = [[bool(calls) for calls in _plans(kind, tuple(lengths), x, causal, window)]
@@ -80,14 +81,16 @@ def _learn(fn: str, kind: str, signature: list[int], device: torch.device,
 def _problem(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
              alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor], group_name: str,
              causal: bool, window: tuple[int, int], scale: float, softcap: float,
-             dropout_p: float) -> RingProblem:
+             dropout_p: float, heads: tuple[int, int]) -> RingProblem:
     group = _resolve_process_group(group_name)
     signature = shape_signature(q, k, v, causal, window, softcap, sinks, False, dropout_p,
                                 alibi_slopes)
     placed = dropout_p > 0.0 or alibi_slopes is not None
+    # heads is not agreed on: the ranks of a ring over a slice of the heads (USP's) hold the
+    # same slice by construction of the groups.
     comm, lengths, plans, steps, positions = agreed(
-        group, (fn, *signature), (),
-        lambda: _learn(fn, kind, signature, q.device, group, causal, window, placed))
+        group, (fn, *signature, *heads), (),
+        lambda: _learn(fn, kind, signature, q.device, group, causal, window, placed, heads))
     return RingProblem(comm, plans, lengths, scale, softcap, peer_steps=steps,
                        positions=positions, window=(window[0], 0 if causal else window[1]),
                        alibi_slopes=alibi_slopes, dropout_p=dropout_p,
@@ -99,11 +102,14 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                    alibi_slopes: Optional[Tensor], dropout_seed: Optional[Tensor],
                    group_name: str, fn: str, kind: str, causal: bool, window_left: int,
                    window_right: int, scale: float, softcap: float, dropout_p: float,
-                   backward_follows: bool) -> tuple[Tensor, Tensor]:
+                   head_offset: int, heads_total: int, backward_follows: bool
+                   ) -> tuple[Tensor, Tensor]:
     """(out, lse in the kernels' exp2 domain (B, H, N)) of this rank's queries; the
-    arguments already checked on this rank (ring.py)."""
+    arguments already checked on this rank (ring.py). head_offset, heads_total: where the
+    heads of q sit among the whole problem's (0, 0: they are all of them)."""
     problem = _problem(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, group_name,
-                       causal, (window_left, window_right), scale, softcap, dropout_p)
+                       causal, (window_left, window_right), scale, softcap, dropout_p,
+                       (head_offset, heads_total))
     forward = ring_forward if problem.peer_steps is None else window_forward
     return forward(problem, q, k, v, sinks, backward_follows)
 
@@ -111,7 +117,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 @ring_attention.register_fake
 def _ring_attention_fake(q, k, v, sinks, alibi_slopes, dropout_seed, group_name, fn, kind,
                          causal, window_left, window_right, scale, softcap, dropout_p,
-                         backward_follows):
+                         head_offset, heads_total, backward_follows):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
@@ -121,11 +127,13 @@ def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                             lse: Tensor, sinks: Optional[Tensor], alibi_slopes: Optional[Tensor],
                             dropout_seed: Optional[Tensor], group_name: str, fn: str,
                             kind: str, causal: bool, window_left: int, window_right: int,
-                            scale: float, softcap: float, dropout_p: float, wants_sinks: bool
+                            scale: float, softcap: float, dropout_p: float,
+                            head_offset: int, heads_total: int, wants_sinks: bool
                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, this rank's part of d sinks, or an empty tensor without wants_sinks)."""
     problem = _problem(fn, kind, q, k, v, sinks, alibi_slopes, dropout_seed, group_name,
-                       causal, (window_left, window_right), scale, softcap, dropout_p)
+                       causal, (window_left, window_right), scale, softcap, dropout_p,
+                       (head_offset, heads_total))
     backward = ring_backward if problem.peer_steps is None else window_backward
     dq, dk, dv = backward(problem, grad_out, q, k, v, out, lse)
     d_sinks = (sinks_grad(problem, sinks, grad_out, out, lse) if wants_sinks
@@ -136,7 +144,8 @@ def ring_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
 @ring_attention_backward.register_fake
 def _ring_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, alibi_slopes,
                                   dropout_seed, group_name, fn, kind, causal, window_left,
-                                  window_right, scale, softcap, dropout_p, wants_sinks):
+                                  window_right, scale, softcap, dropout_p, head_offset,
+                                  heads_total, wants_sinks):
     d_sinks = (sinks.new_empty(sinks.shape, dtype=torch.float32) if wants_sinks
                else q.new_empty(0, dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
@@ -146,7 +155,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, sinks, *args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.args = tuple(args[:-1])  # alibi_slopes .. dropout_p (backward_follows: the forward's)
+    ctx.args = tuple(args[:-1])  # alibi_slopes .. heads_total (backward_follows: the forward's)
     ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.mark_non_differentiable(lse)
 
@@ -155,7 +164,7 @@ def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_attention_backward(
         grad_out, q, k, v, out, lse, sinks, *ctx.args, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 12
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 14
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -23,10 +23,13 @@ Tensor = torch.Tensor
 def _ring_attention(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
                     softmax_scale: Optional[float], causal: bool, window_size, softcap: float,
                     alibi_slopes: Optional[Tensor], return_attn_probs: bool,
-                    group: Optional[dist.ProcessGroup], sinks: Optional[Tensor]):
+                    group: Optional[dist.ProcessGroup], sinks: Optional[Tensor],
+                    heads: tuple[int, int] = (0, 0)):
     """This rank's checks, then the ring as one torch op (_ring_op.py: every rank's agreement
     the first time, the plan, the ring), which torch.compile keeps whole in its graph.
-    kind: "contiguous", "zigzag" or "stripe", the shards' layout."""
+    kind: "contiguous", "zigzag" or "stripe", the shards' layout. heads: (global query head
+    of q's head 0, the whole problem's query heads) when q holds a slice of the heads (USP),
+    at which dropout draws; (0, 0): all of them."""
     group = resolve_group(fn, group)
     scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
                                 alibi_slopes, sinks, packed=False, placed=kind != "stripe")
@@ -36,7 +39,8 @@ def _ring_attention(fn: str, kind: str, q: Tensor, k: Tensor, v: Tensor, dropout
     seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = torch.ops.ipex_flash.ring_attention(
         q, k, v, sinks, alibi_slopes, seed, group.group_name, fn, kind, bool(causal), window[0],
-        window[1], scale, float(softcap), float(dropout_p), backward_follows)
+        window[1], scale, float(softcap), float(dropout_p), heads[0], heads[1],
+        backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 

@@ -2,9 +2,10 @@
 the sequence with all heads into the whole sequence with 1/P of the heads, flash_attn_func
 runs on it unchanged, and the inverse all-to-all brings the output back to the rank's
 shard. Every score option works as on one device (ALiBi, windows, softcap, sinks), since
-each rank sees whole sequences. nheads must divide by the group size; K/V heads fewer than
-the group (or not a multiple of it) are replicated until they are (GQA/MQA). usp.py runs the
-same all-to-alls around a ring.
+each rank sees whole sequences; dropout too, its kernel call placed at the rank's first
+head (_heads_op.py) so that it keeps what one process keeps. nheads must divide by the group
+size; K/V heads fewer than the group (or not a multiple of it) are replicated until they
+are (GQA/MQA). usp.py runs the same all-to-alls around a ring.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from ipex_flash.distributed import _heads_op  # noqa: F401  (registers the torch ops)
 from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import all_to_all, check_same, gather_ints, resolve_group
 from ipex_flash.flash_attn_interface import flash_attn_func
+from ipex_flash.ops.launch import draw_dropout_seed, natural_lse
 from ipex_flash.ops.validation import check_alibi
 
 Tensor = torch.Tensor
@@ -148,7 +151,10 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
             positions, since each rank attends over whole sequences.
         window_size, causal, softmax_scale, softcap, sinks: as flash_attn_func on the whole
             sequence. sinks' gradient is this rank's part (see ring_flash_attn_func).
-        dropout_p: must be 0 (NotImplementedError: ranks would draw correlated masks).
+        dropout_p: as flash_attn_func, with the very keep-mask one process's call over the
+            whole batch draws: each rank's kernel call is placed at its first query head
+            among all nheads, and the seed is one draw per call from torch's generator (seed
+            every rank alike).
         deterministic: accepted. return_attn_probs: also return the LSE (batch, nheads,
             seqlen_local), natural log, and None.
         group: the process group (default: the world).
@@ -158,23 +164,34 @@ def ulysses_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=F
     """
     fn = "ipex_flash.distributed.ulysses_flash_attn_func"
     group = resolve_group(fn, group)
-    _, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                            None, sinks, packed=False, ring=False)
+    scale, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
+                                None, sinks, packed=False, ring=False, placed=True)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
     check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
     lengths = agreed_lengths(
-        fn, shape_signature(q, k, v, causal, window, softcap, sinks, False)
+        fn, shape_signature(q, k, v, causal, window, softcap, sinks, False, dropout_p)
         + [alibi_slopes is not None and alibi_slopes.dim()], (*AGREED, "alibi_slopes given"),
         q.device, group)
+    # One draw per call, as flash_attn_func makes: ranks seeded alike keep what it keeps.
+    seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
     q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, group)
-    out_h = flash_attn_func(
-        q_h, k_h, v_h, 0.0, softmax_scale, causal, window, float(softcap),
-        None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
-        deterministic, return_attn_probs, sinks=None if sinks is None else sinks[heads])
+    slopes = None if alibi_slopes is None else alibi_slopes[..., heads].contiguous()
+    sinks_h = None if sinks is None else sinks[heads]
+    if seed is None:
+        out_h = flash_attn_func(q_h, k_h, v_h, 0.0, softmax_scale, causal, window,
+                                float(softcap), slopes, deterministic, return_attn_probs,
+                                sinks=sinks_h)
+        out_h, lse_h = out_h[:2] if return_attn_probs else (out_h, None)
+    else:
+        # Placed at the rank's first query head (K/V copies change nothing: the keep-mask
+        # is drawn per query head).
+        out_h, lse_h = torch.ops.ipex_flash.head_slice_attention(
+            q_h, k_h, v_h, sinks_h, slopes, seed, scale, bool(causal), window[0], window[1],
+            float(softcap), float(dropout_p), heads.start, q.shape[2])
+        lse_h = natural_lse(lse_h) if return_attn_probs else None
+    out = to_sequence_shard(out_h, lengths, group)
     if not return_attn_probs:
-        return to_sequence_shard(out_h, lengths, group)
-    out_h, lse_h, _ = out_h
-    return (to_sequence_shard(out_h, lengths, group),
-            lse_to_sequence_shard(lse_h, lengths, group), None)
+        return out
+    return out, lse_to_sequence_shard(lse_h, lengths, group), None

@@ -10,7 +10,7 @@ ranks that hold the same heads; the inverse all-to-all brings the output back.
     out = attn(q, k, v, causal=True)          # q, k, v: usp_shard(x, ...) of each rank
 
 The Ulysses part takes nheads a multiple of U and replicates K/V heads U does not divide;
-the ring takes the rest of the options (no ALiBi: see ring_flash_attn_func).
+the ring takes the rest of the options, dropout included (placed at the rank's heads).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ipex_flash.distributed._checks import AGREED, check_local, shape_signature
 from ipex_flash.distributed._comm import resolve_group
-from ipex_flash.distributed.ring import ring_flash_attn_func, zigzag_ring_flash_attn_func
+from ipex_flash.distributed.ring import (
+    _ring_attention, ring_flash_attn_func, zigzag_ring_flash_attn_func)
 from ipex_flash.distributed.sharding import contiguous_shard, zigzag_shard
 from ipex_flash.distributed.ulysses import (
     agreed_lengths, kv_repeats, lse_to_sequence_shard, to_head_shards, to_sequence_shard,
@@ -30,6 +31,7 @@ from ipex_flash.ops.validation import check_alibi
 
 Tensor = torch.Tensor
 RING_IMPLS = {"basic": ring_flash_attn_func, "zigzag": zigzag_ring_flash_attn_func}
+RING_KINDS = {"basic": "contiguous", "zigzag": "zigzag"}  # their layouts (ring.py)
 # The groups set_seq_parallel_pg made for this process, as yunchang keeps them.
 PROCESS_GROUPS = {"ulysses": None, "ring": None}
 
@@ -57,9 +59,11 @@ def usp_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
             them so). None for either runs the other alone.
         ring_impl_type: "basic" (ring_flash_attn_func, contiguous shards) or "zigzag"
             (zigzag_ring_flash_attn_func, balanced causal work).
-        dropout_p (must be 0), softmax_scale, causal, window_size, alibi_slopes,
-            deterministic, softcap, sinks: as ring_flash_attn_func, in positions of the
-            whole sequence. sinks' gradient is this rank's part: sum it over both groups.
+        dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+            softcap, sinks: as ring_flash_attn_func, in positions of the whole sequence.
+            dropout keeps what one process's flash_attn_func keeps for the same seed (each
+            ring call placed at its global heads and positions; seed every rank alike).
+            sinks' gradient is this rank's part: sum it over both groups.
         return_attn_probs: also return the LSE (batch, nheads, seqlen_local), natural log,
             and None.
 
@@ -81,20 +85,24 @@ def usp_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False
     ulysses_group = resolve_group(fn, ulysses_group)
     ring_group = resolve_group(fn, ring_group)
     _, window = check_local(fn, q, k, v, dropout_p, softmax_scale, window_size, softcap,
-                            None, sinks, packed=False)
+                            None, sinks, packed=False, placed=True)
     # The ring places each block's ALiBi distances globally; each rank's heads take their
     # slopes.
     check_alibi(fn, alibi_slopes, q.shape[0], q.shape[2], q.device)
     world, rank = dist.get_world_size(ulysses_group), dist.get_rank(ulysses_group)
     repeats = kv_repeats(fn, q.shape[2], k.shape[2], world)
     lengths = agreed_lengths(fn, shape_signature(q, k, v, causal, window, softcap, sinks,
-                                                 False), AGREED, q.device, ulysses_group)
+                                                 False, dropout_p), AGREED, q.device,
+                             ulysses_group)
     heads = slice(rank * q.shape[2] // world, (rank + 1) * q.shape[2] // world)
     q_h, k_h, v_h = to_head_shards(q, k, v, lengths, repeats, ulysses_group)
-    result = ring(q_h, k_h, v_h, 0.0, softmax_scale, causal, window,
-                  None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
-                  deterministic, return_attn_probs, ring_group, softcap=softcap,
-                  sinks=None if sinks is None else sinks[heads])
+    # The ring over this rank's heads, its calls placed at their first head among all of
+    # them: dropout draws the keep-mask of one process's call (one seed, drawn by the ring).
+    result = _ring_attention(
+        fn, RING_KINDS[ring_impl_type], q_h, k_h, v_h, dropout_p, softmax_scale, causal,
+        window, softcap, None if alibi_slopes is None else alibi_slopes[..., heads].contiguous(),
+        return_attn_probs, ring_group, None if sinks is None else sinks[heads],
+        heads=(heads.start, q.shape[2]))
     if not return_attn_probs:
         return to_sequence_shard(result, lengths, ulysses_group)
     out_h, lse_h, _ = result

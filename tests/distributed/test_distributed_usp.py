@@ -181,7 +181,7 @@ def _refusals(rank, world):
     for name, call in {
         "nheads": lambda: usp_flash_attn_func(q, q, q, ulysses_group=ulysses, ring_group=ring),
         "dropout_p": lambda: usp_flash_attn_func(
-            q[:, :, :2], q[:, :, :2], q[:, :, :2], dropout_p=0.1, ulysses_group=ulysses,
+            q[:, :, :2], q[:, :, :2], q[:, :, :2], dropout_p=1.0, ulysses_group=ulysses,
             ring_group=ring),
         "ring_impl_type": lambda: LongContextAttention(ring_impl_type="stripes", mesh=None,
                                                        ulysses_group=ulysses),
