@@ -36,8 +36,8 @@ def check_local(fn: str, q: Tensor, k: Tensor, v: Tensor, dropout_p, softmax_sca
     if dropout_p > 0.0 and not placed:
         raise NotImplementedError(
             f"{fn}: dropout_p > 0 is not supported: its keep-mask is drawn for four consecutive "
-            "global keys at a time, and this layout's keys are not consecutive (ring, zigzag "
-            "and their varlen forms take dropout)")
+            "global keys at a time, and this layout's keys are not consecutive (ring, zigzag, "
+            "their varlen forms, Ulysses, USP and llama3 varlen take dropout)")
     if alibi_slopes is not None and not placed:
         raise NotImplementedError(
             f"{fn}: alibi_slopes is not supported"

@@ -1,7 +1,7 @@
 """llama3_flash_attn_varlen_func's argument checks (llama3.py): this rank's arguments before
 anything is exchanged (bad input raises a ValueError or NotImplementedError naming it), and,
 once per arguments and offsets tensors, the offsets' values and the agreement of every
-rank's shapes and options."""
+rank's shapes and options, with what dropout needs of the other ranks."""
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, shape_signature
 from ipex_flash.distributed._comm import check_same, gather_ints
+from ipex_flash.distributed._llama3_engine import began_before, placed_groups
 from ipex_flash.ops.validation import (
     check_alibi, check_cu_seqlens, check_dropout_p, check_flash_inputs, check_max_seqlen,
     check_scale, check_sinks, check_softcap, check_window)
@@ -22,11 +23,6 @@ def check_arguments(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, drop
         raise ValueError(f"{fn}: q and k must hold this rank's same slice of the packed tokens: "
                          f"q has {q.shape[0]}, k {k.shape[0]}")
     check_dropout_p(fn, dropout_p)
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"{fn}: dropout_p > 0 is not supported: a rank's local sequences do not know their "
-            "index in the whole batch, at which one process's keep-mask is drawn (ring, zigzag "
-            "and their varlen forms take dropout)")
     if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1 \
             or k.shape[1] % stride:
         raise ValueError(f"{fn}: heads_k_stride must be a positive int dividing nheads_k = "
@@ -62,16 +58,28 @@ def check_arguments(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, drop
     return window
 
 
-def agree(fn, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sinks, group):
+def agree(fn, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sinks, group,
+          dropout_p=0.0):
     """The offsets' values on this rank, and the agreement of every rank's shapes and options
     (a difference raises the same ValueError on every rank rather than a mismatched
-    all_gather): once per arguments and offsets tensors, no collective after (_agreement.py)."""
-    signature = shape_signature(q, k, v, causal, window, softcap, sinks, True) + [stride]
+    all_gather): once per arguments and offsets tensors, no collective after (_agreement.py).
+    Returns, with dropout, each head group's placed table (placed_groups), from every rank's
+    count of sequences gathered in the same all_gather; else None."""
+    signature = shape_signature(q, k, v, causal, window, softcap, sinks, True,
+                                dropout_p) + [stride]
+    rank, tokens = dist.get_rank(group), q.shape[0]
 
     def learn():
         check_cu_seqlens(fn, "cu_seqlens_q", cu_q, q.shape[0], q.device)
         check_cu_seqlens(fn, "cu_seqlens_k", cu_k, k_slice.stop - k_slice.start, q.device)
-        check_same(fn, gather_ints(signature, q.device, group),
+        # Where this rank's sequences sit in the batch needs the earlier ranks' counts.
+        mine = [len(cu_q) - 1, began_before(rank, tokens, k_slice.start)]
+        gathered = gather_ints(signature + mine, q.device, group)
+        check_same(fn, [row[:-2] for row in gathered],
                    ("total_local tokens", *AGREED, "heads_k_stride"))
-        return True
-    agreed(group, (fn, *signature, k_slice.start, k_slice.stop), (cu_q, cu_k), learn)
+        if dropout_p == 0.0:
+            return None
+        return placed_groups([tuple(row[-2:]) for row in gathered], rank, tokens,
+                             k_slice.start, cu_q.tolist(), cu_k.tolist(), q.shape[1],
+                             k.shape[1], stride, q.device)
+    return agreed(group, (fn, *signature, k_slice.start, k_slice.stop), (cu_q, cu_k), learn)

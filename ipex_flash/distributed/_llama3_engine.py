@@ -1,14 +1,18 @@
 """The all-gather engine of llama3_flash_attn_varlen_func (llama3.py; run inside the torch ops
 of _llama3_op.py): K/V gathered heads_k_stride K/V heads at a time, the next group travelling
 while the current one is computed on; the kernels' forward over each group's query heads;
-in the backward, dK/dV reduce-scattered in float32 to the ranks that own them.
+in the backward, dK/dV reduce-scattered in float32 to the ranks that own them. With dropout
+each group's call is placed (BlockPositions) at its sequences' indices in the whole batch,
+their queries' and keys' positions in their sequences, and its first query head, so that it
+keeps what one process's flash_attn_varlen_func keeps.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ipex_flash.ops import flash_attn as _flash_attn_ops  # noqa: F401  (registers the ops)
+from ipex_flash.ops.flash_attn import attend, attend_backward
+from ipex_flash.ops.flash_attn_args import BlockPositions
 
 Tensor = torch.Tensor
 
@@ -28,16 +32,46 @@ class Llama3Problem:
     """What the forward and backward share: the group, the offsets and the options."""
 
     def __init__(self, group, cu_q, cu_k, max_q, max_k, stride, k_slice, scale, causal,
-                 window, softcap, alibi):
+                 window, softcap, alibi, dropout_p=0.0, dropout_seed=None, positions=None):
         self.group, self.world = group, dist.get_world_size(group)
         self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
         self.stride, self.k_slice, self.scale, self.causal = stride, k_slice, scale, causal
         self.window, self.softcap, self.alibi = window, softcap, alibi
+        self.dropout_p, self.dropout_seed = dropout_p, dropout_seed
+        self.positions = positions  # with dropout: placed_groups' tables, one per group
 
     def kernel_args(self, q_heads: slice):
         alibi = None if self.alibi is None else self.alibi[..., q_heads].contiguous()
         return (self.cu_q, self.cu_k, self.max_q, self.max_k, self.scale, self.causal,
-                *self.window, self.softcap, alibi, 0.0, None)
+                *self.window, self.softcap, alibi, self.dropout_p, self.dropout_seed)
+
+    def placed(self, group_index: int):
+        return None if self.positions is None else self.positions[group_index]
+
+
+def placed_groups(ranks: list[tuple[int, int]], rank: int, tokens: int, k_start: int,
+                  cu_q: list[int], cu_k: list[int], heads_q: int, heads_k: int, stride: int,
+                  device) -> list[BlockPositions]:
+    """Each head group's table (BlockPositions) for this rank's sequences. ranks: every
+    rank's (local sequences, whether its first one began on an earlier rank). The layout is
+    llama3_flash_attn_prepare_cu_seqlens': rank r holds stream tokens [r n, (r+1) n), and
+    each local sequence's keys start where the sequence starts, stream position k_start +
+    cu_k[b], so key 0 is at position 0 of its sequence and query 0 at the distance between
+    the two. Local sequence 0 of rank r is global sequence sum over r' < r of the sequences
+    r' holds, less those that began on the rank before r' (counted there already)."""
+    first = sum(count for count, _ in ranks[:rank]) - sum(began for _, began in
+                                                          ranks[1:rank + 1])
+    entries = [(first, rank * tokens + cu_q[b] - k_start - cu_k[b], 0)
+               for b in range(len(cu_q) - 1)]
+    per_kv = heads_q // heads_k
+    return [BlockPositions.of(entries, device, head * per_kv, heads_q)
+            for head in range(0, heads_k, stride)]
+
+
+def began_before(rank: int, tokens: int, k_start: int) -> int:
+    """Whether this rank's first sequence began on an earlier rank (its keys start before
+    its first token)."""
+    return int(k_start < rank * tokens)
 
 
 class _KVGather:
@@ -79,16 +113,15 @@ def llama3_forward(problem: Llama3Problem, q, k, v, sinks, backward_follows: boo
     gather = _KVGather(problem, k, v)
     gather.post(0)
     outs, lses = [], []
-    for first, q_heads in _head_groups(problem, q.shape[1], k.shape[1]):
+    for index, (first, q_heads) in enumerate(_head_groups(problem, q.shape[1], k.shape[1])):
         k_i, v_i = gather.take()
         if first + problem.stride < k.shape[1]:
             gather.post(first + problem.stride)
         q_i = q[:, q_heads]
         if backward_follows:  # the general kernel, whose arithmetic the backward mirrors
             q_i = q_i.detach().requires_grad_()
-        out_i, lse_i = torch.ops.ipex_flash.flash_attn_forward(
-            q_i, k_i, v_i, *problem.kernel_args(q_heads),
-            None if sinks is None else sinks[q_heads])
+        out_i, lse_i = attend(q_i, k_i, v_i, *problem.kernel_args(q_heads),
+                              None if sinks is None else sinks[q_heads], problem.placed(index))
         outs.append(out_i)
         lses.append(lse_i)
     return torch.cat(outs, dim=1), torch.cat(lses, dim=0)  # lse: (H, total), exp2 domain
@@ -103,13 +136,13 @@ def llama3_backward(problem: Llama3Problem, grad_out, q, k, v, out, lse):
     gather = _KVGather(problem, k, v)
     gather.post(0)
     width = problem.stride * (dim_k + dim_v)
-    for first, q_heads in _head_groups(problem, q.shape[1], heads_k):
+    for index, (first, q_heads) in enumerate(_head_groups(problem, q.shape[1], heads_k)):
         k_i, v_i = gather.take()
         if first + problem.stride < heads_k:
             gather.post(first + problem.stride)
-        dq_i, dk_i, dv_i = torch.ops.ipex_flash.flash_attn_backward(
+        dq_i, dk_i, dv_i = attend_backward(
             grad_out[:, q_heads], q[:, q_heads], k_i, v_i, out[:, q_heads], lse[q_heads],
-            *problem.kernel_args(q_heads))
+            *problem.kernel_args(q_heads), problem.placed(index))
         dq[:, q_heads] = dq_i
         partial = torch.zeros((n * problem.world, width), dtype=torch.float32, device=k.device)
         rows = partial[problem.k_slice]

@@ -20,12 +20,15 @@ FN = "ipex_flash.distributed.llama3_flash_attn_varlen_func"
 
 
 def _problem(q, k, v, sinks, cu_q, cu_k, max_q, max_k, stride, k_start, k_stop, group_name,
-             scale, causal, window_left, window_right, softcap, alibi) -> Llama3Problem:
+             scale, causal, window_left, window_right, softcap, alibi, dropout_p,
+             dropout_seed) -> Llama3Problem:
     group = _resolve_process_group(group_name)
     k_slice, window = slice(k_start, k_stop), (window_left, window_right)
-    agree(FN, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sinks, group)
+    positions = agree(FN, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap,
+                      sinks, group, dropout_p)
     return Llama3Problem(group, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, stride,
-                         k_slice, scale, causal, window, softcap, alibi)
+                         k_slice, scale, causal, window, softcap, alibi, dropout_p,
+                         dropout_seed, positions)
 
 
 @torch.library.custom_op("ipex_flash::llama3_attention", mutates_args=())
@@ -34,12 +37,13 @@ def llama3_attention(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                      max_seqlen_k: int, heads_k_stride: int, k_start: int, k_stop: int,
                      group_name: str, scale: float, causal: bool, window_left: int,
                      window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                     dropout_p: float, dropout_seed: Optional[Tensor],
                      backward_follows: bool) -> tuple[Tensor, Tensor]:
     """(out (total_local, H, Dv), lse (H, total_local) float32 in the kernels' exp2 domain)
     of this rank's queries; the arguments already checked on this rank (llama3.py)."""
     problem = _problem(q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        heads_k_stride, k_start, k_stop, group_name, scale, causal, window_left,
-                       window_right, softcap, alibi_slopes)
+                       window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     return llama3_forward(problem, q, k.contiguous(), v.contiguous(), sinks, backward_follows)
 
 
@@ -56,12 +60,13 @@ def llama3_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor,
                               heads_k_stride: int, k_start: int, k_stop: int,
                               group_name: str, scale: float, causal: bool, window_left: int,
                               window_right: int, softcap: float,
-                              alibi_slopes: Optional[Tensor], wants_sinks: bool
+                              alibi_slopes: Optional[Tensor], dropout_p: float,
+                              dropout_seed: Optional[Tensor], wants_sinks: bool
                               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, this rank's part of d sinks, or an empty tensor without wants_sinks)."""
     problem = _problem(q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        heads_k_stride, k_start, k_stop, group_name, scale, causal, window_left,
-                       window_right, softcap, alibi_slopes)
+                       window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     grad_out = grad_out.contiguous()
     dq, dk, dv = llama3_backward(problem, grad_out, q, k.contiguous(), v.contiguous(), out, lse)
     d_sinks = q.new_empty(0, dtype=torch.float32)
@@ -83,19 +88,21 @@ def _llama3_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, *args):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, cu_q, cu_k, *numbers, alibi, _backward_follows = inputs
+    q, k, v, sinks, cu_q, cu_k, *numbers, alibi, dropout_p, seed, _backward_follows = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks, cu_q, cu_k, alibi)
+    ctx.save_for_backward(q, k, v, out, lse, sinks, cu_q, cu_k, alibi, seed)
     ctx.numbers = tuple(numbers)  # max_seqlen_q .. softcap
+    ctx.dropout_p = dropout_p
     ctx.wants_sinks = sinks is not None and sinks.requires_grad
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, sinks, cu_q, cu_k, alibi = ctx.saved_tensors
+    q, k, v, out, lse, sinks, cu_q, cu_k, alibi, seed = ctx.saved_tensors
     dq, dk, dv, d_sinks = torch.ops.ipex_flash.llama3_attention_backward(
-        grad_out, q, k, v, out, lse, sinks, cu_q, cu_k, *ctx.numbers, alibi, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 15
+        grad_out, q, k, v, out, lse, sinks, cu_q, cu_k, *ctx.numbers, alibi, ctx.dropout_p,
+        seed, ctx.wants_sinks)
+    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 17
 
 
 llama3_attention.register_autograd(_backward, setup_context=_setup_context)

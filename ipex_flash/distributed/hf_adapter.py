@@ -113,7 +113,9 @@ def substitute_hf_flash_attn(process_group: dist.ProcessGroup, heads_k_stride: i
     llama3_flash_attn_varlen_func with heads_k_stride K/V heads gathered at a time (it must
     divide the model's K/V heads). Causal self-attention, windows (Mistral, Qwen's sliding
     layers), softcap (Gemma 2) and sinks (GPT-OSS; their gradient is each rank's part, summed
-    over ranks with the other gradients). Dropout is refused. Calling it again replaces the
+    over ranks with the other gradients). Attention dropout (a model in training mode with
+    attention_dropout > 0) is passed on, and keeps what one process's call over the packed
+    batch keeps for the same seed (seed every rank alike). Calling it again replaces the
     group and the stride."""
     fn = "ipex_flash.distributed.substitute_hf_flash_attn"
     group = resolve_group(fn, process_group)

@@ -20,7 +20,7 @@ from ipex_flash.distributed import _llama3_op  # noqa: F401  (registers the torc
 from ipex_flash.distributed._comm import resolve_group
 from ipex_flash.distributed._llama3_checks import check_arguments
 from ipex_flash.distributed.llama3_layout import llama3_flash_attn_prepare_cu_seqlens  # noqa: F401
-from ipex_flash.ops.launch import natural_lse
+from ipex_flash.ops.launch import draw_dropout_seed, natural_lse
 from ipex_flash.ops.validation import softmax_scale as resolve_scale
 
 Tensor = torch.Tensor
@@ -45,7 +45,11 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
             (int32 offsets, made with the same causal).
         heads_k_stride: K/V heads gathered at a time (must divide nheads_k): the gathered
             buffers hold P * total_local * heads_k_stride keys, two of them in flight.
-        dropout_p: must be 0 (NotImplementedError).
+        dropout_p: as flash_attn_varlen_func over the whole batch, with the very keep-mask
+            it draws: each call is placed at its sequences' indices in the batch and their
+            global positions (learned with the ranks' agreement, once per offsets tensor)
+            and at its group's first query head. One seed per call from torch's generator:
+            seed every rank alike.
         causal: each token sees the tokens of its sequence up to itself, on any rank.
         window_size, alibi_slopes: in positions of the whole sequence; need causal=True.
             alibi_slopes: (nheads,) or (local batch, nheads) float32.
@@ -67,11 +71,14 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
                              sinks, group)
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
+    # One draw per call, as flash_attn_varlen_func makes: ranks seeded alike keep what it
+    # keeps.
+    seed = draw_dropout_seed(q.device) if dropout_p > 0.0 else None
     out, lse = torch.ops.ipex_flash.llama3_attention(
         q, k, v, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
         local_k_slice.start, local_k_slice.stop, group.group_name,
         resolve_scale(softmax_scale, q.shape[-1], fn), bool(causal), window[0], window[1],
-        float(softcap), alibi_slopes, backward_follows)
+        float(softcap), alibi_slopes, float(dropout_p), seed, backward_follows)
     return (out, natural_lse(lse), None) if return_attn_probs else out
 
 

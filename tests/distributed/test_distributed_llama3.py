@@ -126,7 +126,7 @@ def _refusals(rank, world):
     cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank,
                                                                              world)
     calls = {
-        "dropout_p": dict(dropout_p=0.1),
+        "dropout_p": dict(dropout_p=1.0),
         "heads_k_stride": dict(heads_k_stride=3),
         "local_k_slice": dict(local_k_slice=slice(0, 99)),
         "window_size": dict(causal=False, window_size=(4, 4)),
@@ -143,7 +143,7 @@ def _refusals(rank, world):
 
 def test_bad_arguments_refused(world2):
     for seen in world2.run(_refusals):
-        assert seen == {"dropout_p": ("NotImplementedError", True),
+        assert seen == {"dropout_p": ("ValueError", True),
                         "heads_k_stride": ("ValueError", True),
                         "local_k_slice": ("ValueError", True),
                         "window_size": ("NotImplementedError", True)}

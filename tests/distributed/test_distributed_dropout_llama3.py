@@ -1,0 +1,78 @@
+"""Dropout with llama3_flash_attn_varlen_func at 2 and 4 gloo ranks on the SYCL CPU device.
+Each rank's calls are placed at its sequences' indices in the whole batch (a rank's first
+sequence may have begun on the rank before), their queries' positions in their sequences,
+and each heads_k_stride group's first query head, so a sharded call keeps exactly what one
+process's flash_attn_varlen_func keeps for the same seed: output, LSE and gradients against
+float64 attention with that keep-mask and against that call itself."""
+from dropout_cases import P, SEED, keep_mask, references
+from helpers import distributed_cases as dc
+import pytest
+import torch
+
+import ipex_flash
+from ipex_flash.distributed.llama3 import (
+    llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func)
+
+F32 = torch.float32
+
+
+def llama3_case(rank, world, causal, lengths, heads=(4, 2), stride=1, window=(-1, -1),
+                alibi=False):
+    """This rank's slice of the packed stream with dropout, against one process and
+    float64: distributed_cases' result dict."""
+    total, longest = sum(lengths), max(lengths)
+    q, k, v, grad_out, _ = dc.draw((total,), heads, 32, F32)
+    slopes = torch.rand(heads[0]) * 0.3 if alibi else None
+    cu = dc.cu_seqlens(lengths)
+    n = total // world
+    cut = lambda t: t[rank * n:(rank + 1) * n]  # noqa: E731
+    options = dict(dropout_p=P, causal=causal, window_size=window, alibi_slopes=slopes)
+
+    cu_q, cu_k, max_q, max_k, k_slice = llama3_flash_attn_prepare_cu_seqlens(cu, causal, rank,
+                                                                             world)
+    local = dc._leaves(*(cut(t) for t in (q, k, v)))
+    torch.manual_seed(SEED)  # every rank draws the seed one process draws
+    out, lse, _ = llama3_flash_attn_varlen_func(*local, cu_q, cu_k, max_q, max_k, stride,
+                                                k_slice, **options, return_attn_probs=True)
+    out.backward(cut(grad_out))
+    got = [out, lse] + [t.grad for t in local]
+    torch.manual_seed(SEED)
+    singles, _ = dc.one_process_varlen(q, k, v, None, grad_out, lengths, **options)
+    # One process's LSE, which dropout leaves unchanged: the LSE's truth (float32).
+    single_lse = ipex_flash.flash_attn_varlen_func(
+        q, k, v, cu, cu, longest, longest, **{**options, "dropout_p": 0.0},
+        return_attn_probs=True)[1]
+    singles.insert(1, single_lse)
+    keep = keep_mask((len(lengths), heads[0], longest, longest))
+    wants = references(q, k, v, keep, grad_out, F32, causal, window, slopes, cu)
+    for want in wants.values():
+        want.insert(1, single_lse)
+    return dc.compare(got, singles, wants, F32, cut, False, check_dtypes=True,
+                      lse_cut=lambda t: t[:, rank * n:(rank + 1) * n])
+
+
+# 70 tokens: the rank boundary (35) falls inside sequence 1, which rank 1 continues.
+LENGTHS = [13, 29, 1, 27]
+
+
+@pytest.mark.parametrize("causal,heads,stride,window,alibi", [
+    (True, (4, 2), 1, (-1, -1), False),   # two head groups, the second at query head 2
+    (False, (4, 2), 2, (-1, -1), False),  # keys past the rank's end for its last sequence
+    (False, (8, 4), 2, (-1, -1), False),  # two groups of two K/V heads: query heads 0 and 4
+    (True, (6, 3), 1, (9, 0), True),      # a window and ALiBi from the global diagonal
+])
+def test_two_ranks(world2, causal, heads, stride, window, alibi):
+    dc.check_errors(world2.run(llama3_case, causal=causal, lengths=LENGTHS, heads=heads,
+                               stride=stride, window=window, alibi=alibi), F32)
+
+
+@pytest.mark.parametrize("causal,lengths,heads,stride", [
+    # 84 tokens, 21 per rank: sequence 1 spans ranks 0 to 2, rank 3 begins inside sequence 2.
+    (True, [3, 51, 17, 1, 12], (8, 2), 1),
+    (False, [3, 51, 17, 1, 12], (4, 2), 2),
+    # Empty sequences: rank 1 begins with one (global index 1) where rank 0 ended.
+    (True, [8, 0, 20, 0, 4], (4, 2), 1),
+])
+def test_four_ranks(world4, causal, lengths, heads, stride):
+    dc.check_errors(world4.run(llama3_case, causal=causal, lengths=lengths, heads=heads,
+                               stride=stride), F32)
