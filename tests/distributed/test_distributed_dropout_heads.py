@@ -106,3 +106,21 @@ def usp_case(rank, world, ring_impl, causal, heads, window=(-1, -1), alibi=False
 def test_usp_two_by_two(world4, ring_impl, causal, heads, window, alibi):
     dc.check_errors(world4.run(usp_case, ring_impl=ring_impl, causal=causal, heads=heads,
                                window=window, alibi=alibi), F32)
+
+
+def _warm_counts(rank, world):
+    """Collectives of a warm Ulysses training call with dropout."""
+    from helpers.collective_counts import CollectiveCounts
+
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 10, 4, 16, requires_grad=True) for _ in range(3))
+    call = lambda: ifd.ulysses_flash_attn_func(q, k, v, dropout_p=P, causal=True)  # noqa: E731
+    call().sum().backward()
+    with CollectiveCounts() as training:
+        call().sum().backward()
+    return dict(training.counts)
+
+
+def test_ulysses_warm_calls_move_only_data(world2):
+    """The all-to-alls of q, k, v and out and of their gradients, as without dropout."""
+    assert world2.run(_warm_counts) == [{"all_to_all_single": 8}] * 2

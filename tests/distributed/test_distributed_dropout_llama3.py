@@ -76,3 +76,30 @@ def test_two_ranks(world2, causal, heads, stride, window, alibi):
 def test_four_ranks(world4, causal, lengths, heads, stride):
     dc.check_errors(world4.run(llama3_case, causal=causal, lengths=lengths, heads=heads,
                                stride=stride), F32)
+
+
+def _warm_counts(rank, world):
+    """Collectives of a warm training call with dropout, and of a new batch's first call."""
+    from helpers.collective_counts import CollectiveCounts
+
+    torch.manual_seed(5)
+    cu = dc.cu_seqlens([7, 13])
+    q, k, v = (torch.randn(20, heads, 16)[rank * 10:(rank + 1) * 10].requires_grad_()
+               for heads in (4, 2, 2))
+    prepared = llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+    call = lambda args: llama3_flash_attn_varlen_func(  # noqa: E731
+        q, k, v, *args[:4], 1, args[4], dropout_p=P, causal=True)
+    call(prepared).sum().backward()
+    with CollectiveCounts() as training:
+        call(prepared).sum().backward()
+    with CollectiveCounts() as new_batch, torch.no_grad():
+        call(llama3_flash_attn_prepare_cu_seqlens(cu.clone(), True, rank, world))
+    return dict(training.counts), dict(new_batch.counts)
+
+
+def test_warm_calls_add_no_collective(world2):
+    """What dropout needs of the other ranks rides on the agreement's one all_gather, made
+    for a new batch's offsets only: warm calls gather K/V and scatter dK/dV, as without."""
+    for training, new_batch in world2.run(_warm_counts):
+        assert training == {"all_gather_single": 4, "reduce_scatter_single": 2}, training
+        assert new_batch == {"all_gather_single": 2, "all_gather": 1}, new_batch
