@@ -50,7 +50,12 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   constexpr int SLAB = K, PART = N, PARTS = SLAB / PART;
   constexpr bool DV = (GRADS & DKDV_DV) != 0, DK = (GRADS & DKDV_DK) != 0;
   using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, /*REGISTERS=*/true, M, K, N>;
-  using Surface = PackedSurface<T, M, K, N>;
+  // Tiles addressed by OR (Packed::OR_ADDRESSED) past d = 64: 1.7 instructions per DPAS fewer
+  // at d = 128 on DG2 and Arrow Lake-H, where at d = 64 IGC's schedule gave 1.3 more; with a
+  // bool mask at d = 128 it spilled 64 bytes (as softcap does either way): kept as sums there.
+  constexpr bool OR_OFFSETS =
+      Packed::OR_ADDRESSED && HEAD_DIM > 64 && (FEATURES & FEATURE_MASK_BOOL) == 0;
+  using Surface = PackedSurface<T, M, K, N, OR_OFFSETS>;
   constexpr int KEY_GROUP = Packed::KEY_GROUP;
   static_assert(Packed::TILED == Surface::Order::TILED, "the pack is in the order it is read");
   // Q^T and dO^T are read at the slab's column of the query block's surface (their descriptors stay

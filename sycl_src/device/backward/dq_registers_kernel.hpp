@@ -56,7 +56,11 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   // the fewest keys that still make two score tiles (16 on the GPUs).
   // The 8-wide engines (128 registers of 32 bytes; a share of dQ^T takes at most 32) take the
   // same short slabs at every head dim.
-  using Surface = PackedSurface<T, M, K, R>;
+  // On the 8-wide engines a tile's address is its surface's start OR its offset where the pack's
+  // tiles are powers of two (bwd_pack_alignment): 0.5-2.3 instructions per DPAS fewer on DG2 and
+  // Arrow Lake-H (gpu-check).
+  constexpr bool OR_OFFSETS = bwd_pack_alignment(HEAD_DIM, R, BLOCK_M, BLOCK_N) > 1;
+  using Surface = PackedSurface<T, M, K, R, OR_OFFSETS>;
   constexpr bool TILED = Surface::Order::TILED;
   constexpr int SLAB = HEAD_DIM > 64 || TILED ? (2 * M > K ? 2 * M : K)
                        : BLOCK_N % 32 == 0  ? 32

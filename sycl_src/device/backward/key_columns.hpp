@@ -45,9 +45,9 @@ __attribute__((always_inline)) inline void slab_of_columns(sycl::sub_group sg,
 // The lane's column of A (K rows from `row0`, HEAD_DIM deep) . B, B the sub-group's keys' tiles
 // of K^T or V^T (pairs of head-dim rows, LDB words apart): S or dP over one slab of rows. A in
 // 2-D blocks where the surface is row-major, a tile per load where it is tile by tile.
-template <typename T, int M, int K, int N, int HEAD_DIM, int LDB, int TM, int TK>
+template <typename T, int M, int K, int N, int HEAD_DIM, int LDB, int TM, int TK, bool AL>
 __attribute__((always_inline)) inline void slab_product_columns(
-    sycl::sub_group sg, const MatrixSurface<T, TM, TK>& a, int row0, const uint32_t* b,
+    sycl::sub_group sg, const MatrixSurface<T, TM, TK, AL>& a, int row0, const uint32_t* b,
     float (&column)[K]) {
   constexpr auto GLOBAL = sycl::access::address_space::global_space;
   MatrixAcc<M, N> tiles[K / M];
@@ -63,15 +63,13 @@ __attribute__((always_inline)) inline void slab_product_columns(
 // acc (TILES x M rows from row0, N) += A (those rows of `cols`, Q^T or dO^T of the query
 // block, at columns col .. col + K) . b, one reduction step: in 2-D blocks where the surface is
 // row-major, a tile per load where it is tile by tile.
-template <typename T, int M, int K, int N, int TILES, int TM, int TK>
-__attribute__((always_inline)) inline void slab_gradient_step(sycl::sub_group sg,
-                                                              MatrixAcc<M, N> (&acc)[TILES],
-                                                              const MatrixSurface<T, TM, TK>& cols,
-                                                              int row0, int col,
-                                                              MatrixBRegisters<T, K, N>& b) {
+template <typename T, int M, int K, int N, int TILES, int TM, int TK, bool AL>
+__attribute__((always_inline)) inline void slab_gradient_step(
+    sycl::sub_group sg, MatrixAcc<M, N> (&acc)[TILES], const MatrixSurface<T, TM, TK, AL>& cols,
+    int row0, int col, MatrixBRegisters<T, K, N>& b) {
   if constexpr (SurfaceOrder<TM, TK>::TILED) {
-    const MatrixSurface<T, TM, TK> slab{cols.base + cols.offset(0, col), cols.rows, cols.cols,
-                                        cols.pitch};
+    const MatrixSurface<T, TM, TK, AL> slab{cols.base + cols.offset(0, col), cols.rows,
+                                            cols.cols, cols.pitch};
     matrix_mad_surface_step<T, M, K, N, TILES>(sg, acc, slab, row0, b);
   } else {
     matrix_mad_surface_step_wide<T, M, K, N, TILES>(sg, acc, cols, row0, col, b);

@@ -55,6 +55,10 @@ struct PackedBwd {
   static constexpr int KEY_TILE_WORDS = BLOCK_N * HEAD_DIM / 2;
   static constexpr int ROW_TILE_WORDS = BLOCK_M * HEAD_DIM / 2;  // one Q or dO tile
   static constexpr int64_t ROW_BLOCK_WORDS = ROW_TILES * ROW_TILE_WORDS;
+  // Every tile at a multiple of its own bytes (bwd_pack_alignment, matrix/pack_rows.hpp): the
+  // register kernels' OR-addressed surfaces. The host starts the pack so aligned.
+  static constexpr bool OR_ADDRESSED =
+      TILED && bwd_pack_alignment(HEAD_DIM, TILE_M, BLOCK_M, BLOCK_N) > 1;
 
   struct Keys {
     T* k;               // (BLOCK_N, HEAD_DIM), in Order
@@ -98,9 +102,13 @@ struct PackedBwd {
                            // compiler does not know the column is below the group's width)
   }
 
+  // The key blocks' elements, rounded up to whole row tiles where tiles are OR-addressed (so
+  // that the row tiles after them start at multiples of their bytes too).
   static inline int64_t key_region_elements(const BwdParams& p) {
-    return static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks *
-           KEY_BLOCK_ELEMENTS;
+    constexpr int64_t UNIT = OR_ADDRESSED ? int64_t{2} * ROW_TILE_WORDS : 1;
+    const int64_t elements =
+        static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks * KEY_BLOCK_ELEMENTS;
+    return (elements + UNIT - 1) / UNIT * UNIT;
   }
 
   // Pack index of the first key block of (batch, head_kv), and of the first row block of

@@ -24,6 +24,19 @@ constexpr bool bwd_pack_tiled(int head_dim, int matrix_n) {
   return matrix_n == 8 && head_dim <= 128;
 }
 
+// Where a tiled backward pack starts, in bytes: at a multiple of its larger tile (K's BLOCK_N x
+// d, a query block's BLOCK_M x d, 16-bit) where both tiles are powers of two in bytes (d = 64,
+// 128), so that every tile does (the key region rounded up to whole row tiles: PackedBwd), and
+// the register kernels address a tile as its start OR its offset (MatrixSurface's OR_OFFSETS:
+// one instruction where the 8-wide engines emulate a 64-bit add in about five). 1 otherwise.
+constexpr int64_t bwd_pack_alignment(int head_dim, int matrix_n, int block_m, int block_n) {
+  const int64_t key_tile = int64_t{2} * block_n * head_dim;
+  const int64_t row_tile = int64_t{2} * block_m * head_dim;
+  const bool powers = (key_tile & (key_tile - 1)) == 0 && (row_tile & (row_tile - 1)) == 0;
+  if (!bwd_pack_tiled(head_dim, matrix_n) || !powers) return 1;
+  return key_tile > row_tile ? key_tile : row_tile;
+}
+
 // First block of a sequence preceded by `rows_before` rows in `sequence` sequences.
 inline int64_t blocks_before(int64_t rows_before, int64_t sequence, int block) {
   return (rows_before + sequence * (block - 1)) / block;

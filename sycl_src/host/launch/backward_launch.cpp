@@ -32,21 +32,34 @@ BwdPacks bwd_packs(const AttentionDims& dims, const TensorView& q, const TensorV
           row_pack_rows(dims, q, options, variant.block_m)};
 }
 
+// Where the packed copies start: at a multiple of their larger tile where the kernels address
+// tiles by OR (bwd_pack_alignment, matrix/pack_rows.hpp); anywhere (1) otherwise.
+int64_t bwd_pack_start_alignment(const KernelVariant& variant) {
+  if (variant.matrix_m == 0) return 1;
+  return bwd_pack_alignment(variant.head_dim, variant.matrix_n, variant.block_m,
+                            variant.block_n);
+}
+
 // Bytes of the packed copies (PackedBwd's tiles), in the 16-bit input dtype: K, K^T, V per key
 // block, and K^T, V^T in pairs for the register dK/dV kernel; Q^T, dO^T per query block, and Q
-// and dO row pairs (SLM-staged dK/dV) or Q, dO, Q^T, dO^T (register dK/dV). 0 for the vector
-// kernels, which read the tensors in place.
+// and dO row pairs (SLM-staged dK/dV) or Q, dO, Q^T, dO^T (register dK/dV); with OR-addressed
+// tiles the key region rounded up to whole row tiles, and room to align the start. 0 for the
+// vector kernels, which read the tensors in place.
 int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
                          const KernelVariant& variant) {
   if (variant.matrix_m == 0) return 0;
   const int64_t element = 2, d = variant.head_dim;
   const int key_tiles = variant.dkdv_registers ? 5 : 3;
   const int row_tiles = variant.dkdv_registers ? 6 : 4;
-  const int64_t keys = static_cast<int64_t>(dims.heads_kv()) * packs.keys.blocks * key_tiles *
-                       variant.block_n * d;
+  const int64_t align = bwd_pack_start_alignment(variant);
+  const int64_t row_tile = align > 1 ? variant.block_m * d : 1;  // elements
+  const int64_t keys = ceil_div(static_cast<int64_t>(dims.heads_kv()) * packs.keys.blocks *
+                                    key_tiles * variant.block_n * d,
+                                row_tile) *
+                       row_tile;
   const int64_t rows = static_cast<int64_t>(dims.heads_q) * packs.rows.blocks * row_tiles *
                        variant.block_m * d;
-  return element * (keys + rows);
+  return element * (keys + rows) + align - 1;
 }
 
 // The scratch: the packs, then the bool mask's bits where the variant reads them.
@@ -153,7 +166,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (bwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + t.scratch.dtype);
-    params.packed = reinterpret_cast<void*>(t.scratch.data);
+    const auto align = static_cast<std::uintptr_t>(bwd_pack_start_alignment(variant));
+    params.packed = reinterpret_cast<void*>((t.scratch.data + align - 1) / align * align);
     params.key_pack = packs.keys;
     params.row_pack = packs.rows;
     if (packs.keys.blocks > 0)
