@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ipex_flash.distributed._op_autograd import register_attention_autograd
 from ipex_flash.ops import score_grads
 from ipex_flash.ops.flash_attn import attend, attend_backward
 from ipex_flash.ops.flash_attn_args import BlockPositions, forward_outputs
@@ -78,20 +79,5 @@ def _head_slice_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, *arg
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, *args = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.args = tuple(args)  # alibi_slopes .. heads_total
-    ctx.wants_sinks = sinks is not None and sinks.requires_grad
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, sinks = ctx.saved_tensors
-    dq, dk, dv, d_sinks = torch.ops.ipex_flash.head_slice_attention_backward(
-        grad_out, q, k, v, out, lse, sinks, *ctx.args, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 10
-
-
-head_slice_attention.register_autograd(_backward, setup_context=_setup_context)
+register_attention_autograd(head_slice_attention,
+                            torch.ops.ipex_flash.head_slice_attention_backward)

@@ -13,6 +13,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ipex_flash.distributed._llama3_checks import agree
 from ipex_flash.distributed._llama3_engine import Llama3Problem, llama3_backward, llama3_forward
+from ipex_flash.distributed._op_autograd import register_attention_autograd
 from ipex_flash.ops import score_grads
 
 Tensor = torch.Tensor
@@ -87,22 +88,5 @@ def _llama3_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, *args):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, cu_q, cu_k, *numbers, alibi, dropout_p, seed, _backward_follows = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks, cu_q, cu_k, alibi, seed)
-    ctx.numbers = tuple(numbers)  # max_seqlen_q .. softcap
-    ctx.dropout_p = dropout_p
-    ctx.wants_sinks = sinks is not None and sinks.requires_grad
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, sinks, cu_q, cu_k, alibi, seed = ctx.saved_tensors
-    dq, dk, dv, d_sinks = torch.ops.ipex_flash.llama3_attention_backward(
-        grad_out, q, k, v, out, lse, sinks, cu_q, cu_k, *ctx.numbers, alibi, ctx.dropout_p,
-        seed, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 17
-
-
-llama3_attention.register_autograd(_backward, setup_context=_setup_context)
+register_attention_autograd(llama3_attention, torch.ops.ipex_flash.llama3_attention_backward,
+                            forward_only=1)

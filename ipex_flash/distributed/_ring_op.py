@@ -17,6 +17,7 @@ from ipex_flash.distributed import _blocks
 from ipex_flash.distributed._agreement import agreed
 from ipex_flash.distributed._checks import AGREED, shape_signature
 from ipex_flash.distributed._comm import RingComm, check_same, gather_ints
+from ipex_flash.distributed._op_autograd import register_attention_autograd
 from ipex_flash.distributed._ring_engine import (
     RingProblem, placed_calls, ring_backward, ring_forward, sinks_grad)
 from ipex_flash.distributed._window_exchange import peer_steps, window_backward, window_forward
@@ -151,20 +152,5 @@ def _ring_attention_backward_fake(grad_out, q, k, v, out, lse, sinks, alibi_slop
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_sinks
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, *args = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.args = tuple(args[:-1])  # alibi_slopes .. heads_total (backward_follows: the forward's)
-    ctx.wants_sinks = sinks is not None and sinks.requires_grad
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, sinks = ctx.saved_tensors
-    dq, dk, dv, d_sinks = torch.ops.ipex_flash.ring_attention_backward(
-        grad_out, q, k, v, out, lse, sinks, *ctx.args, ctx.wants_sinks)
-    return (dq, dk, dv, d_sinks if ctx.wants_sinks else None) + (None,) * 14
-
-
-ring_attention.register_autograd(_backward, setup_context=_setup_context)
+register_attention_autograd(ring_attention, torch.ops.ipex_flash.ring_attention_backward,
+                            forward_only=1)
