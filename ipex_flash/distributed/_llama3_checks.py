@@ -44,29 +44,30 @@ def check_arguments(fn, q, k, v, cu_q, cu_k, max_q, max_k, stride, k_slice, drop
     check_max_seqlen(fn, "max_seqlen_k", max_k)
     check_scale(fn, scale)
     window = check_window(fn, window_size)
-    if not causal and (window != (-1, -1) or alibi is not None):
-        # Without causal the last sequence's keys run past this rank's queries, so the
-        # kernel's diagonal (from the bottom right of each sequence) is not the global one.
-        name = "window_size" if window != (-1, -1) else "alibi_slopes"
-        raise NotImplementedError(
-            f"{fn}: {name} needs causal=True here: without it the keys of this rank's last "
-            "sequence run past its queries, and the kernels place windows and ALiBi from the "
-            "end of each sequence's keys")
     check_softcap(fn, softcap)
     check_alibi(fn, alibi, batch, q.shape[1], q.device)
     check_sinks(fn, sinks, q.unsqueeze(0).transpose(1, 2))
     return window
 
 
+def needs_placing(causal, window, alibi, dropout_p) -> bool:
+    """Whether the kernels need each call's global positions: dropout's keep-mask is drawn at
+    them; and without causal the keys of a rank's last sequence run past its queries, so the
+    kernels' own diagonal (each sequence's bottom right) is not the global one that windows
+    and ALiBi are measured from. With causal both diagonals are the same."""
+    return dropout_p > 0.0 or (not causal and (tuple(window) != (-1, -1) or alibi is not None))
+
+
 def agree(fn, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sinks, group,
-          dropout_p=0.0):
+          dropout_p=0.0, alibi=None):
     """The offsets' values on this rank, and the agreement of every rank's shapes and options
     (a difference raises the same ValueError on every rank rather than a mismatched
     all_gather): once per arguments and offsets tensors, no collective after (_agreement.py).
-    Returns, with dropout, each head group's placed table (placed_groups), from every rank's
-    count of sequences gathered in the same all_gather; else None."""
+    Returns, when the calls need placing (needs_placing), each head group's table
+    (placed_groups), from every rank's count of sequences gathered in the same all_gather;
+    else None."""
     signature = shape_signature(q, k, v, causal, window, softcap, sinks, True,
-                                dropout_p) + [stride]
+                                dropout_p, alibi) + [stride]
     rank, tokens = dist.get_rank(group), q.shape[0]
 
     def learn():
@@ -77,7 +78,7 @@ def agree(fn, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap, sin
         gathered = gather_ints(signature + mine, q.device, group)
         check_same(fn, [row[:-2] for row in gathered],
                    ("total_local tokens", *AGREED, "heads_k_stride"))
-        if dropout_p == 0.0:
+        if not needs_placing(causal, window, alibi, dropout_p):
             return None
         return placed_groups([tuple(row[-2:]) for row in gathered], rank, tokens,
                              k_slice.start, cu_q.tolist(), cu_k.tolist(), q.shape[1],

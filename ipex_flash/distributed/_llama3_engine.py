@@ -1,10 +1,12 @@
 """The all-gather engine of llama3_flash_attn_varlen_func (llama3.py; run inside the torch ops
 of _llama3_op.py): K/V gathered heads_k_stride K/V heads at a time, the next group travelling
 while the current one is computed on; the kernels' forward over each group's query heads;
-in the backward, dK/dV reduce-scattered in float32 to the ranks that own them. With dropout
-each group's call is placed (BlockPositions) at its sequences' indices in the whole batch,
-their queries' and keys' positions in their sequences, and its first query head, so that it
-keeps what one process's flash_attn_varlen_func keeps.
+in the backward, dK/dV reduce-scattered in float32 to the ranks that own them. With dropout,
+or without causal a window or ALiBi, each group's call is placed (BlockPositions) at its
+sequences' indices in the whole batch, their queries' and keys' positions in their sequences,
+and its first query head, so that it keeps what one process's flash_attn_varlen_func keeps
+and measures windows and ALiBi from each sequence's global diagonal (without causal a rank's
+keys run past its queries, and the kernels' own diagonal is the end of those keys).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class Llama3Problem:
         self.stride, self.k_slice, self.scale, self.causal = stride, k_slice, scale, causal
         self.window, self.softcap, self.alibi = window, softcap, alibi
         self.dropout_p, self.dropout_seed = dropout_p, dropout_seed
-        self.positions = positions  # with dropout: placed_groups' tables, one per group
+        self.positions = positions  # placed_groups' tables, one per group (needs_placing)
 
     def kernel_args(self, q_heads: slice):
         alibi = None if self.alibi is None else self.alibi[..., q_heads].contiguous()

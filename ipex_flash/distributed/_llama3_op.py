@@ -26,7 +26,7 @@ def _problem(q, k, v, sinks, cu_q, cu_k, max_q, max_k, stride, k_start, k_stop, 
     group = _resolve_process_group(group_name)
     k_slice, window = slice(k_start, k_stop), (window_left, window_right)
     positions = agree(FN, q, k, v, cu_q, cu_k, stride, k_slice, causal, window, softcap,
-                      sinks, group, dropout_p)
+                      sinks, group, dropout_p, alibi)
     return Llama3Problem(group, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, stride,
                          k_slice, scale, causal, window, softcap, alibi, dropout_p,
                          dropout_seed, positions)

@@ -51,8 +51,10 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
             and at its group's first query head. One seed per call from torch's generator:
             seed every rank alike.
         causal: each token sees the tokens of its sequence up to itself, on any rank.
-        window_size, alibi_slopes: in positions of the whole sequence; need causal=True.
-            alibi_slopes: (nheads,) or (local batch, nheads) float32.
+        window_size, alibi_slopes: in positions of the whole sequence, causal or not
+            (without causal each call is placed at its sequences' global positions, as for
+            dropout). alibi_slopes: (nheads,) or (local batch, nheads) float32, row b for
+            this rank's local sequence b (a sequence split across ranks has a row on each).
         softmax_scale, softcap, sinks: as flash_attn_varlen_func. sinks' gradient is this
             rank's part (sum it over the group, as DDP/FSDP do).
         deterministic: accepted; the result is always deterministic.

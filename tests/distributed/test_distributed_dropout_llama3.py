@@ -60,6 +60,7 @@ LENGTHS = [13, 29, 1, 27]
     (False, (4, 2), 2, (-1, -1), False),  # keys past the rank's end for its last sequence
     (False, (8, 4), 2, (-1, -1), False),  # two groups of two K/V heads: query heads 0 and 4
     (True, (6, 3), 1, (9, 0), True),      # a window and ALiBi from the global diagonal
+    (False, (4, 2), 1, (7, 5), True),     # the same without causal: keys past the queries
 ])
 def test_two_ranks(world2, causal, heads, stride, window, alibi):
     dc.check_errors(world2.run(llama3_case, causal=causal, lengths=LENGTHS, heads=heads,

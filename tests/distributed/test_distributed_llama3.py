@@ -129,7 +129,9 @@ def _refusals(rank, world):
         "dropout_p": dict(dropout_p=1.0),
         "heads_k_stride": dict(heads_k_stride=3),
         "local_k_slice": dict(local_k_slice=slice(0, 99)),
-        "window_size": dict(causal=False, window_size=(4, 4)),
+        # Slopes are per local sequence: the whole batch's (2, nheads) rows are not this
+        # rank's one.
+        "alibi_slopes": dict(causal=False, alibi_slopes=torch.ones(2, 4)),
     }
     seen = {}
     for name, change in calls.items():
@@ -146,7 +148,7 @@ def test_bad_arguments_refused(world2):
         assert seen == {"dropout_p": ("ValueError", True),
                         "heads_k_stride": ("ValueError", True),
                         "local_k_slice": ("ValueError", True),
-                        "window_size": ("NotImplementedError", True)}
+                        "alibi_slopes": ("ValueError", True)}
 
 
 def _warm_counts(rank, world):
