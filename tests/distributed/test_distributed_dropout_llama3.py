@@ -6,6 +6,7 @@ process's flash_attn_varlen_func keeps for the same seed: output, LSE and gradie
 float64 attention with that keep-mask and against that call itself."""
 from dropout_cases import P, SEED, keep_mask, references
 from helpers import distributed_cases as dc
+from llama3_cases import compare_slice
 import pytest
 import torch
 
@@ -42,13 +43,9 @@ def llama3_case(rank, world, causal, lengths, heads=(4, 2), stride=1, window=(-1
     single_lse = ipex_flash.flash_attn_varlen_func(
         q, k, v, cu, cu, longest, longest, **{**options, "dropout_p": 0.0},
         return_attn_probs=True)[1]
-    singles.insert(1, single_lse)
     keep = keep_mask((len(lengths), heads[0], longest, longest))
     wants = references(q, k, v, keep, grad_out, F32, causal, window, slopes, cu)
-    for want in wants.values():
-        want.insert(1, single_lse)
-    return dc.compare(got, singles, wants, F32, cut, False, check_dtypes=True,
-                      lse_cut=lambda t: t[:, rank * n:(rank + 1) * n])
+    return compare_slice(got, singles, single_lse, wants, rank, n)
 
 
 # 70 tokens: the rank boundary (35) falls inside sequence 1, which rank 1 continues.

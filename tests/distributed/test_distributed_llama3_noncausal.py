@@ -6,6 +6,7 @@ one process's flash_attn_varlen_func over the whole packed batch and against flo
 two-sided and one-sided windows, (nheads,) and (batch, nheads) slopes, sequences crossing
 rank boundaries and several heads_k_stride groups."""
 from helpers import distributed_cases as dc
+from llama3_cases import compare_slice
 import pytest
 import torch
 
@@ -73,13 +74,8 @@ def noncausal_case(rank, world, lengths, heads, stride, window, alibi):
     options = dict(causal=False, window_size=window, alibi_slopes=slopes)
     singles, single_lse = dc.one_process_varlen(q, k, v, None, grad_out, lengths,
                                                 with_lse=True, **options)
-    singles.insert(1, single_lse)
     wants = _references(q, k, v, grad_out, window, slopes, cu)
-    for want in wants.values():
-        # The LSE's truth is one process's float32 LSE (no float64 reference computes it).
-        want.insert(1, single_lse)
-    return dc.compare(got, singles, wants, F32, cut, False, check_dtypes=True,
-                      lse_cut=lambda t: t[:, rank * n:(rank + 1) * n])
+    return compare_slice(got, singles, single_lse, wants, rank, n)
 
 
 # 70 tokens: the rank boundary (35) falls inside sequence 1, whose keys on rank 0 run 13
