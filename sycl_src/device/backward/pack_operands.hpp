@@ -29,6 +29,7 @@
 #include "matrix/surface.hpp"
 #include "matrix/pack_rows.hpp"
 #include "common/params.hpp"
+#include "common/powers_of_two.hpp"
 #include "backward/params.hpp"
 #include "common/seq_info.hpp"
 #include "vector/tile_io.hpp"
@@ -106,9 +107,9 @@ struct PackedBwd {
   // that the row tiles after them start at multiples of their bytes too).
   static inline int64_t key_region_elements(const BwdParams& p) {
     constexpr int64_t UNIT = OR_ADDRESSED ? int64_t{2} * ROW_TILE_WORDS : 1;
-    const int64_t elements =
-        static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks * KEY_BLOCK_ELEMENTS;
-    return (elements + UNIT - 1) / UNIT * UNIT;
+    return round_up_to(
+        static_cast<int64_t>(p.common.dims.heads_kv()) * p.key_pack.blocks * KEY_BLOCK_ELEMENTS,
+        UNIT);
   }
 
   // Pack index of the first key block of (batch, head_kv), and of the first row block of

@@ -42,6 +42,7 @@
 #include "matrix/block_io.hpp"
 #include "common/online_softmax.hpp"
 #include "common/params.hpp"
+#include "common/powers_of_two.hpp"
 #include "forward/params.hpp"
 #include "score/softcap_alibi.hpp"
 
@@ -79,10 +80,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // K and each share of V^T start at a multiple of their own, and a tile's address is their
   // start OR its offset (OR_OFFSETS): one instruction where a 64-bit add took about five.
   using Packed = PackedKv<T, HEAD_DIM, BLOCK_N, HEAD_DIM_V>;
-  constexpr int64_t BLOCK_BYTES = Packed::BLOCK_ELEMENTS * sizeof(T);
   constexpr bool TILED = PackedSurface<T, M, K, R>::Order::TILED;
-  constexpr bool OR_OFFSETS = TILED && HEAD_DIM == HEAD_DIM_V &&
-                              (BLOCK_BYTES & (BLOCK_BYTES - 1)) == 0 && (DV & (DV - 1)) == 0;
+  constexpr bool OR_OFFSETS =
+      fwd_pack_alignment(HEAD_DIM, HEAD_DIM_V, BLOCK_N, R, /*registers=*/true) > 1 &&
+      HEAD_DIM == HEAD_DIM_V && power_of_two(DV);
   using Surface = PackedSurface<T, M, K, R, OR_OFFSETS>;
   // A float mask past d = 64 is read in place beside O^T's 128 registers: split into lean and
   // edge loops, or in 2-D blocks, the kernel spilled 4-9 KB (BMG, PVC; gpu-check), so there it

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common/params.hpp"
+#include "common/powers_of_two.hpp"
 
 namespace ipex_flash {
 
@@ -32,9 +33,20 @@ constexpr bool bwd_pack_tiled(int head_dim, int matrix_n) {
 constexpr int64_t bwd_pack_alignment(int head_dim, int matrix_n, int block_m, int block_n) {
   const int64_t key_tile = int64_t{2} * block_n * head_dim;
   const int64_t row_tile = int64_t{2} * block_m * head_dim;
-  const bool powers = (key_tile & (key_tile - 1)) == 0 && (row_tile & (row_tile - 1)) == 0;
-  if (!bwd_pack_tiled(head_dim, matrix_n) || !powers) return 1;
+  if (!bwd_pack_tiled(head_dim, matrix_n) || !power_of_two(key_tile) || !power_of_two(row_tile))
+    return 1;
   return key_tile > row_tile ? key_tile : row_tile;
+}
+
+// Where the forward's packed K/V copy starts, in bytes, for the register forward (REGISTERS)
+// reading it tile by tile (matrix_n 8: the 8-wide engines and their emulation): at a multiple
+// of a block's bytes (K and V^T of block_n keys, 16-bit) where that is a power of two, so
+// that every block does, as its OR-addressed tiles need (forward/registers_kernel.hpp). 1
+// otherwise.
+constexpr int64_t fwd_pack_alignment(int head_dim, int head_dim_v, int block_n, int matrix_n,
+                                     bool registers) {
+  const int64_t block = int64_t{2} * block_n * (head_dim + head_dim_v);
+  return registers && matrix_n != 16 && power_of_two(block) ? block : 1;
 }
 
 // First block of a sequence preceded by `rows_before` rows in `sequence` sequences.

@@ -53,10 +53,9 @@ int64_t packed_bwd_bytes(const AttentionDims& dims, const BwdPacks& packs,
   const int row_tiles = variant.dkdv_registers ? 6 : 4;
   const int64_t align = bwd_pack_start_alignment(variant);
   const int64_t row_tile = align > 1 ? variant.block_m * d : 1;  // elements
-  const int64_t keys = ceil_div(static_cast<int64_t>(dims.heads_kv()) * packs.keys.blocks *
-                                    key_tiles * variant.block_n * d,
-                                row_tile) *
-                       row_tile;
+  const int64_t keys = round_up_to(
+      static_cast<int64_t>(dims.heads_kv()) * packs.keys.blocks * key_tiles * variant.block_n * d,
+      row_tile);
   const int64_t rows = static_cast<int64_t>(dims.heads_q) * packs.rows.blocks * row_tiles *
                        variant.block_m * d;
   return element * (keys + rows) + align - 1;
@@ -166,8 +165,8 @@ void flash_bwd(const BwdTensors& t, const AttentionOptions& options,
       throw std::invalid_argument("ipex_flash: flash_bwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (bwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + t.scratch.dtype);
-    const auto align = static_cast<std::uintptr_t>(bwd_pack_start_alignment(variant));
-    params.packed = reinterpret_cast<void*>((t.scratch.data + align - 1) / align * align);
+    params.packed = reinterpret_cast<void*>(
+        round_up_to(static_cast<int64_t>(t.scratch.data), bwd_pack_start_alignment(variant)));
     params.key_pack = packs.keys;
     params.row_pack = packs.rows;
     if (packs.keys.blocks > 0)

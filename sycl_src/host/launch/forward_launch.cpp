@@ -14,6 +14,7 @@
 #include "host/runtime/matrix_layout_probe.hpp"
 #include "host/variants/forward_variant.hpp"
 #include "device/forward/params.hpp"
+#include "device/matrix/pack_rows.hpp"
 
 namespace ipex_flash {
 namespace {
@@ -25,14 +26,10 @@ int64_t pack_block_bytes(const KernelVariant& variant) {
          2;
 }
 
-// Where the packed K/V copy starts: for the register forward that reads it tile by tile (the
-// 8-wide engines and their emulation), at a multiple of a block's bytes where that is a power
-// of two, so that every block does, as its tile addresses need (forward/registers_kernel.hpp,
-// OR_OFFSETS); anywhere (1) otherwise.
+// Where the packed K/V copy starts (fwd_pack_alignment, matrix/pack_rows.hpp).
 int64_t pack_alignment(const KernelVariant& variant) {
-  if (!variant.matrix_registers || variant.matrix_n == 16) return 1;
-  const int64_t block = pack_block_bytes(variant);
-  return (block & (block - 1)) == 0 ? block : 1;
+  return fwd_pack_alignment(variant.head_dim, variant.value_head_dim(), variant.block_n,
+                            variant.matrix_n, variant.matrix_registers);
 }
 
 // Bytes of the scratch the packed K/V copy takes laid out as `pack`: every block, and room to
@@ -99,9 +96,8 @@ void flash_fwd(const TensorView& q, const TensorView& k, const TensorView& v,
       throw std::invalid_argument("ipex_flash: flash_fwd scratch must be a uint8 tensor of at least " +
                                   std::to_string(needed) + " bytes (fwd_scratch_bytes), got " +
                                   std::to_string(given) + " " + scratch.dtype);
-    const std::uintptr_t start = scratch.data;
-    const auto align = static_cast<std::uintptr_t>(pack_alignment(variant));
-    params.kv_packed = reinterpret_cast<void*>((start + align - 1) / align * align);
+    params.kv_packed = reinterpret_cast<void*>(
+        round_up_to(static_cast<int64_t>(scratch.data), pack_alignment(variant)));
     if (params.kv_pack.blocks > 0)  // none: no sequence has a key to read
       submit_kernel(queue, kernels[1], params,
                     block_range(c.dims.heads_kv(), params.kv_pack.blocks, variant.block_n),
