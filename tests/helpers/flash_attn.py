@@ -43,10 +43,12 @@ def pack(tensors_per_seq):
     return torch.cat(tensors_per_seq), cu, max(lengths)
 
 
-def check_gradients_match_reference(dtype, causal, window, softcap, alibi, head_dim=64):
+def check_gradients_match_reference(dtype, causal, window, softcap, alibi, head_dim=64,
+                                    lengths=(70, 90)):
     """flash_attn_func's dq, dk, dv against float64 autograd through the reference, within
-    the dtype's tolerance relative to each gradient's largest element."""
-    q, k, v = random_bnhd(2, 70, 90, 4, 2, head_dim, dtype)
+    the dtype's tolerance relative to each gradient's largest element; lengths: (queries,
+    keys)."""
+    q, k, v = random_bnhd(2, *lengths, 4, 2, head_dim, dtype)
     slopes = torch.rand(4) * 0.3 if alibi else None
     grad_out = torch.randn(q.shape, dtype=dtype)
     a, b, c = (t.clone().requires_grad_() for t in (q, k, v))

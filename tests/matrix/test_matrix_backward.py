@@ -49,11 +49,11 @@ def matrix_backward(monkeypatch):
         # (dK/dV in two passes over the rows past 64), as PVC, BMG and Lunar Lake run them;
         # emulate8: both up to 128 too, as DG2 and Arrow Lake-H run them (dQ with two or more
         # sub-groups per rows from 32, dK/dV in two passes from 48), but dK/dV staged through
-        # SLM with softcap beside ALiBi or a mask.
+        # SLM with softcap beside a float mask past 64.
         padded = plan["variant"].head_dim
-        softcap_scored = features & 1 and features & (2 | 4 | 8)
+        softcap_wide_float = features & 1 and features & 8 and padded > 64
         dq_registers = padded <= 128
-        dkdv_registers = dq_registers and (mode == "emulate" or not softcap_scored)
+        dkdv_registers = dq_registers and (mode == "emulate" or not softcap_wide_float)
         assert plan["header"] == ("programs/flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "programs/flash_bwd_dq_registers.hpp" if dq_registers
                                   else "programs/flash_bwd_matrix.hpp"), plan
@@ -229,15 +229,15 @@ def test_differs_from_vector_kernel(matrix_backward, mode, monkeypatch):
 # The 8-wide register kernels (DG2, Arrow Lake-H). dQ: one sub-group per rows at d = 16, two
 # from 32, each with its share of dQ^T. dK/dV: both accumulators resident in one walk over the
 # rows at d = 16, one at a time in two walks at 32, and two sub-groups per keys, each with its
-# share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap alone too;
-# softcap with ALiBi or a mask keeps the SLM-staged dK/dV beside the register dQ.
+# share of dK^T and dV^T, from 40 (which pads to 48: three tiles a share). Softcap alone and
+# beside ALiBi or a mask too (the SLM-staged dK/dV is left to softcap with a float mask past 64).
 # Default tier: d = 40 (two sub-groups for dQ and for dK/dV); the long tier 16 and 32.
 @pytest.mark.parametrize("head_dim", tiered([16, 32, 40], [40]))
 def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
     matrix_backward("emulate8", torch.bfloat16, head_dim, 2)
     shares = {16: (1, 1), 32: (2, 1), 40: (2, 2)}[head_dim]  # (dQ's, dK/dV's)
-    for features, registers in ((0, True), (4, True), (8, True), (1, True), (1 | 2, False),
-                                (1 | 4, False)):
+    for features, registers in ((0, True), (4, True), (8, True), (1, True), (1 | 2, True),
+                                (1 | 4, True), (1 | 8, True)):
         plan = C.plan("backward", "", "bfloat16", head_dim, features, 1, "emulate8")
         assert plan["variant"].matrix_registers, (features, plan)
         assert plan["variant"].dkdv_registers == registers, (features, plan)
@@ -257,6 +257,26 @@ def test_eight_wide_backward_in_registers(matrix_backward, head_dim):
                         torch.bfloat16)
     check_gradients_match_reference(torch.bfloat16, True, (20, -1), 0.0, True, head_dim)
     check_gradients_match_reference(torch.bfloat16, True, (20, -1), 2.5, False, head_dim)
+
+
+# The 8-wide register dK/dV runs the query blocks that see its whole key block in a lean loop,
+# without the block mask's code, with score changes but a float mask past d = 64
+# (score/block_mask.hpp, split_blocks): without causal, 150 queries give each key block two
+# such blocks of 64 rows, and 70 one, before a partial one. The long tier adds d = 128 (two
+# walks over the rows; a build of minutes each) and the float mask.
+@pytest.mark.parametrize("head_dim,change", tiered(
+    [(64, "softcap"), (64, "alibi"), (64, "softcap+alibi"), (64, "bool"), (64, "float32"),
+     (128, "softcap"), (128, "alibi"), (128, "softcap+alibi"), (128, "bool")],
+    [(64, "softcap"), (64, "alibi"), (64, "softcap+alibi"), (64, "bool")], multi=True))
+def test_eight_wide_dkdv_lean_blocks_with_score_changes(matrix_backward, head_dim, change):
+    features = {"softcap": 1, "alibi": 2, "softcap+alibi": 3, "bool": 4, "float32": 8}[change]
+    matrix_backward("emulate8", torch.bfloat16, head_dim, features)
+    if change in ("bool", "float32"):
+        check_masked_gradients(torch.bfloat16, change, False, head_dim)
+    else:
+        check_gradients_match_reference(torch.bfloat16, False, (-1, -1),
+                                        2.5 if features & 1 else 0.0, features & 2 != 0,
+                                        head_dim, lengths=(150, 90))
 
 
 # Past d = 64 on the 8-wide engines each sub-group holds at most four 8-row tiles of dQ^T, dK^T

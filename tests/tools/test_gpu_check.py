@@ -240,6 +240,21 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(loop_per_dpas=24.8, **dkdv_eight_wide)) == []
     assert kernel_violations(report(loop_per_dpas=25.5, **dkdv_eight_wide)) == [
         "main loop issues 25.5 instructions per DPAS (at most 25.0)"]
+    # With one score change its blocks split (lean loop): a limit of their own; a float mask
+    # past d = 64 keeps one loop, and so does every change together, not held to one.
+    for features, head_dim in ((1, 64), (2, 64), (4, 64), (8, 64), (1, 128), (2, 128), (4, 128)):
+        changed = {**dkdv_eight_wide, "features": features, "head_dim": head_dim}
+        assert kernel_violations(report(loop_per_dpas=39.5, **changed)) == []
+        assert kernel_violations(report(loop_per_dpas=40.5, **changed)) == [
+            "main loop issues 40.5 instructions per DPAS (at most 40.0)"]
+    for features, head_dim in ((6, 64), (7, 64), (7, 128), (3, 128)):
+        changes = {**dkdv_eight_wide, "features": features, "head_dim": head_dim}
+        assert kernel_violations(report(loop_per_dpas=59.5, **changes)) == []
+        assert kernel_violations(report(loop_per_dpas=60.5, **changes)) == [
+            "main loop issues 60.5 instructions per DPAS (at most 60.0)"]
+    for features, head_dim in ((8, 128), (9, 128), (10, 128), (64, 64)):
+        one_loop = {**dkdv_eight_wide, "features": features, "head_dim": head_dim}
+        assert kernel_violations(report(loop_per_dpas=77.0, **one_loop)) == []
     assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []
     assert kernel_violations(report(large_grf=True)) == [
         "large register file asked for, 128 registers given"]
@@ -268,15 +283,22 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(target="dg2", **forward)) == ["spills 160 bytes"]
     assert kernel_violations(report(target="mtl", **{**forward, "features": 5})) == [
         "spills 160 bytes"]
-    # The third: the 8-wide register dK/dV with a score change, up to d = 128 and 160 bytes.
+    # The third: the 8-wide register dK/dV with a score change, up to d = 128: 160 bytes, or
+    # 1024 with none of it in the lean loop or the costliest edge loop.
     dkdv_mask = dict(family="backward", head_dim=64, features=8, spill=64,
                      kernel="ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>")
     assert kernel_violations(report(target="dg2", **dkdv_mask)) == []
     assert kernel_violations(report(target="arl-h", **{**dkdv_mask, "features": 32})) == []
     assert kernel_violations(report(target="dg2", **{**dkdv_mask, "head_dim": 128,
-                                                     "features": 1, "spill": 160})) == []
-    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 192})) == [
-        "spills 192 bytes"]
+                                                     "features": 1, "spill": 160,
+                                                     "loop_spills": 2})) == []
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 960})) == []
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 192,
+                                                     "loop_spills": 1})) == ["spills 192 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 192,
+                                                     "edge_spills": 17})) == ["spills 192 bytes"]
+    assert kernel_violations(report(target="dg2", **{**dkdv_mask, "spill": 1088})) == [
+        "spills 1088 bytes"]
     assert kernel_violations(report(target="dg2", **{**dkdv_mask, "features": 0})) == [
         "spills 64 bytes"]
     assert kernel_violations(report(target="bmg", **dkdv_mask)) == ["spills 64 bytes"]

@@ -65,9 +65,12 @@ KNOWN_REASONS = [
      ["ALiBi or a mask at value head dim 112: " + ON_8_WIDE + "forward needs O split into 2-4 "
       "whole-tile shares of 16-40 columns"]),
     (("forward", "dg2", "bfloat16", 64, SOFTCAP, 1, "auto", 0), []),  # (softcap alone: kept)
-    (("backward", "dg2", "bfloat16", 64, SOFTCAP | MASK_BOOL, 1, "auto", 0),
-     ["softcap with ALiBi or a mask: " + ON_8_WIDE + "dK/dV would spill the 128 registers "
-      "(docs/gpus.md); dK/dV staged through SLM, dQ in registers"]),
+    (("backward", "dg2", "bfloat16", 64, SOFTCAP | MASK_BOOL, 1, "auto", 0), []),
+    (("backward", "dg2", "bfloat16", 128, SOFTCAP | ALIBI | MASK_BOOL, 1, "auto", 0), []),
+    (("backward", "dg2", "bfloat16", 64, SOFTCAP | MASK_F32, 1, "auto", 0), []),
+    (("backward", "dg2", "bfloat16", 128, SOFTCAP | MASK_F32, 1, "auto", 0),
+     ["softcap with a float mask at head dim 128 > 64: " + ON_8_WIDE + "dK/dV keeps one loop "
+      "there and would spill in it (docs/gpus.md); dK/dV staged through SLM, dQ in registers"]),
     # The decode kernel's matrix scores.
     (("decode", "dg2", "bfloat16", 128, 0, 4, "auto", 0),
      ["8-wide matrix engine: the decode kernel's matrix scores need tiles 16 wide, its "
@@ -165,13 +168,14 @@ def test_cli_says_why_float32_runs_on_the_vector_units(capsys):
 
 
 def test_cli_options_reach_the_policy(capsys):
-    """--softcap --alibi on DG2's 8-wide engine: dQ in registers, the SLM-staged dK/dV, and why;
-    a decode step past what the row slices serve: the general kernel, and why."""
-    out = printed(capsys, target="dg2", direction="backward", head_dim=64, softcap=True,
-                  alibi=True, matrix="auto")
+    """--softcap --mask float32 at d = 128 on DG2's 8-wide engine: dQ in registers, the
+    SLM-staged dK/dV, and why; a decode step past what the row slices serve: the general
+    kernel, and why."""
+    out = printed(capsys, target="dg2", direction="backward", head_dim=128, softcap=True,
+                  mask="float32", matrix="auto")
     assert "dQ tiles in registers, dK/dV tiles staged through local memory" in out
     assert "program: programs/flash_bwd_dq_registers.hpp" in out
-    assert "  - softcap with ALiBi or a mask: " + ON_8_WIDE + "dK/dV would spill" in out
+    assert "  - softcap with a float mask at head dim 128 > 64: " + ON_8_WIDE + "dK/dV keeps" in out
     out = printed(capsys, direction="decode", gqa=8, new_tokens=20, kv_heads=4, matrix="auto")
     assert "kernel: general forward kernel" in out and "programs/flash_fwd_matrix_registers" in out
     assert "  - 160 query rows per K/V head (more than 16) with 20 new tokens" in out

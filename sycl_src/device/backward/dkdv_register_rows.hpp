@@ -69,9 +69,9 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
   // The query blocks that see the whole key block, run without the mask's code (run_blocks;
   // none under dropout). Computed per pass: held from the kernel's start, with the general
   // form's values, they spilled on the 8-wide engines.
-  // With score changes too (split_blocks), but on the 8-wide engines: split there, with a mask
-  // it spilled 192-992 bytes at d = 64 and 128 (DG2, Arrow Lake-H; docs/gpus.md).
-  constexpr bool SPLIT = split_blocks<FEATURES> || !Packed::TILED;
+  // With every score change too, but on the 8-wide engines, where some spilled split
+  // (split_blocks: DG2, Arrow Lake-H; docs/gpus.md).
+  constexpr bool SPLIT = split_blocks<FEATURES, HEAD_DIM> || !Packed::TILED;
   const BlockRun lean =
       SPLIT && !c.dropout.enabled
           ? kb.mask.fully_visible_row_blocks(kb.kv_begin, kb.kv_begin + BLOCK_N, kb.q_first,

@@ -19,6 +19,7 @@ constexpr int FEATURE_MASK_F16 = 16;
 constexpr int FEATURE_MASK_BF16 = 32;
 constexpr int FEATURE_ATTN_MASK =
     FEATURE_MASK_BOOL | FEATURE_MASK_F32 | FEATURE_MASK_F16 | FEATURE_MASK_BF16;
+constexpr int FEATURE_FLOAT_MASK = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;  // read in place
 // Softcap beside ALiBi or a user's mask. The kernels without a tanh form of their own take
 // sycl::tanh there, not the short form (score/softcap_alibi.hpp: beside the other score changes
 // IGC's schedule of it spilled), and on the 8-wide engines the backward stages dK/dV through SLM
@@ -28,6 +29,14 @@ constexpr int FEATURE_ATTN_MASK =
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
+}
+// ... with a float mask past head dim 64, where the 8-wide register kernels keep one loop over
+// their blocks (forward/registers_kernel.hpp, score/block_mask.hpp): there the 8-wide engines
+// keep the SLM-staged forward and dK/dV (host/variants/forward_variant.cpp,
+// backward_variant.cpp).
+constexpr bool softcap_beside_wide_float_mask(int head_dim, int features) {
+  return softcap_beside_score_changes(features) && (features & FEATURE_FLOAT_MASK) != 0 &&
+         head_dim > 64;
 }
 // An FP8 KV cache (common/kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
 constexpr int FEATURE_KV_E4M3 = 64;

@@ -89,7 +89,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // edge loops, or in 2-D blocks, the kernel spilled 4-9 KB (BMG, PVC; gpu-check), so there it
   // keeps one loop over blocks read tile by tile, as before the split.
   constexpr bool FLOAT_MASK_WIDE =
-      WIDEST > 64 && (FEATURES & FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL) != 0;
+      WIDEST > 64 && (FEATURES & FEATURE_FLOAT_MASK) != 0;
   constexpr bool WIDE = !TILED && !FLOAT_MASK_WIDE;
   // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
   // in the scale's multiply. Beside a float mask past d = 64 (one loop) the library's, as
@@ -136,9 +136,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // exponent 0, as zero does, and a hidden one -inf. Up to d = 64: past it the kernel spilled
   // 1.4-1.5 KB in its edge loops (BMG, PVC; gpu-check).
   constexpr bool SCALE_IN_EXP =
-      WIDEST <= 64 &&
-      (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | (FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL))) ==
-          0;
+      WIDEST <= 64 && (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_FLOAT_MASK)) == 0;
   const float score_scale =
       SCALE_IN_EXP ? sycl::fmax(sycl::fabs(scale), std::numeric_limits<float>::min()) : scale;
   const uint32_t q_flip = SCALE_IN_EXP && scale < 0.f ? 0x80008000u : 0u;

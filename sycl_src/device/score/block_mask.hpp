@@ -196,14 +196,16 @@ __attribute__((always_inline)) inline void run_blocks(int64_t first, int64_t end
   for (; start < end; start += step) block(std::true_type{}, start);
 }
 
-// Whether the 8-wide register dK/dV of FEATURES splits its blocks so (run_blocks): not with
-// score changes (softcap, ALiBi, a user's mask), where split it spilled 192-992 bytes on DG2
-// (docs/gpu_loop_costs.md). The 16-wide register kernels split with every score change, the
-// forward since softcap's fused tanh and the mask's bits made its blocks' code short enough
-// (docs/gpus.md).
-template <int FEATURES>
+// Whether the 8-wide register dK/dV of FEATURES and HEAD_DIM splits its blocks so
+// (run_blocks): with every score change but a float mask past d = 64, where split it spilled
+// in its lean loop (DG2, d = 128). Split, the lean loop issues under half of the one loop's
+// instructions per DPAS, and the kernels that spill hold fewer of their spills in their loops
+// (DG2, Arrow Lake-H: docs/gpu_loop_costs.md). The 16-wide register kernels split with every
+// score change, the forward since softcap's fused tanh and the mask's bits made its blocks'
+// code short enough.
+template <int FEATURES, int HEAD_DIM>
 constexpr bool split_blocks =
-    (FEATURES & (FEATURE_SOFTCAP | FEATURE_ALIBI | FEATURE_ATTN_MASK)) == 0;
+    !(HEAD_DIM > 64 && (FEATURES & FEATURE_FLOAT_MASK) != 0);
 
 // The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
 // register forward's and dQ's walk: the fully visible ones in the lean loop, unless SPLIT is

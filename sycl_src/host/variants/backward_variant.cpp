@@ -82,19 +82,23 @@ KernelVariant bwd_variant(const std::string& dtype, int head_dim, int features,
   // past d = 64 that kernel holds one at a time, walking the query rows twice
   // (backward/dkdv_registers_kernel.hpp), as it does past d = 32 on the 8-wide engines, up to
   // 128 with its own sub-groups. The register kernels take softcap's short tanh with every score
-  // change (backward/score_grads.hpp). On the 8-wide engines softcap with ALiBi or a mask keeps
-  // the SLM-staged dK/dV: in registers it spilled 0.7-2.3 KB there, in two passes or one, split
-  // into lean and general loops or not, and 640-800 bytes with a bool mask read as bits
-  // (gpu-check; docs/gpus.md). The register dQ reads either
-  // layout of the packs; the SLM-staged dQ only its own, so never beside the register dK/dV.
+  // change (backward/score_grads.hpp). On the 8-wide engines softcap with a float mask past
+  // d = 64 keeps the SLM-staged dK/dV: there the register kernel keeps one loop over the query
+  // blocks (score/block_mask.hpp, split_blocks), in which it spilled (16 accesses, DG2 and Arrow
+  // Lake-H). With softcap beside ALiBi or a bool mask, and a float mask up to 64, its blocks split
+  // and its spills stay out of its loops (gpu-check; docs/gpu_loop_costs.md). The register dQ
+  // reads either layout of the packs; the SLM-staged dQ only its own, so never beside the
+  // register dK/dV.
   variant.matrix_registers = matrix_tiles_in_registers(tile, limits, variant.head_dim, 128, 128,
                                                        why, "the register backward (dQ, dK/dV)");
-  const bool dkdv_staged_8_wide = tile.n == 8 && softcap_beside_score_changes(features);
+  const bool dkdv_staged_8_wide =
+      tile.n == 8 && softcap_beside_wide_float_mask(variant.head_dim, features);
   variant.dkdv_registers = variant.matrix_registers && !dkdv_staged_8_wide;
   if (why && variant.matrix_registers && dkdv_staged_8_wide)
-    why->push_back("softcap with ALiBi or a mask: on 8-wide matrix engines the register dK/dV "
-                   "would spill the 128 registers (docs/gpus.md); dK/dV staged through SLM, "
-                   "dQ in registers");
+    why->push_back("softcap with a float mask at head dim " + std::to_string(variant.head_dim) +
+                   " > 64: on 8-wide matrix engines the register dK/dV keeps one loop there and "
+                   "would spill in it (docs/gpus.md); dK/dV staged through SLM, dQ in "
+                   "registers");
   // The products reduce over head dims, query rows and keys: 32-deep steps need all three.
   const bool deep = variant.block_m % 32 == 0 && variant.block_n % 32 == 0;
   variant.matrix_k = deep ? tile.k : std::min(tile.k, 16);

@@ -64,13 +64,9 @@ std::string pack_tile_order(const KernelVariant& variant) {
 // Softcap alone counts as no change: its fused tanh (score/softcap_alibi.hpp) needs no register
 // per score; beside ALiBi or a mask it takes their shares, without spilling (gpu-check: 24-42
 // instructions per DPAS, where the SLM-staged kernel issued 152-199), but for a float mask past
-// d = 64 (`widest`, the larger padded head dim), where the kernel keeps one loop and sycl::tanh
-// (forward/registers_kernel.hpp, FLOAT_MASK_WIDE): 171-188 per DPAS there, above the
-// SLM-staged kernel's 162-169+, and beside ALiBi it spilled 1.6 KB.
-bool softcap_beside_wide_float_mask(int widest, int features) {
-  constexpr int kFloatMasks = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;
-  return softcap_beside_score_changes(features) && (features & kFloatMasks) != 0 && widest > 64;
-}
+// d = 64 (`widest`, the larger padded head dim: softcap_beside_wide_float_mask), where the
+// kernel keeps one loop and sycl::tanh (forward/registers_kernel.hpp, FLOAT_MASK_WIDE): 171-188
+// per DPAS there, above the SLM-staged kernel's 162-169+, and beside ALiBi it spilled 1.6 KB.
 
 int eight_wide_value_split(int d_v, int widest, int features) {
   if (softcap_beside_wide_float_mask(widest, features)) return 0;
