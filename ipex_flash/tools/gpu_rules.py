@@ -193,8 +193,9 @@ def kernel_violations(r) -> list:
         elif name == _DQ_REGISTERS and r.head_dim == 128:
             limit = MAX_DQ_PER_DPAS_128
         features = r.features
-        if r.simd == 8 and name == _DKDV_REGISTERS and _dkdv_split_limit(r):
-            limit, features = _dkdv_split_limit(r), 0
+        split_limit = _dkdv_split_limit(r) if r.simd == 8 and name == _DKDV_REGISTERS else None
+        if split_limit is not None:
+            limit, features = split_limit, 0
         if (name in r.kernel and features == 0 and r.head_dim in COMMON_HEAD_DIMS
                 and r.loop_per_dpas > limit):
             found.append(f"main loop issues {r.loop_per_dpas} instructions per DPAS "

@@ -51,9 +51,9 @@ def matrix_backward(monkeypatch):
         # sub-groups per rows from 32, dK/dV in two passes from 48), but dK/dV staged through
         # SLM with softcap beside a float mask past 64.
         padded = plan["variant"].head_dim
-        softcap_wide_float = features & 1 and features & 8 and padded > 64
+        softcap_wide_float = features & 1 and features & (8 | 16 | 32) and padded > 64
         dq_registers = padded <= 128
-        dkdv_registers = dq_registers and (mode == "emulate" or not softcap_wide_float)
+        dkdv_registers = dq_registers and (mode != "emulate8" or not softcap_wide_float)
         assert plan["header"] == ("programs/flash_bwd_dkdv_registers.hpp" if dkdv_registers
                                   else "programs/flash_bwd_dq_registers.hpp" if dq_registers
                                   else "programs/flash_bwd_matrix.hpp"), plan
@@ -300,8 +300,9 @@ def test_eight_wide_backward_in_registers_past_64(matrix_backward, head_dim):
 
 
 # Softcap beside a mask (SDPA's softcap with attn_mask): dQ in registers on either engine, dK/dV in
-# registers on the 16-wide ones and staged through SLM on the 8-wide ones (where beside a mask it
-# spilled); both register kernels take the short tanh, and the blocks the causal mask leaves
+# registers too but on the 8-wide ones beside a float mask past d = 64, staged through SLM there
+# (in registers it spilled); both register kernels take the short tanh, and the blocks the causal
+# mask leaves
 # whole run in a loop of their own with the score changes but without the causal mask's code.
 # Default tier: each engine's form once per mask kind; the rest (builds of minutes each on the
 # CPU device) in the long tier.

@@ -240,9 +240,10 @@ def test_rules_flag_each_defect():
     assert kernel_violations(report(loop_per_dpas=24.8, **dkdv_eight_wide)) == []
     assert kernel_violations(report(loop_per_dpas=25.5, **dkdv_eight_wide)) == [
         "main loop issues 25.5 instructions per DPAS (at most 25.0)"]
-    # With one score change its blocks split (lean loop): a limit of their own; a float mask
-    # past d = 64 keeps one loop, and so does every change together, not held to one.
-    for features, head_dim in ((1, 64), (2, 64), (4, 64), (8, 64), (1, 128), (2, 128), (4, 128)):
+    # With score changes its blocks split (lean loop): limits of their own, for one change and
+    # for several; a float mask (of any dtype) past d = 64 keeps one loop, not held to one.
+    for features, head_dim in ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64), (1, 128),
+                               (2, 128), (4, 128)):
         changed = {**dkdv_eight_wide, "features": features, "head_dim": head_dim}
         assert kernel_violations(report(loop_per_dpas=39.5, **changed)) == []
         assert kernel_violations(report(loop_per_dpas=40.5, **changed)) == [
@@ -252,7 +253,8 @@ def test_rules_flag_each_defect():
         assert kernel_violations(report(loop_per_dpas=59.5, **changes)) == []
         assert kernel_violations(report(loop_per_dpas=60.5, **changes)) == [
             "main loop issues 60.5 instructions per DPAS (at most 60.0)"]
-    for features, head_dim in ((8, 128), (9, 128), (10, 128), (64, 64)):
+    for features, head_dim in ((8, 128), (9, 128), (10, 128), (16, 128), (32 | 2, 128),
+                               (64, 64)):
         one_loop = {**dkdv_eight_wide, "features": features, "head_dim": head_dim}
         assert kernel_violations(report(loop_per_dpas=77.0, **one_loop)) == []
     assert kernel_violations(report(matrix=True, kernel="ipex_flash::flash_fwd_pack_kv_kernel<>")) == []

@@ -85,8 +85,8 @@ __attribute__((always_inline)) inline void dkdv_register_rows(sycl::sub_group sg
     // One query block, in either form of run_blocks (score/block_mask.hpp): GENERAL for the
     // blocks the mask cuts through and every block under dropout, the lean form for the
     // others, without the mask's or dropout's code (backward/column_grads.hpp; score changes,
-    // the user's mask included, in both). On the 8-wide engines, with score changes every
-    // block takes the general form (SPLIT).
+    // the user's mask included, in both). On the 8-wide engines, beside a float mask past
+    // d = 64 every block takes the general form (SPLIT).
     const auto q_block = [&](auto general, int64_t q_begin) __attribute__((always_inline)) {
       constexpr bool GENERAL = decltype(general)::value;
       // The general form takes the lane's key and the mask's bounds through a sub-group

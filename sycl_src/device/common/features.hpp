@@ -22,9 +22,9 @@ constexpr int FEATURE_ATTN_MASK =
 constexpr int FEATURE_FLOAT_MASK = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;  // read in place
 // Softcap beside ALiBi or a user's mask. The kernels without a tanh form of their own take
 // sycl::tanh there, not the short form (score/softcap_alibi.hpp: beside the other score changes
-// IGC's schedule of it spilled), and on the 8-wide engines the backward stages dK/dV through SLM
-// (host/variants/backward_variant.cpp): host and device read this one rule, so a plan cannot
-// drift from the tanh its kernel compiles. (The register forward takes the fused tanh, on
+// IGC's schedule of it spilled), and the 8-wide engines keep their SLM-staged kernels beside a
+// float mask past d = 64 (softcap_beside_wide_float_mask): host and device read these rules, so
+// a plan cannot drift from the tanh its kernel compiles. (The register forward takes the fused tanh, on
 // every engine.)
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
