@@ -237,9 +237,9 @@ def test_rules_flag_each_defect():
         "main loop issues 22.5 instructions per DPAS (at most 22.0)"]
     dkdv_eight_wide = {**dq_eight_wide,
                        "kernel": "ipex_flash::flash_bwd_dkdv_matrix_registers_kernel<...>"}
-    assert kernel_violations(report(loop_per_dpas=24.8, **dkdv_eight_wide)) == []
-    assert kernel_violations(report(loop_per_dpas=25.5, **dkdv_eight_wide)) == [
-        "main loop issues 25.5 instructions per DPAS (at most 25.0)"]
+    assert kernel_violations(report(loop_per_dpas=26.8, **dkdv_eight_wide)) == []
+    assert kernel_violations(report(loop_per_dpas=27.5, **dkdv_eight_wide)) == [
+        "main loop issues 27.5 instructions per DPAS (at most 27.0)"]
     # With score changes its blocks split (lean loop): limits of their own, for one change and
     # for several; a float mask (of any dtype) past d = 64 keeps one loop, not held to one.
     for features, head_dim in ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64), (1, 128),
