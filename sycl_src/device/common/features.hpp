@@ -24,8 +24,8 @@ constexpr int FEATURE_FLOAT_MASK = FEATURE_ATTN_MASK & ~FEATURE_MASK_BOOL;  // r
 // sycl::tanh there, not the short form (score/softcap_alibi.hpp: beside the other score changes
 // IGC's schedule of it spilled), and the 8-wide engines keep their SLM-staged kernels beside a
 // float mask past d = 64 (softcap_beside_wide_float_mask): host and device read these rules, so
-// a plan cannot drift from the tanh its kernel compiles. (The register forward takes the fused tanh, on
-// every engine.)
+// a plan cannot drift from the tanh its kernel compiles. (The register forward takes the fused
+// tanh, on every engine.)
 constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
