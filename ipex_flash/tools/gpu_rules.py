@@ -193,12 +193,11 @@ def kernel_violations(r) -> list:
             limit = MAX_FORWARD_PER_DPAS_128
         elif name == _DQ_REGISTERS and r.head_dim == 128:
             limit = MAX_DQ_PER_DPAS_128
-        features = r.features
         split_limit = _dkdv_split_limit(r) if r.simd == 8 and name == _DKDV_REGISTERS else None
         if split_limit is not None:
-            limit, features = split_limit, 0
-        if (name in r.kernel and features == 0 and r.head_dim in COMMON_HEAD_DIMS
-                and r.loop_per_dpas > limit):
+            limit = split_limit
+        if (name in r.kernel and (r.features == 0 or split_limit is not None)
+                and r.head_dim in COMMON_HEAD_DIMS and r.loop_per_dpas > limit):
             found.append(f"main loop issues {r.loop_per_dpas} instructions per DPAS "
                          f"(at most {limit})")
     if r.large_grf and main_kernel and r.grf != 256:

@@ -57,10 +57,10 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   // The 8-wide engines (128 registers of 32 bytes; a share of dQ^T takes at most 32) take the
   // same short slabs at every head dim.
   // On the 8-wide engines a tile's address is its surface's start OR its offset where the pack's
-  // tiles are powers of two (bwd_pack_alignment): 0.5-2.3 instructions per DPAS fewer on DG2 and
-  // Arrow Lake-H (gpu-check).
-  constexpr bool OR_OFFSETS = bwd_pack_alignment(HEAD_DIM, R, BLOCK_M, BLOCK_N) > 1;
-  using Surface = PackedSurface<T, M, K, R, OR_OFFSETS>;
+  // tiles are powers of two (Packed::OR_ADDRESSED): 0.5-2.3 instructions per DPAS fewer on DG2
+  // and Arrow Lake-H (gpu-check).
+  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT, M, K, R>;
+  using Surface = PackedSurface<T, M, K, R, Packed::OR_ADDRESSED>;
   constexpr bool TILED = Surface::Order::TILED;
   constexpr int SLAB = HEAD_DIM > 64 || TILED ? (2 * M > K ? 2 * M : K)
                        : BLOCK_N % 32 == 0  ? 32
@@ -90,7 +90,6 @@ void flash_bwd_dq_matrix_registers_kernel(BwdParams p) {
   const SeqInfo& seq = block.seq;
   const int64_t q_begin = block.begin, q_end = block.end;
   const int64_t row = q_begin + lid;
-  using Packed = PackedBwdFor<T, HEAD_DIM, BLOCK_M, BLOCK_N, REGISTER_LAYOUT, M, K, R>;
   static_assert(Packed::TILED == TILED, "the pack is in the order its tiles are read");
   const typename Packed::Rows rows = Packed::rows(p, block.batch, block.head, q_begin / BLOCK_M);
   // The sub-group's columns of Q^T and dO^T (B operands), rows LDB words apart.

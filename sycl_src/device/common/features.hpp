@@ -30,13 +30,16 @@ constexpr bool softcap_beside_score_changes(int features) {
   return (features & FEATURE_SOFTCAP) != 0 &&
          (features & (FEATURE_ALIBI | FEATURE_ATTN_MASK)) != 0;
 }
-// ... with a float mask past head dim 64, where the 8-wide register kernels keep one loop over
-// their blocks (forward/registers_kernel.hpp, score/block_mask.hpp): there the 8-wide engines
-// keep the SLM-staged forward and dK/dV (host/variants/forward_variant.cpp,
-// backward_variant.cpp).
+// A float mask past head dim 64, read in place: there the register forward (every engine) and
+// the 8-wide register dK/dV keep one loop over their blocks, where split they spilled
+// (forward/registers_kernel.hpp, score/block_mask.hpp).
+constexpr bool wide_float_mask(int head_dim, int features) {
+  return head_dim > 64 && (features & FEATURE_FLOAT_MASK) != 0;
+}
+// Softcap beside it: there the 8-wide engines keep the SLM-staged forward and dK/dV
+// (host/variants/forward_variant.cpp, backward_variant.cpp).
 constexpr bool softcap_beside_wide_float_mask(int head_dim, int features) {
-  return softcap_beside_score_changes(features) && (features & FEATURE_FLOAT_MASK) != 0 &&
-         head_dim > 64;
+  return softcap_beside_score_changes(features) && wide_float_mask(head_dim, features);
 }
 // An FP8 KV cache (common/kv_quant.hpp): K and V in float8_e4m3fn or float8_e5m2, q and out in T.
 constexpr int FEATURE_KV_E4M3 = 64;

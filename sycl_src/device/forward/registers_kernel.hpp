@@ -88,8 +88,7 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // A float mask past d = 64 is read in place beside O^T's 128 registers: split into lean and
   // edge loops, or in 2-D blocks, the kernel spilled 4-9 KB (BMG, PVC; gpu-check), so there it
   // keeps one loop over blocks read tile by tile, as before the split.
-  constexpr bool FLOAT_MASK_WIDE =
-      WIDEST > 64 && (FEATURES & FEATURE_FLOAT_MASK) != 0;
+  constexpr bool FLOAT_MASK_WIDE = wide_float_mask(WIDEST, FEATURES);
   constexpr bool WIDE = !TILED && !FLOAT_MASK_WIDE;
   // Softcap's tanh is the fused form (score/softcap_alibi.hpp): its input's 2 log2(e) rides
   // in the scale's multiply. Beside a float mask past d = 64 (one loop) the library's, as

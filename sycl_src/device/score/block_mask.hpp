@@ -204,8 +204,7 @@ __attribute__((always_inline)) inline void run_blocks(int64_t first, int64_t end
 // score change, the forward since softcap's fused tanh and the mask's bits made its blocks'
 // code short enough.
 template <int FEATURES, int HEAD_DIM>
-constexpr bool split_blocks =
-    !(HEAD_DIM > 64 && (FEATURES & FEATURE_FLOAT_MASK) != 0);
+constexpr bool split_blocks = !wide_float_mask(HEAD_DIM, FEATURES);
 
 // The key blocks [first, end) of query rows [row_begin, row_end) through run_blocks, the
 // register forward's and dQ's walk: the fully visible ones in the lean loop, unless SPLIT is
