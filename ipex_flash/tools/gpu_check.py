@@ -51,7 +51,11 @@ class KernelReport(gpu_grid.Selection):
     # loop_per_dpas_edge: their general loop's, which runs the blocks the mask cuts through
     # and every block under dropout (0: the kernel has one loop over blocks, the mask's code
     # in it). loop_nested > 0: loops inside the main loop, counted once (a lower bound).
+    # A block whose max does not rise skips O's rescale (the register forward's): the figure
+    # leaves that branch out, as the yardstick's fully visible block leaves out the branches it
+    # does not take; loop_rescale_per_dpas is the branch's own, paid by blocks that take it.
     loop_per_dpas: float = 0.0
+    loop_rescale_per_dpas: float = 0.0
     loop_per_dpas_edge: float = 0.0
     loop_nested: int = 0
     loop_block_loads: int = 0   # 2-D block loads in that loop, and prefetches
@@ -120,6 +124,8 @@ def kernel_reports(programs: list, native: dict) -> list:
                 report.loop_dpas_share = figures["loop_dpas"] / max(figures["loop_instructions"], 1)
                 if figures["loop_dpas"]:
                     report.loop_per_dpas = round(figures["loop_issued"] / figures["loop_dpas"], 2)
+                    report.loop_rescale_per_dpas = round(
+                        figures["loop_rescale"] / figures["loop_dpas"], 2)
                     report.loop_nested = figures["loop_nested"]
                     report.loop_block_loads = figures["loop_block_loads"]
                     report.loop_prefetches = figures["loop_prefetches"]

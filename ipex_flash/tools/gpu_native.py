@@ -57,6 +57,28 @@ _LABEL = re.compile(r"L(\d+):$")
 _BRANCH = re.compile(r"(\(\S+\)\s+)?(jmpi|goto|while|brc|brd)\b.*?\bL(\d+)\b")
 _DPAS = re.compile(r"(\(\S+\)\s+)?dpasw?\b")
 _PREDICATE = re.compile(r"^\(\S+\)\s+")
+_SOURCE = re.compile(r"\b(r\d+)\.\d+<")  # a source operand's register (regioned: <...>)
+
+
+def _rescale_branches(ops: list, factors: list, forward: list, labels: dict, loop) -> list:
+    """The spans of `loop` that only a block whose max rose runs: O's rescale, a forward branch
+    over multiplies that share one source register (the rows' factor; IGC moves some products
+    through the accumulator registers, so moves may come between them) and nothing else. The
+    register forward keeps its rescale so (forward/registers_kernel.hpp): a block that does not
+    raise a row's max past its threshold skips it, the first block of a row and seldom any
+    other takes it."""
+    found = []
+    for at, label in forward:
+        end = labels.get(label, -1)
+        if not loop[0] <= at < end <= loop[1]:
+            continue
+        skipped = [i for i in range(at + 1, end) if not ops[i].startswith("sync.")]
+        muls = [i for i in skipped if ops[i] == "mul"]
+        if (len(muls) >= 8 and 4 * len(muls) >= 3 * len(skipped)
+                and all(ops[i] in ("mul", "mov") for i in skipped)
+                and set.intersection(*(factors[i] for i in muls))):
+            found.append((at + 1, end))
+    return found
 
 
 def _asm_counts(asm: Path) -> dict:
@@ -74,7 +96,8 @@ def _asm_counts(asm: Path) -> dict:
     rows), the fewest instructions per DPAS among equals; in a kernel without the split, its
     loop over blocks holding the most DPAS so. The edge loop is the costliest general loop
     (none without the split). loop_issued leaves out sync.* (scoreboard waits,
-    which take no issue slot); loop_nested counts the loops inside the main loop, whose bodies
+    which take no issue slot) and O's rescale where a branch skips it (_rescale_branches: what
+    a block issues whose max does not rise), loop_rescale counts that branch; loop_nested counts the loops inside the main loop, whose bodies
     run more than once per block (the static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
     load that writes no register); loop_spills its spill and fill accesses (scratch space
@@ -83,6 +106,7 @@ def _asm_counts(asm: Path) -> dict:
     kernel's loop over key blocks (below; in its register form, which splits its blocks as the
     forward does, the lean loop)."""
     labels, ops, block2d, scratch, spans = {}, [], [], [], set()
+    factors, forward = [], []  # a mul's source registers; (branch, label) of forward branches
     for line in asm.read_text(errors="replace").splitlines():
         stripped = line.strip()
         label = _LABEL.match(stripped)
@@ -94,7 +118,11 @@ def _asm_counts(asm: Path) -> dict:
         branch = _BRANCH.match(stripped)
         if branch and branch.group(3) in labels:  # a label already seen: a backward branch
             spans.add((labels[branch.group(3)], len(ops) + 1))
+        elif branch:
+            forward.append((len(ops), branch.group(3)))
         opcode = _PREDICATE.sub("", stripped).split(" ", 1)[0]
+        sources = _PREDICATE.sub("", stripped).split()[3:5]  # past opcode, size, destination
+        factors.append(set(_SOURCE.findall(" ".join(sources))) if opcode == "mul" else set())
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
         block2d.append("" if "load_block2d" not in stripped else
                        "prefetch" if "rd:0;" in stripped else "load")
@@ -143,6 +171,8 @@ def _asm_counts(asm: Path) -> dict:
     main = max(leans, key=lambda loop: (dpas_in(loop), -per_dpas(loop)), default=(0, 0))
     edge = max(generals, key=per_dpas, default=(0, 0))
     body = ops[main[0]:main[1]]
+    rescale = sum(issued(skipped) for skipped in
+                  _rescale_branches(ops, factors, forward, labels, main))
     # The decode kernel's loop over key blocks (gpu_bandwidth.py): of the outermost loops, the
     # one with the most DPAS, then one with loops inside it (it always holds the loop over the
     # work-group's K/V heads, whose count is known at run time only; the new tokens' append
@@ -157,7 +187,8 @@ def _asm_counts(asm: Path) -> dict:
         heaviest = main  # blocks (a window's, the partial last) run its lean loop
     return {"dpas": ops.count("dpas"), "instructions": len(ops), "loop_dpas": body.count("dpas"),
             "loop_instructions": len(body),
-            "loop_issued": issued(main),
+            "loop_issued": issued(main) - rescale,
+            "loop_rescale": rescale,
             "loop_nested": nested(main),
             "loop_block_loads": block2d[main[0]:main[1]].count("load"),
             "loop_prefetches": block2d[main[0]:main[1]].count("prefetch"),
@@ -189,7 +220,7 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
         asm = dump / f".text.{name}.asm"
         counts = _asm_counts(asm) if asm.exists() else {
             "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0,
-            "loop_issued": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0,
+            "loop_issued": 0, "loop_rescale": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0,
             "edge_dpas": 0, "edge_issued": 0, "block_issued": 0, "block_nested": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),

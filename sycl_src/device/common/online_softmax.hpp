@@ -25,6 +25,24 @@ struct OnlineSoftmaxRow {
     return rescale;
   }
 
+  // FlashAttention-4's lazy rescale: raises the running max only where `block_max` passes it by
+  // more than `threshold` (log2 units), else returns 1 and keeps it, so that a block whose max
+  // rises a little leaves what was accumulated as it is. The max is then a reference at most
+  // `threshold` below the true one: probabilities against it reach 2^threshold, not 1, and
+  // the row sum, the output's normalisation and the log-sum-exp all use the same reference, so
+  // the result is the same sum in exact arithmetic; only its rounding differs (a 16-bit P keeps
+  // its relative precision at any magnitude, and 2^8 is far inside float16's range).
+  // Selects, not a branch: each lane decides alone, and IGC made the branch divergent control
+  // flow that copied the scores' registers (64 more moves a block on BMG at d = 64).
+  inline float raise_max_past(float block_max, float threshold) {
+    const bool raise = block_max > row_max + threshold;
+    const float new_max = raise ? block_max : row_max;
+    const float rescale = raise ? sycl::exp2(row_max - exp_base(new_max)) : 1.f;
+    row_sum *= rescale;
+    row_max = new_max;
+    return rescale;
+  }
+
   // exp2(score - max) of a score already covered by raise_max; the caller adds it to row_sum.
   inline float probability(float score) const { return sycl::exp2(score - exp_base(row_max)); }
 

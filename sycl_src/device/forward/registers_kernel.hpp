@@ -144,6 +144,9 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // shift per row and a term per key (ScoreMod::apply_left_of_diagonal); 1.4x the plain
   // loop's instructions per DPAS at d = 64 with the distance taken per element (BMG, PVC).
   constexpr bool ALIBI_LEFT = (FEATURES & FEATURE_ALIBI) != 0 && !FLOAT_MASK_WIDE;
+  // How far (log2 units) a block's max may pass the row's before O^T is rescaled to it
+  // (OnlineSoftmaxRow::raise_max_past): FlashAttention-4's 8, a factor of 256.
+  constexpr float RESCALE_THRESHOLD = 8.f;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
   load_tile_packed<BLOCK_M, HEAD_DIM, Q_GROUP>(q_words, forward_operands<T>(p, block).q,
@@ -240,8 +243,9 @@ IPEX_FLASH_TILE_LOOP
       set_chunk_of_columns<M>(sg, s, c0, scores);
     }
 
-    // Probabilities against the new max, row sum, dropout; P in the dtype.
-    const float rescale = softmax.raise_max(scored.max_score());
+    // Probabilities against the row's max, row sum, dropout; P in the dtype. The max rises
+    // lazily (RESCALE_THRESHOLD): a block whose scores pass it by less leaves O^T as it is.
+    const float rescale = softmax.raise_max_past(scored.max_score(), RESCALE_THRESHOLD);
     const float exp_base = OnlineSoftmaxRow::exp_base(softmax.row_max);
     float block_sum = 0.f;
     T probs[BLOCK_N];
@@ -269,10 +273,11 @@ IPEX_FLASH_TILE_LOOP
     }
     softmax.row_sum += block_sum;
 
-    // O^T = rescale * O^T + V^T . P^T. Tile by tile (the 8-wide engines), only where some
-    // row's max rose (past the first blocks it seldom does): the rescale's multiplies,
-    // scheduled among the softmax's, spilled there.
-    if (!TILED || sycl::any_of_group(sg, rescale != 1.f)) {
+    // O^T = rescale * O^T + V^T . P^T, the rescale only where some row's max rose past the
+    // threshold: the first block, and seldom after it. Skipped, a block issues one instruction
+    // per DPAS fewer on BMG and PVC (O^T's multiplies), 4.7 on the 8-wide engines, whose
+    // multiplies, were they run every block, spilled there (gpu-check's `loop_rescale`).
+    if (sycl::any_of_group(sg, rescale != 1.f)) {
 IPEX_FLASH_TILE_LOOP
       for (int t = 0; t < O_TILES; ++t) matrix_acc_scale_column(sg, o[t], rescale);
     }
