@@ -97,8 +97,9 @@ def _asm_counts(asm: Path) -> dict:
     loop over blocks holding the most DPAS so. The edge loop is the costliest general loop
     (none without the split). loop_issued leaves out sync.* (scoreboard waits,
     which take no issue slot) and O's rescale where a branch skips it (_rescale_branches: what
-    a block issues whose max does not rise), loop_rescale counts that branch; loop_nested counts the loops inside the main loop, whose bodies
-    run more than once per block (the static count then under-states the cost);
+    a block issues whose max does not rise), loop_rescale counts that branch; loop_nested
+    counts the loops inside the main loop, whose bodies run more than once per block (the
+    static count then under-states the cost);
     loop_block_loads and loop_prefetches count its 2-D block loads and prefetches (a block
     load that writes no register); loop_spills its spill and fill accesses (scratch space
     sends, `.ss[`, or PVC's scratch block reads and writes), edge_spills the same of the edge
@@ -220,7 +221,8 @@ def _compile_image(ocloc: str, spirv: Path, device: str, out: Path) -> dict:
         asm = dump / f".text.{name}.asm"
         counts = _asm_counts(asm) if asm.exists() else {
             "dpas": 0, "instructions": 0, "loop_dpas": 0, "loop_instructions": 0,
-            "loop_issued": 0, "loop_rescale": 0, "loop_nested": 0, "loop_block_loads": 0, "loop_prefetches": 0,
+            "loop_issued": 0, "loop_rescale": 0, "loop_nested": 0, "loop_block_loads": 0,
+            "loop_prefetches": 0,
             "edge_dpas": 0, "edge_issued": 0, "block_issued": 0, "block_nested": 0}
         kernels[name] = {
             "simd": int(env.get("simd_size", 0)), "grf": int(env.get("grf_count", 0)),

@@ -16,9 +16,10 @@
   (they reached 5.5-10.0: dQ 7.2-8.5, dK/dV 5.5-9.9, at d = 128 in two passes over the query
   rows), dQ at d = 128 at most MAX_DQ_PER_DPAS_128 (7.2-7.7); the 8-wide forward of DG2 and
   Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 19.0 and 20.0 at d = 64,
-  17.4 and 18.0 at 128 per DPAS it runs, 23.2-24.4 and 20.4-21.1 with its rescale branch
+  17.4 and 18.0 at 128 per DPAS it runs, 23.7-24.9 and 20.5-21.3 with its rescale branch
   counted, where their SLM-staged forward issued 88-95 in a build with every block fully
-  visible), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (20.4 and
+  visible; the rescale branch must be found in every register forward's main loop at these
+  head dims, else the figure would be read whole), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (20.4 and
   21.4 per DPAS it runs at d = 64, 17.4 and 17.8 at 128, where the SLM-staged dQ issued 90-137
   so), and their register dK/dV at most MAX_DKDV_8_WIDE_PER_DPAS (23.3 and 24.4 at d = 64 in
   bfloat16, 26.4 and 26.3 in float16, 20.3 and 20.3 at 128, where the SLM-staged dK/dV issued
@@ -205,6 +206,11 @@ def kernel_violations(r) -> list:
                 and r.head_dim in COMMON_HEAD_DIMS and r.loop_per_dpas > limit):
             found.append(f"main loop issues {r.loop_per_dpas} instructions per DPAS "
                          f"(at most {limit})")
+    # The register forward's figure leaves its rescale branch out (gpu_native._rescale_branches):
+    # a kernel where none was found would be read whole, or its rescale run every block.
+    if (_FORWARD_REGISTERS in r.kernel and r.head_dim in COMMON_HEAD_DIMS and r.loop_per_dpas
+            and not r.loop_rescale_per_dpas):
+        found.append("O's rescale not found in a branch of the main loop")
     if r.large_grf and main_kernel and r.grf != 256:
         found.append(f"large register file asked for, {r.grf} registers given")
     return found

@@ -26,18 +26,24 @@ struct OnlineSoftmaxRow {
   }
 
   // FlashAttention-4's lazy rescale: raises the running max only where `block_max` passes it by
-  // more than `threshold` (log2 units), else returns 1 and keeps it, so that a block whose max
-  // rises a little leaves what was accumulated as it is. The max is then a reference at most
-  // `threshold` below the true one: probabilities against it reach 2^threshold, not 1, and
-  // the row sum, the output's normalisation and the log-sum-exp all use the same reference, so
-  // the result is the same sum in exact arithmetic; only its rounding differs (a 16-bit P keeps
-  // its relative precision at any magnitude, and 2^8 is far inside float16's range).
+  // more than `threshold` (log2 units: a factor of 2^threshold), else keeps it and returns 1,
+  // so that a block whose max rises a little leaves what was accumulated as it is. The max is
+  // then a reference at most `threshold` below the true one: probabilities against it reach
+  // 2^threshold, not 1, and the row sum, the output's normalisation and the log-sum-exp all
+  // use the same reference, so the result is the same sum in exact arithmetic; only its
+  // rounding differs (a 16-bit P keeps its relative precision at any magnitude). The caller
+  // keeps 2^threshold times what multiplies P inside the 16-bit range (dropout's 1 / (1 - p)
+  // can pass it: threshold 0 there). Returns 1 also where nothing was accumulated (the max
+  // still -inf: the sum and the caller's products are 0), so a row's first block does not
+  // rescale. The difference, not a sum, is compared: row_max + threshold can round past
+  // threshold's own distance where |row_max| is large, -inf - -inf is NaN (not raised).
   // Selects, not a branch: each lane decides alone, and IGC made the branch divergent control
   // flow that copied the scores' registers (64 more moves a block on BMG at d = 64).
   inline float raise_max_past(float block_max, float threshold) {
-    const bool raise = block_max > row_max + threshold;
+    const bool raise = block_max - row_max > threshold;
     const float new_max = raise ? block_max : row_max;
-    const float rescale = raise ? sycl::exp2(row_max - exp_base(new_max)) : 1.f;
+    const float factor = sycl::exp2(row_max - exp_base(new_max));
+    const float rescale = raise & (row_max != NEG_INF) ? factor : 1.f;  // & : no branch
     row_sum *= rescale;
     row_max = new_max;
     return rescale;

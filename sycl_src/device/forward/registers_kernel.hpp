@@ -144,8 +144,10 @@ void flash_fwd_matrix_registers_kernel(FwdParams p) {
   // shift per row and a term per key (ScoreMod::apply_left_of_diagonal); 1.4x the plain
   // loop's instructions per DPAS at d = 64 with the distance taken per element (BMG, PVC).
   constexpr bool ALIBI_LEFT = (FEATURES & FEATURE_ALIBI) != 0 && !FLOAT_MASK_WIDE;
-  // How far (log2 units) a block's max may pass the row's before O^T is rescaled to it
-  // (OnlineSoftmaxRow::raise_max_past): FlashAttention-4's 8, a factor of 256.
+  // How far (log2 units) a lean block's max may pass the row's before O^T is rescaled to it
+  // (OnlineSoftmaxRow::raise_max_past): FlashAttention-4's 8, a factor of 256. The general
+  // blocks raise it at any rise: dropout runs there, and its 1 / (1 - p) beside a P of up to
+  // 256 passed float16's range from p = 0.996.
   constexpr float RESCALE_THRESHOLD = 8.f;
 
   // Work-item lid writes column lid of Q^T: its sub-group reads nothing else.
@@ -245,7 +247,8 @@ IPEX_FLASH_TILE_LOOP
 
     // Probabilities against the row's max, row sum, dropout; P in the dtype. The max rises
     // lazily (RESCALE_THRESHOLD): a block whose scores pass it by less leaves O^T as it is.
-    const float rescale = softmax.raise_max_past(scored.max_score(), RESCALE_THRESHOLD);
+    const float rescale =
+        softmax.raise_max_past(scored.max_score(), GENERAL ? 0.f : RESCALE_THRESHOLD);
     const float exp_base = OnlineSoftmaxRow::exp_base(softmax.row_max);
     float block_sum = 0.f;
     T probs[BLOCK_N];
