@@ -10,13 +10,13 @@
   blocks, in the kernel as shipped, O's rescale branch left out: a block whose max does not
   rise past the threshold skips it); the forward with its tiles in registers issues at most
   MAX_FORWARD_PER_DPAS instructions per DPAS there at d = 64 and MAX_FORWARD_PER_DPAS_128 at
-  d = 128 (without score changes, in both 16-bit dtypes): it reached 8.7-9.1 and 5.5-6.9 on
+  d = 128 (without score changes, in both 16-bit dtypes): it reached 8.7-9.1 and 5.6-7.0 on
   BMG, PVC and Lunar Lake (docs/gpus.md), where Intel's own sycl-tla forward issues 10.3-11.3;
   the backward's register kernels (dQ, dK/dV) at most MAX_BACKWARD_PER_DPAS, on the same terms
   (they reached 5.5-10.0: dQ 7.2-8.5, dK/dV 5.5-9.9, at d = 128 in two passes over the query
   rows), dQ at d = 128 at most MAX_DQ_PER_DPAS_128 (7.2-7.7); the 8-wide forward of DG2 and
-  Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 19.0 and 20.0 at d = 64,
-  17.4 and 18.0 at 128 per DPAS it runs, 23.7-24.9 and 20.5-21.3 with its rescale branch
+  Arrow Lake-H (SIMD8) at most MAX_FORWARD_8_WIDE_PER_DPAS (it reached 18.8 and 19.8 at d = 64,
+  17.4 and 18.0 at 128 per DPAS it runs, 23.5-24.8 and 20.6-21.3 with its rescale branch
   counted, where their SLM-staged forward issued 88-95 in a build with every block fully
   visible; the rescale branch must be found in every register forward's main loop at these
   head dims, else the figure would be read whole), their register dQ at most MAX_DQ_8_WIDE_PER_DPAS (20.4 and
