@@ -72,7 +72,7 @@ bool mask) at most MAX_SCORE_CHANGE_RATIO times its lean loop's instructions per
 ALiBi and a mask together at most MAX_EVERY_CHANGE_RATIO times (docs/gpus.md: 1.00-1.25 alone,
 1.35-1.49 together on BMG, PVC and Lunar Lake). The ratios compare whole lean loops, O's
 rescale branch counted in both (_whole_loop): the branch costs the plain and the changed
-kernels alike, and leaving it out of both raised every ratio (all three at d = 128 on BMG 1.49
+kernels alike, and leaving it out of both raised every ratio (all three at d = 128 on BMG 1.48
 -> 1.57) while no change cost more. At d = 64 softcap alone at most
 MAX_SOFTCAP_RATIO_64 and all three at most MAX_EVERY_CHANGE_RATIO_64 (1.40 and 1.74 there): a
 score is one instruction per DPAS at d = 64, the plain loop folds the scale into its exponent,
