@@ -43,7 +43,7 @@ struct OnlineSoftmaxRow {
     const bool raise = block_max - row_max > threshold;
     const float new_max = raise ? block_max : row_max;
     const float factor = sycl::exp2(row_max - exp_base(new_max));
-    const float rescale = raise & (row_max != NEG_INF) ? factor : 1.f;  // & : no branch
+    const float rescale = (raise & (row_max != NEG_INF)) ? factor : 1.f;  // &: no branch
     row_sum *= rescale;
     row_max = new_max;
     return rescale;
