@@ -65,8 +65,7 @@ def _rescale_branches(ops: list, factors: list, forward: list, labels: dict, loo
     over multiplies that share one source register (the rows' factor; IGC moves some products
     through the accumulator registers, so moves may come between them) and nothing else. The
     register forward keeps its rescale so (forward/registers_kernel.hpp): a block that does not
-    raise a row's max past its threshold skips it, the first block of a row and seldom any
-    other takes it."""
+    raise a row's max past its threshold skips it, and past a row's first blocks few do."""
     found = []
     for at, label in forward:
         end = labels.get(label, -1)
@@ -121,9 +120,10 @@ def _asm_counts(asm: Path) -> dict:
             spans.add((labels[branch.group(3)], len(ops) + 1))
         elif branch:
             forward.append((len(ops), branch.group(3)))
-        opcode = _PREDICATE.sub("", stripped).split(" ", 1)[0]
-        sources = _PREDICATE.sub("", stripped).split()[3:5]  # past opcode, size, destination
-        factors.append(set(_SOURCE.findall(" ".join(sources))) if opcode == "mul" else set())
+        fields = _PREDICATE.sub("", stripped).split()
+        opcode = fields[0]
+        sources = " ".join(fields[3:5])  # past opcode, size, destination
+        factors.append(set(_SOURCE.findall(sources)) if opcode == "mul" else set())
         ops.append("dpas" if _DPAS.match(stripped) else opcode)
         block2d.append("" if "load_block2d" not in stripped else
                        "prefetch" if "rd:0;" in stripped else "load")

@@ -27,18 +27,21 @@ BLOCK_KEYS = {"emulate": 64, "emulate8": 16}  # the register forward's key block
 CLIMB = [0.0, 3.0, 7.5, 20.0, 25.0, 27.5, 14.0, 40.0, 70.0, 65.0, 30.0, 71.0]
 
 
+def _peak_key(peak, head_dim):
+    """k's first column that scores `peak` log2 units against q's first column of 1."""
+    return peak / math.log2(math.e) * math.sqrt(head_dim)
+
+
 def _climbing_qkv(dtype, head_dim, block, len_q=70, heads_q=4, heads_kv=2):
     """q, k, v (B, N, H, D): q's first column 1, k's first column sets each key block's peak
     (one key a block scores CLIMB[b] over the others), the rest small noise."""
-    scale = 1.0 / math.sqrt(head_dim)
     len_k = block * len(CLIMB) + 5  # and a partial last block
     q = 0.1 * torch.randn(2, len_q, heads_q, head_dim)
     q[..., 0] = 1.0
     k = 0.1 * torch.randn(2, len_k, heads_kv, head_dim)
     v = torch.randn(2, len_k, heads_kv, head_dim)
     for b, peak in enumerate(CLIMB):
-        # A score of peak log2 units is peak / log2(e) / scale on q's first column.
-        k[:, b * block + (b * 5) % block, :, 0] = peak / math.log2(math.e) / scale
+        k[:, b * block + (b * 5) % block, :, 0] = _peak_key(peak, head_dim)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -75,7 +78,7 @@ def test_float16_under_heavy_dropout(monkeypatch, mode):
     torch.manual_seed(4)
     q, k, v = _climbing_qkv(dtype, 64, block, len_q=128)
     k = k[:, :2 * block + 5].clone()
-    k[:, block:2 * block, :, 0] = (7.5 / math.log2(math.e) * 8.0)  # scale 1 / 8 at d = 64
+    k[:, block:2 * block, :, 0] = _peak_key(7.5, 64)
     v = v[:, :2 * block + 5]
     out, _, probs = ipex_flash.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True)
     keep = probs >= 0

@@ -277,7 +277,8 @@ IPEX_FLASH_TILE_LOOP
     softmax.row_sum += block_sum;
 
     // O^T = rescale * O^T + V^T . P^T, the rescale only where some row's max rose past the
-    // threshold: the first block, and seldom after it. Skipped, a block issues one instruction
+    // threshold, seldom past a row's first blocks (its very first has nothing to rescale,
+    // unless a sink set its max). Skipped, a block issues one instruction
     // per DPAS fewer on BMG and PVC (O^T's multiplies), 4.7 on the 8-wide engines, whose
     // multiplies, were they run every block, spilled there (gpu-check's `loop_rescale`).
     if (sycl::any_of_group(sg, rescale != 1.f)) {
